@@ -1,0 +1,235 @@
+"""Attention: the scoring functions, masks, the key/value cache and MultiHeadAttention.
+
+Shape legend: B batch, H heads, T query length, S key length, D model width, Dh = D / H,
+A additive-attention hidden width (= Dh).
+Masks are boolean and broadcast to (B, H, T, S); True means "this query may attend this key".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# ---------------------------------------------------------------------------------------------
+# Pure scoring functions
+
+
+def dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q K^T / sqrt(d_k)) V, the math path. Returns (output, attention weights).
+
+    Args:
+        q: (B, H, T, Dh) queries.  k, v: (B, H, S, Dh) keys and values.
+        mask: bool, broadcastable to (B, H, T, S); False entries get zero weight.
+        dropout_p: dropout on the weights (pass 0 at inference).
+    Returns:
+        (B, H, T, Dh) output and (B, H, T, S) weights (before dropout).
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)  # (B, H, T, S)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights  # (B, H, T, Dh)
+
+
+def fused_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """The same function as `dot_product_attention` through torch's fused kernel (flash or
+    memory-efficient attention where the device has one); weights are not materialised."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+def additive_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w_q: torch.Tensor,
+    w_k: torch.Tensor,
+    w_score: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Additive (Bahdanau) scoring per head: score(q, k) = w^T tanh(W_q q + W_k k).
+
+    Args:
+        q: (B, H, T, Dh), k and v: (B, H, S, Dh).
+        w_q, w_k: (H, Dh, A) per-head projections.  w_score: (H, A) the vector w.
+    Returns:
+        (B, H, T, Dh) output and (B, H, T, S) weights.
+    """
+    q_part = torch.einsum("bhtd,hda->bhta", q, w_q)  # (B, H, T, A)
+    k_part = torch.einsum("bhsd,hda->bhsa", k, w_k)  # (B, H, S, A)
+    hidden = torch.tanh(q_part.unsqueeze(3) + k_part.unsqueeze(2))  # (B, H, T, S, A)
+    scores = torch.einsum("bhtsa,ha->bhts", hidden, w_score)  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights  # (B, H, T, Dh)
+
+
+# ---------------------------------------------------------------------------------------------
+# Masks
+
+
+def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, L) ids -> (B, 1, 1, L) bool: True where the key is a real token."""
+    return (tokens != pad_id)[:, None, None, :]
+
+
+def causal_mask(length: int, device: torch.device | None = None, offset: int = 0) -> torch.Tensor:
+    """(1, 1, T, offset + T) bool: query i (at position offset + i) may attend keys 0..offset + i."""
+    ones = torch.ones(length, offset + length, dtype=torch.bool, device=device)
+    return ones.tril(diagonal=offset)[None, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Key/value cache
+
+
+@dataclass
+class KVCache:
+    """Keys and values of one attention layer kept between decoding steps.
+
+    Self-attention appends each new step's keys and values; cross-attention (`static`) computes
+    them once from the encoder output and reuses them for every step.
+    """
+
+    static: bool = False
+    k: torch.Tensor | None = None  # (B, H, S, Dh)
+    v: torch.Tensor | None = None  # (B, H, S, Dh)
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions."""
+        return 0 if self.k is None else self.k.size(2)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep batch rows `index` (beam reordering, dropping finished sentences)."""
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+# ---------------------------------------------------------------------------------------------
+# The module
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_H) W_o, head_i = Attention(Q W_q^i, K W_k^i, V W_v^i).
+
+    W_q, W_k and W_v (each D x D, i.e. the H per-head Dh-wide projections side by side) are
+    stacked as the rows of one `in_proj` matrix, as in `torch.nn.MultiheadAttention`, so that
+    self-attention computes all three with one matrix product.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        dropout: float = 0.0,
+        scoring: str = "dot",
+        fused: bool = True,
+    ):
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"heads ({heads}) must divide d_model ({d_model})")
+        self.heads, self.head_dim = heads, d_model // heads
+        self.dropout, self.scoring, self.fused = dropout, scoring, fused
+        self.in_proj = nn.Linear(d_model, 3 * d_model)  # rows: W_q; W_k; W_v
+        self.out_proj = nn.Linear(d_model, d_model)  # W_o
+        if scoring == "additive":
+            self.add_w_q = nn.Parameter(torch.empty(heads, self.head_dim, self.head_dim))
+            self.add_w_k = nn.Parameter(torch.empty(heads, self.head_dim, self.head_dim))
+            self.add_w_score = nn.Parameter(torch.empty(heads, self.head_dim))
+            for p in (self.add_w_q, self.add_w_k, self.add_w_score):
+                nn.init.normal_(p, std=self.head_dim**-0.5)
+        elif scoring != "dot":
+            raise ValueError(f"unknown attention scoring {scoring!r}")
+        self.record_weights = False  # set by `record_attention` for plots and tests
+        self.last_weights: torch.Tensor | None = None  # (B, H, T, S) when recording
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key_value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Attend from `query` (B, T, D) to `key_value` (B, S, D); returns (B, T, D).
+
+        Pass the same tensor twice for self-attention. With a `cache`, self-attention appends
+        this call's keys/values to it; a static (cross-attention) cache is filled once.
+        """
+        q, k, v = self._project(query, key_value, cache)  # (B, H, T|S, Dh)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.scoring == "additive":
+            out, weights = additive_attention(
+                q, k, v, self.add_w_q, self.add_w_k, self.add_w_score, mask, dropout_p
+            )
+        elif self.fused and not self.record_weights:
+            out, weights = fused_dot_product_attention(q, k, v, mask, dropout_p), None
+        else:
+            out, weights = dot_product_attention(q, k, v, mask, dropout_p)
+        if self.record_weights:
+            self.last_weights = weights.detach()
+        batch, _, length, _ = out.shape
+        out = out.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
+        return self.out_proj(out)
+
+    def _project(
+        self, query: torch.Tensor, key_value: torch.Tensor, cache: KVCache | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K, V split into heads, using and updating the cache."""
+        d_model = query.size(-1)
+        if cache is not None and cache.static and cache.k is not None:
+            q = F.linear(query, self.in_proj.weight[:d_model], self.in_proj.bias[:d_model])
+            return self._split(q), cache.k, cache.v
+        if key_value is query:
+            q, k, v = self.in_proj(query).chunk(3, dim=-1)  # 3 x (B, T, D)
+        else:
+            w, b = self.in_proj.weight, self.in_proj.bias
+            q = F.linear(query, w[:d_model], b[:d_model])  # (B, T, D)
+            k, v = F.linear(key_value, w[d_model:], b[d_model:]).chunk(2, dim=-1)  # (B, S, D)
+        q, k, v = self._split(q), self._split(k), self._split(v)  # (B, H, T|S, Dh)
+        if cache is not None:
+            if not cache.static and cache.k is not None:
+                k = torch.cat([cache.k, k], dim=2)  # (B, H, S_old + T, Dh)
+                v = torch.cat([cache.v, v], dim=2)
+            cache.k, cache.v = k, v
+        return q, k, v
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+
+
+@contextmanager
+def record_attention(model: nn.Module) -> Iterator[list[MultiHeadAttention]]:
+    """Within the block, every MultiHeadAttention of `model` keeps its last weights
+    (`.last_weights`, (B, H, T, S)); the math path is used so weights exist."""
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    for layer in layers:
+        layer.record_weights = True
+    try:
+        yield layers
+    finally:
+        for layer in layers:
+            layer.record_weights, layer.last_weights = False, None

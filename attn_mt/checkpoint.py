@@ -1,0 +1,165 @@
+"""Checkpoints: atomic saving, safe loading (`weights_only=True`), rebuilding, averaging.
+
+A checkpoint is a plain dict of tensors and Python data:
+    format      "attn-mt/1"
+    model       the model's state_dict
+    config      the resolved config as nested dicts
+    step, epoch updates done, and the epoch they are in
+    tokenizers  {"src": bytes, "tgt": bytes}: SentencePiece models (the same bytes when joint)
+    metrics     the latest validation figures
+    train_state (last.pt only) optimizer, scaler, RNG states, data position, early-stop state
+so a checkpoint alone is enough to translate, and `last.pt` alone is enough to resume.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attn_mt.config import Config, config_from_dict
+from attn_mt.errors import CheckpointError, ConfigError
+from attn_mt.model import Transformer, build_model
+from attn_mt.tokenizer import Tokenizer
+
+FORMAT = "attn-mt/1"
+REQUIRED_KEYS = ("format", "model", "config", "step", "tokenizers")
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run folder means its `checkpoints/best.pt`; a file is used as it is."""
+    path = Path(path)
+    if path.is_dir():
+        best = path / "checkpoints" / "best.pt"
+        if not best.is_file():
+            last = path / "checkpoints" / "last.pt"
+            hint = (
+                "it stopped before its first validation; resume it with `attn-mt train --resume`"
+                if last.is_file()
+                else "is it a run folder (train.out_dir)?"
+            )
+            raise CheckpointError(f"{path}: no checkpoints/best.pt in this folder; {hint}")
+        return best
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    return path
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
+    """Write `state` to `path` atomically: a temp file in the same folder, fsync, rename.
+
+    A crash or a full disk leaves the previous file at `path` intact.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        raise CheckpointError(
+            f"{path}: could not write checkpoint ({err.strerror or err}); "
+            "the previous checkpoint is intact"
+        ) from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint safely: only tensors and plain data, never code."""
+    path = resolve_checkpoint(path)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        detail = f" ({first[:120]})" if "Unsupported" in first or "global" in first else ""
+        raise CheckpointError(
+            f"{path}: refused to load; the file holds objects other than tensors and plain "
+            f"data, which could run code{detail}"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
+        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint, truncated or corrupt ({reason})") from None
+    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
+        raise CheckpointError(f"{path}: not an attn-mt checkpoint (missing model/config/tokenizers)")
+    if state["format"] != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {state['format']!r}, expected {FORMAT!r}")
+    return state
+
+
+def checkpoint_config(state: dict[str, Any], path: str | Path = "checkpoint") -> Config:
+    """The config stored in a checkpoint, validated."""
+    try:
+        return config_from_dict(state["config"])
+    except ConfigError as err:
+        raise CheckpointError(f"{path}: its stored config is invalid ({err})") from None
+
+
+def tokenizers_from(state: dict[str, Any]) -> tuple[Tokenizer, Tokenizer]:
+    """The (source, target) SentencePiece models embedded in a checkpoint."""
+    src = Tokenizer(state["tokenizers"]["src"])
+    tgt = src if state["tokenizers"]["tgt"] == state["tokenizers"]["src"] else Tokenizer(
+        state["tokenizers"]["tgt"]
+    )
+    return src, tgt
+
+
+def model_from(state: dict[str, Any], path: str | Path = "checkpoint") -> tuple[Transformer, Config]:
+    """Rebuild the model a checkpoint describes and load its weights (strictly)."""
+    cfg = checkpoint_config(state, path)
+    src_tok, tgt_tok = tokenizers_from(state)
+    model = build_model(cfg, src_tok.vocab_size, tgt_tok.vocab_size)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()][1:3]
+        raise CheckpointError(
+            f"{path}: its tensors do not fit its config ({'; '.join(lines)[:300]})"
+        ) from None
+    return model, cfg
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
+    """Element-wise mean of the parameters of checkpoints of one model; the rest from the last."""
+    if len(paths) < 2:
+        raise CheckpointError("average: give at least two checkpoints")
+    states = [load_checkpoint(p) for p in paths]
+    first_model, first_path = states[0]["config"]["model"], paths[0]
+    for state, path in zip(states[1:], paths[1:], strict=True):
+        if state["config"]["model"] != first_model or state["tokenizers"] != states[0]["tokenizers"]:
+            diff = sorted(
+                k for k in first_model if first_model.get(k) != state["config"]["model"].get(k)
+            )
+            what = f"model keys differ: {', '.join('model.' + k for k in diff)}" if diff else (
+                "their tokenizers differ"
+            )
+            raise CheckpointError(f"average: {path} does not match {first_path} ({what})")
+        if state["model"].keys() != states[0]["model"].keys() or any(
+            state["model"][k].shape != states[0]["model"][k].shape for k in state["model"]
+        ):
+            raise CheckpointError(f"average: {path} has tensors of other shapes than {first_path}")
+    averaged = {}
+    for key, tensor in states[0]["model"].items():
+        if tensor.is_floating_point():
+            stacked = torch.stack([s["model"][key].double() for s in states])
+            averaged[key] = stacked.mean(dim=0).to(tensor.dtype)
+        else:
+            averaged[key] = tensor
+    result = {k: v for k, v in states[-1].items() if k != "train_state"}
+    result["model"] = averaged
+    result["averaged_from"] = [str(p) for p in paths]
+    return result

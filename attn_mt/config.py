@@ -1,0 +1,426 @@
+"""Typed configuration: YAML -> a tree of dataclasses, with every key checked and defaulted.
+
+The dataclasses below are the single source of truth for config keys: the loader, the `--set`
+overrides, the resolved `config.yaml` in a run folder and the README's key table all come from
+them. An unknown key names its full path and the closest valid key; a bad value names the key,
+the value and the rule it breaks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from attn_mt.errors import ConfigError
+
+NAMED_CORPORA = ("multi30k",)
+
+
+@dataclass
+class SplitFiles:
+    """One parallel split: a source file and a target file, plain text or .gz."""
+
+    src: str | None = None  # path to the source-language file
+    tgt: str | None = None  # path to the target-language file
+
+
+@dataclass
+class DataConfig:
+    """Where the parallel text comes from and which pairs are kept for training."""
+
+    dataset: str | None = None  # a named corpus (multi30k) or null to use the files below
+    src_lang: str = "de"  # source language code
+    tgt_lang: str = "en"  # target language code
+    train: SplitFiles = field(default_factory=SplitFiles)  # training files
+    valid: SplitFiles = field(default_factory=SplitFiles)  # validation files (BLEU, early stop)
+    test: SplitFiles = field(default_factory=SplitFiles)  # test files (`evaluate --split test`)
+    max_len: int = 128  # training pairs with more subword tokens on either side are dropped
+
+    def validate(self) -> None:
+        if self.dataset is not None and self.dataset not in NAMED_CORPORA:
+            _fail("data.dataset", self.dataset, f"must be one of {list(NAMED_CORPORA)} or null")
+        if self.dataset is None:
+            for split in ("train", "valid"):
+                files = getattr(self, split)
+                for side in ("src", "tgt"):
+                    if getattr(files, side) is None:
+                        raise ConfigError(
+                            f"data.{split}.{side}: missing; give the file, "
+                            "or set data.dataset to a named corpus such as multi30k"
+                        )
+        if self.src_lang == self.tgt_lang:
+            _fail("data.tgt_lang", self.tgt_lang, "must differ from data.src_lang")
+        _check_min("data.max_len", self.max_len, 1)
+
+
+@dataclass
+class TokenizerConfig:
+    """SentencePiece settings; the model is trained on the training split and cached."""
+
+    vocab_size: int = 8000  # subword vocabulary size (per side when not joint)
+    model_type: Literal["unigram", "bpe"] = "unigram"  # SentencePiece algorithm
+    joint: bool = True  # one vocabulary for both languages (enables shared embeddings)
+    character_coverage: float = 1.0  # share of characters covered by the vocabulary
+    byte_fallback: bool = True  # unknown characters become UTF-8 byte pieces instead of <unk>
+    max_sentences: int = 2_000_000  # cap on sentences SentencePiece reads when training
+
+    def validate(self) -> None:
+        _check_min("tokenizer.vocab_size", self.vocab_size, 8, "room for the 4 special symbols")
+        if not 0.9 <= self.character_coverage <= 1.0:
+            _fail("tokenizer.character_coverage", self.character_coverage, "must be in [0.9, 1]")
+        _check_min("tokenizer.max_sentences", self.max_sentences, 1)
+
+
+@dataclass
+class ModelConfig:
+    """Transformer encoder-decoder sizes and variants."""
+
+    d_model: int = 256  # width of embeddings and every sub-layer output
+    heads: int = 4  # attention heads; must divide d_model
+    encoder_layers: int = 3  # number of encoder layers
+    decoder_layers: int = 3  # number of decoder layers
+    d_ff: int = 1024  # hidden width of the position-wise feed-forward network
+    dropout: float = 0.1  # dropout on embeddings, sub-layer outputs and feed-forward hidden
+    attention_dropout: float = 0.0  # dropout on attention weights
+    attention: Literal["dot", "additive"] = "dot"  # scaled dot-product or additive scoring
+    norm: Literal["pre", "post"] = "pre"  # layer norm before (pre) or after (post) each block
+    activation: Literal["relu", "gelu"] = "relu"  # feed-forward non-linearity
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"  # positional encoding kind
+    max_positions: int = 1024  # table size for learned positions (sinusoidal grows as needed)
+    tie_embeddings: bool = True  # share src/tgt embeddings (joint vocab) and the output matrix
+    fused_attention: bool = True  # use torch's fused scaled_dot_product_attention kernel
+
+    def validate(self) -> None:
+        for key in ("d_model", "heads", "encoder_layers", "decoder_layers", "d_ff"):
+            _check_min(f"model.{key}", getattr(self, key), 1)
+        if self.d_model % self.heads:
+            _fail("model.heads", self.heads, f"must divide model.d_model ({self.d_model})")
+        if self.d_model % 2 and self.positions == "sinusoidal":
+            _fail("model.d_model", self.d_model, "must be even for sinusoidal positions")
+        for key in ("dropout", "attention_dropout"):
+            value = getattr(self, key)
+            if not 0.0 <= value < 1.0:
+                _fail(f"model.{key}", value, "must be in [0, 1)")
+        _check_min("model.max_positions", self.max_positions, 1)
+
+
+@dataclass
+class TrainConfig:
+    """The training loop: budget, optimiser, schedule, precision, validation, checkpoints."""
+
+    out_dir: str = "runs/default"  # run folder (relative paths resolve against the working dir)
+    max_steps: int = 0  # stop after this many updates (0 = no limit)
+    max_minutes: float = 0  # stop after this much wall time (0 = no limit)
+    max_epochs: int = 0  # stop after this many passes over the data (0 = no limit)
+    seed: int = 1  # seeds parameter init, data order and dropout
+    lr: float = 7e-4  # peak learning rate
+    schedule: Literal["inverse_sqrt", "cosine", "constant"] = "inverse_sqrt"  # lr schedule
+    warmup: int = 4000  # linear warm-up steps
+    min_lr: float = 0.0  # floor of the cosine schedule
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    adam_beta1: float = 0.9  # AdamW beta1
+    adam_beta2: float = 0.98  # AdamW beta2
+    adam_eps: float = 1e-9  # AdamW epsilon
+    clip_norm: float = 1.0  # gradient-norm clipping (0 = off)
+    label_smoothing: float = 0.1  # label-smoothing epsilon of the cross-entropy
+    batch_tokens: int = 4096  # tokens per batch: rows x longest side, padding included
+    accumulate: int = 1  # batches per update (gradient accumulation)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # autocast dtype
+    compile: bool = False  # torch.compile the model
+    threads: int = 0  # CPU threads for torch (0 = torch's default)
+    eval_every: int = 1000  # validate every N updates
+    log_every: int = 100  # print and log training figures every N updates
+    eval_beam: int = 1  # beam size for validation BLEU (1 = greedy)
+    patience: int = 0  # stop after N validations without a better BLEU (0 = never)
+    max_nonfinite: int = 10  # stop after this many NaN/inf losses in a row
+    samples: int = 3  # validation translations shown in the log and TensorBoard
+    keep_checkpoints: int = 0  # also keep the last N validated checkpoints as step_N.pt
+
+    def validate(self) -> None:
+        for key in ("max_steps", "max_minutes", "max_epochs", "warmup", "patience"):
+            _check_min(f"train.{key}", getattr(self, key), 0)
+        for key in ("batch_tokens", "accumulate", "eval_every", "log_every", "eval_beam"):
+            _check_min(f"train.{key}", getattr(self, key), 1)
+        for key in ("max_nonfinite", "threads", "samples", "keep_checkpoints"):
+            _check_min(f"train.{key}", getattr(self, key), 0)
+        if self.lr <= 0:
+            _fail("train.lr", self.lr, "must be > 0")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            _fail("train.label_smoothing", self.label_smoothing, "must be in [0, 1)")
+        for key in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                _fail(f"train.{key}", getattr(self, key), "must be in [0, 1)")
+        for key in ("weight_decay", "clip_norm", "min_lr", "adam_eps"):
+            _check_min(f"train.{key}", getattr(self, key), 0)
+
+
+@dataclass
+class DecodeConfig:
+    """Search settings used by `translate`, `evaluate` and the checkpoint's defaults."""
+
+    beam: int = 5  # beam size (1 = greedy)
+    length_penalty: float = 1.0  # GNMT alpha: score / ((5 + len) / 6) ** alpha (0 = raw sum)
+    max_len_a: float = 1.5  # output length limit: a * source_length + b
+    max_len_b: int = 10  # output length limit: a * source_length + b
+    batch_tokens: int = 6000  # source tokens (x beam) per translation batch
+    max_input_len: int = 256  # longer input lines are truncated to this many tokens, with a warning
+
+    def validate(self) -> None:
+        _check_min("decode.beam", self.beam, 1)
+        _check_min("decode.length_penalty", self.length_penalty, 0)
+        _check_min("decode.max_len_a", self.max_len_a, 0)
+        _check_min("decode.max_len_b", self.max_len_b, 1)
+        _check_min("decode.batch_tokens", self.batch_tokens, 1)
+        _check_min("decode.max_input_len", self.max_input_len, 1)
+
+
+@dataclass
+class Config:
+    """The whole run: one YAML file maps onto this tree."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def validate(self) -> None:
+        for section in (self.data, self.tokenizer, self.model, self.train, self.decode):
+            section.validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dicts, as written to `config.yaml` and stored in checkpoints."""
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a YAML config file, apply `key.path=value` overrides, and validate the result."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read config ({err})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, not {_kind(raw)}")
+    _resolve_data_paths(raw, path.parent)
+    for item in overrides:
+        apply_override(raw, item)
+    return config_from_dict(raw)
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Build and validate a Config from plain nested dicts (a YAML file or a checkpoint)."""
+    config = _build(Config, raw, prefix="")
+    config.validate()
+    return config
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one `--set a.b=value` to the raw dict; the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set train.lr=0.0005")
+    key, text = item.split("=", 1)
+    parts = key.strip().split(".")
+    field_type = _field_type(parts)  # raises on unknown keys
+    if _base_type(field_type) is str:
+        value: Any = None if text.strip() in ("null", "~") else text
+    else:
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {item}: cannot parse {text!r} as a value") from None
+    node = raw
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config (every default filled in) as YAML."""
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+def config_keys(cls: type = Config, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """Every leaf key as (path, type, default, meaning), for docs and the README check."""
+    rows = []
+    comments = _field_comments(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        hint = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(hint):
+            rows.extend(config_keys(hint, path + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        rows.append((path, _type_name(hint), default, comments.get(f.name, "")))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Internals
+
+
+def _fail(key: str, value: Any, rule: str) -> typing.NoReturn:
+    raise ConfigError(f"{key}: {value!r} is invalid; {rule}")
+
+
+def _check_min(key: str, value: float, low: float, why: str = "") -> None:
+    if value < low:
+        _fail(key, value, f"must be >= {low}" + (f" ({why})" if why else ""))
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string"}.get(type(value), type(value).__name__)
+
+
+def _resolve_data_paths(raw: dict[str, Any], base: Path) -> None:
+    """Make relative data file paths relative to the config file's folder."""
+    data = raw.get("data")
+    if not isinstance(data, dict):
+        return
+    for split in ("train", "valid", "test"):
+        files = data.get(split)
+        if not isinstance(files, dict):
+            continue
+        for side in ("src", "tgt"):
+            value = files.get(side)
+            if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+                files[side] = str((base / value).resolve())
+            elif isinstance(value, str):
+                files[side] = str(Path(value).expanduser())
+
+
+def _base_type(hint: Any) -> Any:
+    """`int | None` -> int; other hints unchanged."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0] if len(args) == 1 else hint
+    return hint
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is Literal:
+        return "|".join(str(a) for a in typing.get_args(hint))
+    base = _base_type(hint)
+    name = getattr(base, "__name__", str(base))
+    return name + (" or null" if base is not hint else "")
+
+
+def _field_type(parts: list[str]) -> Any:
+    """The type hint of a dotted key, or a ConfigError naming the unknown part."""
+    cls: Any = Config
+    for i, part in enumerate(parts):
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            _unknown(".".join(parts[:i]), part, list(hints))
+        cls = hints[part]
+        if i < len(parts) - 1 and not dataclasses.is_dataclass(cls):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
+    if dataclasses.is_dataclass(cls):
+        raise ConfigError(f"{'.'.join(parts)}: is a section; set one of its keys")
+    return cls
+
+
+def _unknown(prefix: str, key: str, valid: list[str]) -> typing.NoReturn:
+    path = f"{prefix}.{key}" if prefix else str(key)
+    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
+    hint = f"did you mean {prefix + '.' if prefix else ''}{close[0]}?" if close else (
+        f"valid keys: {', '.join(valid)}"
+    )
+    raise ConfigError(f"{path}: unknown key; {hint}")
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    """Recursively turn a dict into dataclass `cls`, checking keys and types."""
+    where = prefix.rstrip(".") or "config"
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys, got {_kind(raw)} {raw!r}")
+    hints = typing.get_type_hints(cls)
+    for key in raw:
+        if key not in hints:
+            _unknown(prefix.rstrip("."), key, list(hints))
+    values = {}
+    for name, hint in hints.items():
+        if name not in raw:
+            continue
+        if dataclasses.is_dataclass(hint):
+            values[name] = _build(hint, raw[name], f"{prefix}{name}.")
+        else:
+            values[name] = _coerce(f"{prefix}{name}", raw[name], hint)
+    return cls(**values)
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Check `value` against the field's type hint; ints are accepted where floats are."""
+    base = _base_type(hint)
+    if value is None:
+        if base is not hint:
+            return None
+        raise ConfigError(f"{key}: must not be null (expected {_type_name(hint)})")
+    if typing.get_origin(base) is Literal:
+        choices = typing.get_args(base)
+        if value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            extra = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{key}: {value!r} is invalid; must be one of {list(choices)}{extra}")
+        return value
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+    elif base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif base is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif base is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(f"{key}: {value!r} is {_kind(value)}, expected {_type_name(hint)}")
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """The trailing `# comment` of each field in the class source: the key's meaning."""
+    import inspect
+
+    try:
+        lines = inspect.getsource(cls).splitlines()
+    except (OSError, TypeError):
+        return {}
+    comments = {}
+    for line in lines:
+        stripped = line.strip()
+        if ":" in stripped and "  # " in stripped and not stripped.startswith(("def", "#")):
+            name = stripped.split(":", 1)[0].strip()
+            if name.isidentifier():
+                comments[name] = stripped.split("  # ", 1)[1].strip()
+    return comments

@@ -1,0 +1,90 @@
+"""torchrun / DistributedDataParallel plumbing: who am I, which device, and the few collectives
+the training loop needs. A single process is world size 1 and every call here is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from attn_mt.errors import UserError
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the training processes."""
+
+    rank: int = 0
+    local_rank: int = 0
+    size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 validates, logs and writes files."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def setup(device: torch.device) -> tuple[World, torch.device]:
+    """Join the process group torchrun describes (env RANK/WORLD_SIZE/LOCAL_RANK), if any.
+
+    NCCL with one GPU per local rank on CUDA, gloo on CPU.
+    """
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size == 1:
+        return World(), device
+    world = World(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), size)
+    if device.type == "cuda":
+        if world.local_rank >= torch.cuda.device_count():
+            raise UserError(
+                f"local rank {world.local_rank} has no GPU ({torch.cuda.device_count()} visible); "
+                "use --nproc_per_node no larger than the GPU count"
+            )
+        device = torch.device("cuda", world.local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=(
+            device if device.type == "cuda" else None
+        ))
+    return world, device
+
+
+def teardown(world: World) -> None:
+    """Leave the process group."""
+    if world.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def sum_all(value: float, world: World, device: torch.device) -> float:
+    """The sum of `value` over all ranks."""
+    if not world.distributed:
+        return value
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def any_all(flag: bool, world: World, device: torch.device) -> bool:
+    """True if `flag` is true on any rank (early stopping decided on rank 0)."""
+    return any_each([flag], world, device)[0]
+
+
+def any_each(flags: list[bool], world: World, device: torch.device) -> list[bool]:
+    """Element-wise: is flag i true on any rank? (stop signals, time limits)."""
+    if not world.distributed:
+        return flags
+    tensor = torch.tensor([float(f) for f in flags], device=device)
+    dist.all_reduce(tensor)
+    return [bool(v > 0) for v in tensor.tolist()]
+
+
+def barrier(world: World) -> None:
+    """Wait for every rank."""
+    if world.distributed:
+        dist.barrier()

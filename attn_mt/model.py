@@ -1,0 +1,298 @@
+"""The Transformer encoder-decoder (Vaswani et al., 2017) with our own attention.
+
+Shape legend: B batch, S source length, T target length, D model width, V vocabulary size.
+`encode` and `decode` are separate so search can run the decoder one step at a time with a
+key/value cache; `build_model` is the only function that reads the config.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attn_mt.attention import KVCache, MultiHeadAttention, causal_mask
+from attn_mt.config import Config
+from attn_mt.errors import UserError
+from attn_mt.tokenizer import PAD_ID
+
+DecoderCache = list[tuple[KVCache, KVCache]]  # per decoder layer: (self-attention, cross)
+
+
+# ---------------------------------------------------------------------------------------------
+# Positions
+
+
+def sinusoidal_table(length: int, d_model: int, offset: int = 0) -> torch.Tensor:
+    """P[i, 2j] = sin(i / 10000^(2j/d)), P[i, 2j+1] = cos(i / 10000^(2j/d)); (length, d)."""
+    position = torch.arange(offset, offset + length, dtype=torch.float64)[:, None]  # (L, 1)
+    inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d/2,)
+    angle = position * inv_freq  # (L, d/2)
+    table = torch.empty(length, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle)
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """The fixed sinusoidal table; it grows on demand, so no input is too long for it."""
+
+    def __init__(self, d_model: int, initial_length: int = 512):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoidal_table(initial_length, d_model), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> torch.Tensor:
+        """Rows offset..offset+length-1 of the table; (length, D)."""
+        if offset + length > self.table.size(0):
+            grown = sinusoidal_table(2 * (offset + length), self.d_model)
+            self.table = grown.to(self.table.device)
+        return self.table[offset : offset + length]
+
+
+class LearnedPositions(nn.Module):
+    """A trained embedding per position, up to `max_positions`."""
+
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__()
+        self.max_positions = max_positions
+        self.embedding = nn.Embedding(max_positions, d_model)
+        nn.init.normal_(self.embedding.weight, std=d_model**-0.5)
+
+    def forward(self, length: int, offset: int = 0) -> torch.Tensor:
+        """Embeddings of positions offset..offset+length-1; (length, D)."""
+        if offset + length > self.max_positions:
+            raise UserError(
+                f"input of {offset + length} tokens is longer than model.max_positions "
+                f"({self.max_positions}) of this learned-position model"
+            )
+        return self.embedding.weight[offset : offset + length]
+
+
+class Embedder(nn.Module):
+    """x = dropout(E[token] * sqrt(D) + P[position])."""
+
+    def __init__(self, embedding: nn.Embedding, positions: nn.Module, dropout: float):
+        super().__init__()
+        self.embedding, self.positions = embedding, positions
+        self.scale = math.sqrt(embedding.embedding_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        x = self.embedding(tokens) * self.scale  # (B, L, D)
+        return self.dropout(x + self.positions(tokens.size(1), offset).to(x.dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = W_2 dropout(act(W_1 x + b_1)) + b_2, applied at every position."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str):
+        super().__init__()
+        self.w_1, self.w_2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.activation = F.gelu if activation == "gelu" else F.relu
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_2(self.dropout(self.activation(self.w_1(x))))
+
+
+class Residual(nn.Module):
+    """A residual block: pre-norm x + dropout(f(LN(x))), or post-norm LN(x + dropout(f(x)))."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), nn.Dropout(dropout), pre_norm
+
+    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each inside a residual block."""
+
+    def __init__(self, d_model, heads, d_ff, dropout, attn_dropout, scoring, pre_norm, act, fused):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, attn_dropout, scoring, fused)
+        self.ff = FeedForward(d_model, d_ff, dropout, act)
+        self.res_attn = Residual(d_model, dropout, pre_norm)
+        self.res_ff = Residual(d_model, dropout, pre_norm)
+
+    def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        x = self.res_attn(x, lambda h: self.self_attn(h, h, src_mask))  # (B, S, D)
+        return self.res_ff(x, self.ff)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the encoder, then feed-forward."""
+
+    def __init__(self, d_model, heads, d_ff, dropout, attn_dropout, scoring, pre_norm, act, fused):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, attn_dropout, scoring, fused)
+        self.cross_attn = MultiHeadAttention(d_model, heads, attn_dropout, scoring, fused)
+        self.ff = FeedForward(d_model, d_ff, dropout, act)
+        self.res_self = Residual(d_model, dropout, pre_norm)
+        self.res_cross = Residual(d_model, dropout, pre_norm)
+        self.res_ff = Residual(d_model, dropout, pre_norm)
+
+    def forward(
+        self,
+        y: torch.Tensor,
+        memory: torch.Tensor,
+        self_mask: torch.Tensor | None,
+        src_mask: torch.Tensor,
+        cache: tuple[KVCache, KVCache] | None = None,
+    ) -> torch.Tensor:
+        self_cache, cross_cache = cache if cache is not None else (None, None)
+        y = self.res_self(y, lambda h: self.self_attn(h, h, self_mask, self_cache))  # (B, T, D)
+        y = self.res_cross(y, lambda h: self.cross_attn(h, memory, src_mask, cross_cache))
+        return self.res_ff(y, self.ff)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer. Use `encode` once, then `decode` (whole or step by step)."""
+
+    def __init__(
+        self,
+        src_vocab: int,
+        tgt_vocab: int,
+        d_model: int = 256,
+        heads: int = 4,
+        encoder_layers: int = 3,
+        decoder_layers: int = 3,
+        d_ff: int = 1024,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        scoring: str = "dot",
+        pre_norm: bool = True,
+        activation: str = "relu",
+        learned_positions: bool = False,
+        max_positions: int = 1024,
+        share_embeddings: bool = True,
+        tie_output: bool = True,
+        fused_attention: bool = True,
+    ):
+        super().__init__()
+        if share_embeddings and src_vocab != tgt_vocab:
+            raise ValueError("shared embeddings need one vocabulary for both sides")
+        self.d_model, self.pre_norm = d_model, pre_norm
+        tgt_embedding = nn.Embedding(tgt_vocab, d_model, padding_idx=PAD_ID)
+        src_embedding = (
+            tgt_embedding if share_embeddings else nn.Embedding(src_vocab, d_model, PAD_ID)
+        )
+        for emb in {id(e): e for e in (src_embedding, tgt_embedding)}.values():
+            nn.init.normal_(emb.weight, std=d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[PAD_ID].zero_()
+
+        def positions() -> nn.Module:
+            if learned_positions:
+                return LearnedPositions(d_model, max_positions)
+            return SinusoidalPositions(d_model)
+
+        self.src_embed = Embedder(src_embedding, positions(), dropout)
+        self.tgt_embed = Embedder(tgt_embedding, positions(), dropout)
+        layer_args = (d_model, heads, d_ff, dropout, attention_dropout, scoring, pre_norm,
+                      activation, fused_attention)
+        self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(decoder_layers))
+        # Pre-norm stacks end with a LayerNorm; post-norm layers already end normalised.
+        self.encoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.output = nn.Linear(d_model, tgt_vocab, bias=False)
+        if tie_output:
+            self.output.weight = tgt_embedding.weight
+        else:
+            nn.init.normal_(self.output.weight, std=d_model**-0.5)
+        self._init_linear_layers()
+
+    def _init_linear_layers(self) -> None:
+        """Xavier-uniform weights and zero biases for every projection (Vaswani et al.)."""
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear) and name != "output":
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the positional encoding allows (None: unbounded)."""
+        positions = self.src_embed.positions
+        return positions.max_positions if isinstance(positions, LearnedPositions) else None
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """Source ids (B, S) and their padding mask (B, 1, 1, S) -> memory (B, S, D)."""
+        x = self.src_embed(src)  # (B, S, D)
+        for layer in self.encoder:
+            x = layer(x, src_mask)
+        return self.encoder_norm(x)
+
+    def decode(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        cache: DecoderCache | None = None,
+    ) -> torch.Tensor:
+        """Target prefix ids (B, T) -> next-token logits (B, T, V).
+
+        Without a cache, `tgt` is the whole prefix and position t sees positions <= t that are
+        not padding. With a cache, `tgt` holds only the new step(s) (no padding): earlier keys
+        and values come from the cache and positions continue where the cache ends.
+        """
+        offset = cache[0][0].length if cache else 0
+        y = self.tgt_embed(tgt, offset)  # (B, T, D)
+        if cache is None:
+            self_mask = causal_mask(tgt.size(1), tgt.device) & (tgt != PAD_ID)[:, None, None, :]
+        elif tgt.size(1) > 1:
+            self_mask = causal_mask(tgt.size(1), tgt.device, offset)  # (1, 1, T, offset + T)
+        else:
+            self_mask = None  # one new position may attend everything cached
+        for i, layer in enumerate(self.decoder):
+            y = layer(y, memory, self_mask, src_mask, cache[i] if cache else None)
+        return self.output(self.decoder_norm(y))  # (B, T, V)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing: logits (B, T, V) for every position of `tgt_in` (B, T)."""
+        src_mask = (src != PAD_ID)[:, None, None, :]  # (B, 1, 1, S)
+        return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
+
+    def new_cache(self) -> DecoderCache:
+        """An empty key/value cache for step-by-step decoding."""
+        return [(KVCache(), KVCache(static=True)) for _ in self.decoder]
+
+
+def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> Transformer:
+    """The model a config describes; the only place that reads `cfg.model`."""
+    m = cfg.model
+    share = cfg.tokenizer.joint and m.tie_embeddings
+    return Transformer(
+        src_vocab,
+        tgt_vocab,
+        d_model=m.d_model,
+        heads=m.heads,
+        encoder_layers=m.encoder_layers,
+        decoder_layers=m.decoder_layers,
+        d_ff=m.d_ff,
+        dropout=m.dropout,
+        attention_dropout=m.attention_dropout,
+        scoring=m.attention,
+        pre_norm=m.norm == "pre",
+        activation=m.activation,
+        learned_positions=m.positions == "learned",
+        max_positions=m.max_positions,
+        share_embeddings=share,
+        tie_output=m.tie_embeddings,
+        fused_attention=m.fused_attention,
+    )

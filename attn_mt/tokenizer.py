@@ -1,0 +1,108 @@
+"""SentencePiece: train on the training split (cached by a hash of inputs and settings), load
+from bytes, encode and decode. The special ids are defined here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from attn_mt.config import TokenizerConfig
+from attn_mt.errors import ConfigError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
+
+
+class Tokenizer:
+    """A SentencePiece model held as bytes, so it can live inside a checkpoint."""
+
+    def __init__(self, model_bytes: bytes):
+        self.model_bytes = bytes(model_bytes)
+        self.sp = spm.SentencePieceProcessor(model_proto=self.model_bytes)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of pieces, special symbols included."""
+        return self.sp.get_piece_size()
+
+    def encode(self, lines: Sequence[str]) -> list[list[int]]:
+        """Text -> piece ids (no <bos>/<eos>; the batcher adds them)."""
+        return self.sp.encode(list(lines), out_type=int)
+
+    def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        """Piece ids -> detokenized text; special ids are dropped."""
+        specials = {PAD_ID, BOS_ID, EOS_ID}
+        return self.sp.decode([[i for i in seq if i not in specials] for seq in ids])
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """Piece strings of `ids`, for attention plots and export vocabularies."""
+        return [self.sp.id_to_piece(int(i)) for i in ids]
+
+    def all_pieces(self) -> list[str]:
+        """Every piece in id order."""
+        return [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
+
+
+def train_tokenizer(cfg: TokenizerConfig, lines: Sequence[str], cache: Path) -> Tokenizer:
+    """Train (or fetch from `cache`) a SentencePiece model on `lines` with `cfg`'s settings."""
+    settings = {
+        "vocab_size": cfg.vocab_size,
+        "model_type": cfg.model_type,
+        "character_coverage": cfg.character_coverage,
+        "byte_fallback": cfg.byte_fallback,
+        "input_sentence_size": cfg.max_sentences,
+    }
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for line in lines:
+        digest.update(line.encode("utf-8") + b"\n")
+    cached = cache / f"{digest.hexdigest()[:32]}.model"
+    if cached.is_file():
+        return Tokenizer(cached.read_bytes())
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(line for line in lines if line.strip()),
+            model_writer=model,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            hard_vocab_limit=False,
+            shuffle_input_sentence=True,
+            num_threads=1,  # one thread keeps the training deterministic
+            minloglevel=2,
+            **settings,
+        )
+    except RuntimeError as err:
+        reason = str(err).splitlines()[-1] if str(err) else "unknown"
+        hint = ""
+        if cfg.byte_fallback and cfg.vocab_size < 300:
+            hint = "; byte_fallback needs vocab_size > 260, or set tokenizer.byte_fallback: false"
+        raise ConfigError(
+            f"tokenizer: SentencePiece could not train with vocab_size {cfg.vocab_size} "
+            f"({reason}){hint}"
+        ) from None
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache, prefix=".spm.")
+    with os.fdopen(fd, "wb") as out:
+        out.write(model.getvalue())
+    os.replace(tmp, cached)
+    return Tokenizer(model.getvalue())
+
+
+def build_tokenizers(
+    cfg: TokenizerConfig, src_lines: Sequence[str], tgt_lines: Sequence[str], cache: Path
+) -> tuple[Tokenizer, Tokenizer]:
+    """(source, target) tokenizers: the same object when the vocabulary is joint."""
+    if cfg.joint:
+        joint = train_tokenizer(cfg, list(src_lines) + list(tgt_lines), cache)
+        return joint, joint
+    return train_tokenizer(cfg, src_lines, cache), train_tokenizer(cfg, tgt_lines, cache)

@@ -1,0 +1,146 @@
+"""The translation API: `attn_mt.load(PATH)` -> Translator; the CLI's `translate` and
+`evaluate` are thin wrappers over it, so a notebook gets exactly what the command line gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attn_mt.checkpoint import load_checkpoint, model_from, tokenizers_from
+from attn_mt.config import Config
+from attn_mt.data import length_batches, pad_sequences
+from attn_mt.errors import UserError
+from attn_mt.model import Transformer
+from attn_mt.search import beam_search, greedy_search, max_output_lengths
+from attn_mt.tokenizer import EOS_ID, PAD_ID, Tokenizer
+
+
+@dataclass
+class Translation:
+    """One n-best entry: the text and its search score (length-normalised log-probability)."""
+
+    text: str
+    score: float
+    tokens: list[int]
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """'auto' -> CUDA if present else CPU; asking for an absent GPU is a UserError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name}: unknown device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {name}: no CUDA GPU is available here; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(
+                f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible"
+            )
+    elif device.type != "cpu":
+        raise UserError(f"--device {name}: unsupported device type; use auto, cpu or cuda")
+    return device
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None):
+    """torch.autocast for bf16/fp16, or a no-op for fp32 (dtype None)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class Translator:
+    """Translate lists of sentences with a trained model (greedy or beam search)."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        config: Config,
+        src_tokenizer: Tokenizer,
+        tgt_tokenizer: Tokenizer,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+    ):
+        self.device = torch.device(device) if isinstance(device, str) else device
+        self.model = model.to(self.device).eval()
+        self.config, self.src_tokenizer, self.tgt_tokenizer = config, src_tokenizer, tgt_tokenizer
+        self.dtype = dtype  # autocast dtype, None = float32
+        positions = model.max_positions
+        limit = config.decode.max_input_len
+        # Source and output ids must fit the positional table (source gets one <eos>).
+        self.max_input_len = min(limit, positions - 1) if positions else limit
+        self.max_output_len = positions if positions else None
+
+    def translate(self, lines: Sequence[str], beam: int | None = None, **options) -> list[str]:
+        """One translation per input line, in order; empty lines give empty strings."""
+        return [best[0].text for best in self.translate_nbest(lines, beam, nbest=1, **options)]
+
+    def translate_nbest(
+        self,
+        lines: Sequence[str],
+        beam: int | None = None,
+        nbest: int = 1,
+        length_penalty: float | None = None,
+        use_cache: bool = True,
+        batch_tokens: int | None = None,
+        first_line: int = 1,
+    ) -> list[list[Translation]]:
+        """The `nbest` best translations of every line (best first), in input order.
+
+        `first_line` is the number of `lines[0]` in the user's input, for warnings.
+        """
+        cfg = self.config.decode
+        beam = cfg.beam if beam is None else beam
+        if beam < 1 or not 1 <= nbest <= beam:
+            raise UserError(f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam")
+        alpha = cfg.length_penalty if length_penalty is None else length_penalty
+        budget = batch_tokens or cfg.batch_tokens
+        ids = self._encode(lines, first_line)
+        results: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in lines]
+        todo = [i for i, seq in enumerate(ids) if seq]  # blank lines stay ""
+        lengths = [(len(seq) + 1,) for seq in ids]  # + <eos>
+        for rows in length_batches(lengths, max(budget // beam, 1), order=todo):
+            src = pad_sequences([ids[i] + [EOS_ID] for i in rows], PAD_ID).to(self.device)
+            limits = max_output_lengths(src, cfg.max_len_a, cfg.max_len_b, self.max_output_len)
+            with autocast_context(self.device, self.dtype):
+                if beam == 1:
+                    hyps = [[h] for h in greedy_search(self.model, src, limits, alpha, use_cache)]
+                else:
+                    hyps = beam_search(self.model, src, limits, beam, alpha, nbest, use_cache)
+            for row, row_hyps in zip(rows, hyps, strict=True):
+                texts = self.tgt_tokenizer.decode([h.tokens for h in row_hyps])
+                results[row] = [
+                    Translation(text, h.score, h.tokens)
+                    for text, h in zip(texts, row_hyps, strict=True)
+                ]
+        return results
+
+    def _encode(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:
+        """Piece ids per line; blank lines become []; over-long lines are cut, with a warning."""
+        ids = self.src_tokenizer.encode([line.strip() for line in lines])
+        for number, seq in enumerate(ids, start=first_line):
+            if len(seq) > self.max_input_len:
+                warnings.warn(
+                    f"line {number}: {len(seq)} source tokens, truncated to {self.max_input_len} "
+                    "(decode.max_input_len)",
+                    stacklevel=3,
+                )
+                del seq[self.max_input_len :]
+        return ids
+
+
+def load(path: str | Path, device: str | torch.device = "auto", dtype: torch.dtype | None = None) -> Translator:
+    """Load a run folder (its checkpoints/best.pt) or a .pt file as a Translator."""
+    device = resolve_device(device) if isinstance(device, str) else device
+    state = load_checkpoint(path)
+    model, cfg = model_from(state, path)
+    src_tok, tgt_tok = tokenizers_from(state)
+    return Translator(model, cfg, src_tok, tgt_tok, device, dtype)
