@@ -1,8 +1,8 @@
 """attn-mt: a small, readable Transformer machine-translation trainer.
 
-    import attn_mt
-    translator = attn_mt.load("runs/multi30k_de_en")
-    translator.translate(["Ein Hund läuft im Schnee."])
+import attn_mt
+translator = attn_mt.load("runs/multi30k_de_en")
+translator.translate(["Ein Hund läuft im Schnee."])
 """
 
 from attn_mt.translator import Translation, Translator, load

@@ -95,7 +95,7 @@ def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
 
 
 def causal_mask(length: int, device: torch.device | None = None, offset: int = 0) -> torch.Tensor:
-    """(1, 1, T, offset + T) bool: query i (at position offset + i) may attend keys 0..offset + i."""
+    """(1, 1, T, offset + T) bool: query i (position offset + i) may attend keys 0..offset + i."""
     ones = torch.ones(length, offset + length, dtype=torch.bool, device=device)
     return ones.tril(diagonal=offset)[None, None]
 
@@ -133,7 +133,7 @@ class KVCache:
 
 
 class MultiHeadAttention(nn.Module):
-    """MultiHead(Q, K, V) = Concat(head_1..head_H) W_o, head_i = Attention(Q W_q^i, K W_k^i, V W_v^i).
+    """MultiHead(Q, K, V) = Concat(head_1..head_H) W_o, head_i = Attn(Q W_q^i, K W_k^i, V W_v^i).
 
     W_q, W_k and W_v (each D x D, i.e. the H per-head Dh-wide projections side by side) are
     stacked as the rows of one `in_proj` matrix, as in `torch.nn.MultiheadAttention`, so that

@@ -93,9 +93,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
         reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"{path}: not a readable checkpoint, truncated or corrupt ({reason})") from None
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint, truncated or corrupt ({reason})"
+        ) from None
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
-        raise CheckpointError(f"{path}: not an attn-mt checkpoint (missing model/config/tokenizers)")
+        raise CheckpointError(
+            f"{path}: not an attn-mt checkpoint (missing model/config/tokenizers)"
+        )
     if state["format"] != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {state['format']!r}, expected {FORMAT!r}")
     return state
@@ -112,13 +116,17 @@ def checkpoint_config(state: dict[str, Any], path: str | Path = "checkpoint") ->
 def tokenizers_from(state: dict[str, Any]) -> tuple[Tokenizer, Tokenizer]:
     """The (source, target) SentencePiece models embedded in a checkpoint."""
     src = Tokenizer(state["tokenizers"]["src"])
-    tgt = src if state["tokenizers"]["tgt"] == state["tokenizers"]["src"] else Tokenizer(
-        state["tokenizers"]["tgt"]
+    tgt = (
+        src
+        if state["tokenizers"]["tgt"] == state["tokenizers"]["src"]
+        else Tokenizer(state["tokenizers"]["tgt"])
     )
     return src, tgt
 
 
-def model_from(state: dict[str, Any], path: str | Path = "checkpoint") -> tuple[Transformer, Config]:
+def model_from(
+    state: dict[str, Any], path: str | Path = "checkpoint"
+) -> tuple[Transformer, Config]:
     """Rebuild the model a checkpoint describes and load its weights (strictly)."""
     cfg = checkpoint_config(state, path)
     src_tok, tgt_tok = tokenizers_from(state)
@@ -140,12 +148,17 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     states = [load_checkpoint(p) for p in paths]
     first_model, first_path = states[0]["config"]["model"], paths[0]
     for state, path in zip(states[1:], paths[1:], strict=True):
-        if state["config"]["model"] != first_model or state["tokenizers"] != states[0]["tokenizers"]:
+        if (
+            state["config"]["model"] != first_model
+            or state["tokenizers"] != states[0]["tokenizers"]
+        ):
             diff = sorted(
                 k for k in first_model if first_model.get(k) != state["config"]["model"].get(k)
             )
-            what = f"model keys differ: {', '.join('model.' + k for k in diff)}" if diff else (
-                "their tokenizers differ"
+            what = (
+                f"model keys differ: {', '.join('model.' + k for k in diff)}"
+                if diff
+                else ("their tokenizers differ")
             )
             raise CheckpointError(f"average: {path} does not match {first_path} ({what})")
         if state["model"].keys() != states[0]["model"].keys() or any(

@@ -28,14 +28,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-data_app = typer.Typer(help="Named corpora: fetch them, or show what is available.", no_args_is_help=True)
+data_app = typer.Typer(
+    help="Named corpora: fetch them, or show what is available.", no_args_is_help=True
+)
 app.add_typer(data_app, name="data")
 
 DeviceOption = Annotated[
     str, typer.Option("--device", help="auto, cpu, cuda or cuda:N (auto = CUDA when present).")
 ]
 ModelOption = Annotated[
-    Path, typer.Option("--model", help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint.")
+    Path,
+    typer.Option("--model", help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint."),
 ]
 
 
@@ -63,7 +66,9 @@ def train(
         Optional[list[str]],  # noqa: UP045 (typer needs Optional here)
         typer.Option("--set", help="Override a config key, e.g. --set train.lr=5e-4 (repeatable)."),
     ] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in train.out_dir.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in train.out_dir.")
+    ] = False,
     device: DeviceOption = "auto",
 ) -> None:
     """Train a model: SentencePiece, Transformer, validation BLEU, checkpoints, TensorBoard."""
@@ -79,9 +84,23 @@ def train(
 @app.command()
 def translate(
     model: ModelOption,
-    beam: Annotated[Optional[int], typer.Option("--beam", help="Beam size (default: the checkpoint's decode.beam; 1 = greedy).")] = None,  # noqa: UP045
-    nbest: Annotated[int, typer.Option("--nbest", help="Print the N best as 'score<TAB>text' lines, a blank line after each input.")] = 1,
-    length_penalty: Annotated[Optional[float], typer.Option("--length-penalty", help="GNMT alpha (default: the checkpoint's).")] = None,  # noqa: UP045
+    beam: Annotated[
+        int | None,
+        typer.Option(
+            "--beam", help="Beam size (default: the checkpoint's decode.beam; 1 = greedy)."
+        ),
+    ] = None,  # noqa: UP045
+    nbest: Annotated[
+        int,
+        typer.Option(
+            "--nbest",
+            help="Print the N best as 'score<TAB>text' lines, a blank line after each input.",
+        ),
+    ] = 1,
+    length_penalty: Annotated[
+        float | None,
+        typer.Option("--length-penalty", help="GNMT alpha (default: the checkpoint's)."),
+    ] = None,  # noqa: UP045
     device: DeviceOption = "auto",
 ) -> None:
     """Translate stdin to stdout, one output line per input line, in order."""
@@ -96,10 +115,14 @@ def translate(
         first_line = 1
         for chunk in _stdin_chunks():
             if nbest == 1:
-                texts = translator.translate(chunk, beam=beam_size, length_penalty=length_penalty, first_line=first_line)
+                texts = translator.translate(
+                    chunk, beam=beam_size, length_penalty=length_penalty, first_line=first_line
+                )
                 out.write("".join(text + "\n" for text in texts))
             else:
-                for entries in translator.translate_nbest(chunk, beam_size, nbest, length_penalty, first_line=first_line):
+                for entries in translator.translate_nbest(
+                    chunk, beam_size, nbest, length_penalty, first_line=first_line
+                ):
                     out.write("".join(f"{e.score:.4f}\t{e.text}\n" for e in entries) + "\n")
             out.flush()
             first_line += len(chunk)
@@ -147,12 +170,27 @@ def _stdin_chunks(max_lines: int = 1000) -> Iterator[list[str]]:
 @app.command()
 def evaluate(
     model: ModelOption,
-    split: Annotated[Optional[str], typer.Option("--split", help="valid or test split of the run's corpus (default test).")] = None,  # noqa: UP045
-    src: Annotated[Optional[Path], typer.Option("--src", help="Source file to translate (with --ref).")] = None,  # noqa: UP045
-    ref: Annotated[Optional[Path], typer.Option("--ref", help="Reference translations of --src.")] = None,  # noqa: UP045
-    beam: Annotated[Optional[int], typer.Option("--beam", help="Beam size (default: the checkpoint's decode.beam).")] = None,  # noqa: UP045
-    out: Annotated[Optional[Path], typer.Option("--out", help="Write hypotheses here (default: beside the checkpoint).")] = None,  # noqa: UP045
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
+    split: Annotated[
+        str | None,
+        typer.Option("--split", help="valid or test split of the run's corpus (default test)."),
+    ] = None,  # noqa: UP045
+    src: Annotated[
+        Path | None, typer.Option("--src", help="Source file to translate (with --ref).")
+    ] = None,  # noqa: UP045
+    ref: Annotated[
+        Path | None, typer.Option("--ref", help="Reference translations of --src.")
+    ] = None,  # noqa: UP045
+    beam: Annotated[
+        int | None,
+        typer.Option("--beam", help="Beam size (default: the checkpoint's decode.beam)."),
+    ] = None,  # noqa: UP045
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Write hypotheses here (default: beside the checkpoint)."),
+    ] = None,  # noqa: UP045
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of text.")
+    ] = False,
     device: DeviceOption = "auto",
 ) -> None:
     """Translate a split (or --src/--ref files) and print sacreBLEU BLEU and chrF."""
@@ -173,7 +211,9 @@ def evaluate(
             raise UserError(f"--split {split}: choose valid or test")
         files = split_files(translator.config.data, split)
         if files is None:
-            raise UserError(f"--split {split}: the run's config has no data.{split} files; use --src and --ref")
+            raise UserError(
+                f"--split {split}: the run's config has no data.{split} files; use --src and --ref"
+            )
         src, ref = files
     sources, references = read_parallel(src, ref)
     hypotheses = translator.translate(sources, beam=beam)
@@ -182,7 +222,15 @@ def evaluate(
     out = out or checkpoint.with_name(f"{checkpoint.stem}.{name}.hyp.txt")
     out.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     if as_json:
-        print(json.dumps({**result.to_dict(), "hypotheses": str(out), "beam": beam or translator.config.decode.beam}))
+        print(
+            json.dumps(
+                {
+                    **result.to_dict(),
+                    "hypotheses": str(out),
+                    "beam": beam or translator.config.decode.beam,
+                }
+            )
+        )
     else:
         print(result)
         print(f"hypotheses: {out}", file=sys.stderr)
@@ -203,14 +251,28 @@ def average(
 @app.command()
 def attention(
     out: Annotated[Path, typer.Option("--out", help="The PNG file to write.")],
-    model: Annotated[Optional[Path], typer.Option("--model", help="A run folder or .pt checkpoint.")] = None,  # noqa: UP045
-    text: Annotated[Optional[str], typer.Option("--text", help="The sentence to translate and plot.")] = None,  # noqa: UP045
-    kind: Annotated[str, typer.Option("--kind", help="cross, encoder or decoder attention.")] = "cross",
-    layer: Annotated[Optional[int], typer.Option("--layer", help="Plot only this layer (0-based).")] = None,  # noqa: UP045
-    head: Annotated[Optional[int], typer.Option("--head", help="Plot only this head (0-based).")] = None,  # noqa: UP045
-    pe: Annotated[bool, typer.Option("--pe", help="Plot the sinusoidal positional-encoding matrix instead.")] = False,
+    model: Annotated[
+        Path | None, typer.Option("--model", help="A run folder or .pt checkpoint.")
+    ] = None,  # noqa: UP045
+    text: Annotated[
+        str | None, typer.Option("--text", help="The sentence to translate and plot.")
+    ] = None,  # noqa: UP045
+    kind: Annotated[
+        str, typer.Option("--kind", help="cross, encoder or decoder attention.")
+    ] = "cross",
+    layer: Annotated[
+        int | None, typer.Option("--layer", help="Plot only this layer (0-based).")
+    ] = None,  # noqa: UP045
+    head: Annotated[
+        int | None, typer.Option("--head", help="Plot only this head (0-based).")
+    ] = None,  # noqa: UP045
+    pe: Annotated[
+        bool, typer.Option("--pe", help="Plot the sinusoidal positional-encoding matrix instead.")
+    ] = False,
     positions: Annotated[int, typer.Option("--positions", help="Positions shown by --pe.")] = 100,
-    d_model: Annotated[Optional[int], typer.Option("--d-model", help="Width for --pe without --model.")] = None,  # noqa: UP045
+    d_model: Annotated[
+        int | None, typer.Option("--d-model", help="Width for --pe without --model.")
+    ] = None,  # noqa: UP045
     device: DeviceOption = "auto",
 ) -> None:
     """Draw attention heatmaps (layers x heads) for one sentence, or the positional encoding."""
@@ -220,7 +282,9 @@ def attention(
         viz.plot_positional_encoding_file(out, model=model, positions=positions, d_model=d_model)
     else:
         if model is None or text is None:
-            raise UserError("attention: give --model and --text (or --pe for the positional encoding)")
+            raise UserError(
+                "attention: give --model and --text (or --pe for the positional encoding)"
+            )
         viz.plot_attention_file(model, text, out, kind=kind, layer=layer, head=head, device=device)
     print(f"wrote {out}", file=sys.stderr)
 
@@ -229,8 +293,12 @@ def attention(
 def export(
     model: ModelOption,
     out: Annotated[Path, typer.Option("--out", help="The CTranslate2 model folder to create.")],
-    quantization: Annotated[str, typer.Option("--quantization", help="none, int8 or float16.")] = "none",
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out folder.")] = False,
+    quantization: Annotated[
+        str, typer.Option("--quantization", help="none, int8 or float16.")
+    ] = "none",
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing --out folder.")
+    ] = False,
 ) -> None:
     """Export a checkpoint to a CTranslate2 model folder (needs `pip install attn-mt[ct2]`)."""
     from attn_mt.export import export_ctranslate2

@@ -295,7 +295,9 @@ def _check_min(key: str, value: float, low: float, why: str = "") -> None:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string"}.get(type(value), type(value).__name__)
+    return {dict: "a mapping", list: "a list", str: "a string"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def _resolve_data_paths(raw: dict[str, Any], base: Path) -> None:
@@ -349,8 +351,10 @@ def _field_type(parts: list[str]) -> Any:
 def _unknown(prefix: str, key: str, valid: list[str]) -> typing.NoReturn:
     path = f"{prefix}.{key}" if prefix else str(key)
     close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
-    hint = f"did you mean {prefix + '.' if prefix else ''}{close[0]}?" if close else (
-        f"valid keys: {', '.join(valid)}"
+    hint = (
+        f"did you mean {prefix + '.' if prefix else ''}{close[0]}?"
+        if close
+        else (f"valid keys: {', '.join(valid)}")
     )
     raise ConfigError(f"{path}: unknown key; {hint}")
 

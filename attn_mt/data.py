@@ -119,7 +119,11 @@ def corpus_info() -> list[str]:
     lines = [f"data folders searched: {', '.join(str(r) for r in data_roots())}"]
     for filename, sha in MULTI30K_SHA256.items():
         found = next(
-            (r / "multi30k" / filename for r in data_roots() if (r / "multi30k" / filename).is_file()),
+            (
+                r / "multi30k" / filename
+                for r in data_roots()
+                if (r / "multi30k" / filename).is_file()
+            ),
             None,
         )
         if found is None:
@@ -127,7 +131,9 @@ def corpus_info() -> list[str]:
             continue
         ok = hashlib.sha256(found.read_bytes()).hexdigest() == sha
         count = len(read_lines(found))
-        lines.append(f"multi30k/{filename}: {count} lines, sha256 {'ok' if ok else 'MISMATCH'}, {found}")
+        lines.append(
+            f"multi30k/{filename}: {count} lines, sha256 {'ok' if ok else 'MISMATCH'}, {found}"
+        )
     return lines
 
 
@@ -331,4 +337,3 @@ def iterate_batches(
     """Yield (index, Batch) for `batches[start:]`."""
     for index in range(start, len(batches)):
         yield index, collate(src_ids, tgt_ids, batches[index])
-

@@ -49,9 +49,10 @@ def setup(device: torch.device) -> tuple[World, torch.device]:
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=(
-            device if device.type == "cuda" else None
-        ))
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            device_id=(device if device.type == "cuda" else None),
+        )
     return world, device
 
 

@@ -107,7 +107,11 @@ class Residual(nn.Module):
 
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
-        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), nn.Dropout(dropout), pre_norm
+        self.norm, self.dropout, self.pre_norm = (
+            nn.LayerNorm(d_model),
+            nn.Dropout(dropout),
+            pre_norm,
+        )
 
     def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
         if self.pre_norm:
@@ -203,8 +207,17 @@ class Transformer(nn.Module):
 
         self.src_embed = Embedder(src_embedding, positions(), dropout)
         self.tgt_embed = Embedder(tgt_embedding, positions(), dropout)
-        layer_args = (d_model, heads, d_ff, dropout, attention_dropout, scoring, pre_norm,
-                      activation, fused_attention)
+        layer_args = (
+            d_model,
+            heads,
+            d_ff,
+            dropout,
+            attention_dropout,
+            scoring,
+            pre_norm,
+            activation,
+            fused_attention,
+        )
         self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(decoder_layers))
         # Pre-norm stacks end with a LayerNorm; post-norm layers already end normalised.

@@ -159,7 +159,7 @@ def beam_search(
         # The best K non-<eos> candidates become the next beams.
         open_scores = top_scores.masked_fill(is_eos, float("-inf"))
         beam_scores, pick = open_scores.topk(k, dim=1)  # (B, K)
-        source_row = (torch.arange(n, device=device)[:, None] * k + top_beam.gather(1, pick))
+        source_row = torch.arange(n, device=device)[:, None] * k + top_beam.gather(1, pick)
         next_token = top_token.gather(1, pick).view(-1, 1)  # (N, 1)
         prefix = torch.cat([prefix.index_select(0, source_row.view(-1)), next_token], dim=1)
         decoder.select(source_row.view(-1))

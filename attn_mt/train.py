@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed
@@ -171,7 +170,9 @@ def prepare_data(
 class BatchStream:
     """This rank's batches, epoch after epoch, from a resumable position (epoch, index)."""
 
-    def __init__(self, corpus: Corpus, cfg: Config, world: distributed.World, epoch: int, index: int):
+    def __init__(
+        self, corpus: Corpus, cfg: Config, world: distributed.World, epoch: int, index: int
+    ):
         self.corpus, self.cfg, self.world = corpus, cfg, world
         self.epoch, self.index = epoch, index
         self.batches = self._epoch(epoch)
@@ -204,7 +205,9 @@ class BatchStream:
 
     def peek_padding(self, count: int = 50) -> float:
         """Padding share of the first `count` batches of this epoch (for the start-up log)."""
-        sample = [collate(self.corpus.src_ids, self.corpus.tgt_ids, rows) for rows in self.batches[:count]]
+        sample = [
+            collate(self.corpus.src_ids, self.corpus.tgt_ids, rows) for rows in self.batches[:count]
+        ]
         return padding_fraction(sample)
 
 
@@ -223,7 +226,11 @@ class RunLog:
 
         metrics = out_dir / "metrics.jsonl"
         if resume_step is not None and metrics.exists():  # forget what came after the checkpoint
-            kept = [ln for ln in metrics.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= resume_step]
+            kept = [
+                ln
+                for ln in metrics.read_text().splitlines()
+                if ln.strip() and json.loads(ln)["step"] <= resume_step
+            ]
             metrics.write_text("".join(ln + "\n" for ln in kept))
         self.jsonl = open(metrics, "a", encoding="utf-8")  # noqa: SIM115
         purge = resume_step + 1 if resume_step is not None else None
@@ -352,7 +359,9 @@ class Trainer:
         self.state = Progression()
         if state:
             self._restore(state)
-        self.stream = BatchStream(self.corpus, cfg, self.world, self.state.epoch, self.state.batch_index)
+        self.stream = BatchStream(
+            self.corpus, cfg, self.world, self.state.epoch, self.state.batch_index
+        )
         self.train_model: torch.nn.Module = self.model
         if self.world.distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -371,7 +380,8 @@ class Trainer:
         if resume:
             if not last.is_file():
                 raise UserError(
-                    f"{self.out}: nothing to resume (no checkpoints/last.pt); start without --resume"
+                    f"{self.out}: nothing to resume (no checkpoints/last.pt); "
+                    "start without --resume"
                 )
             state = load_checkpoint(last)
             if "train_state" not in state:
@@ -409,7 +419,9 @@ class Trainer:
             {"params": decay, "weight_decay": t.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps)
+        return torch.optim.AdamW(
+            groups, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps
+        )
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Load weights, optimizer, scaler, RNG states and the data position of last.pt."""
@@ -438,10 +450,19 @@ class Trainer:
         """Train until max_steps / max_minutes / max_epochs / early stopping / a signal."""
         cfg, t = self.cfg, self.cfg.train
         self._log_start()
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
         progress = Progress(t.max_steps, self.world.is_main)
         start = time.monotonic() - self.state.elapsed
-        window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.monotonic(), "norm": 0.0, "n": 0}
+        window = {
+            "loss": 0.0,
+            "nll": 0.0,
+            "tokens": 0,
+            "time": time.monotonic(),
+            "norm": 0.0,
+            "n": 0,
+        }
         nonfinite = 0
         stopped_by = ""
         try:
@@ -457,11 +478,16 @@ class Trainer:
                 self.state.epoch, self.state.batch_index = self.stream.epoch, self.stream.index
                 if not finite:
                     nonfinite += 1
-                    log.warning("step %d: non-finite loss or gradient; update skipped (%d in a row)", step, nonfinite)
+                    log.warning(
+                        "step %d: non-finite loss or gradient; update skipped (%d in a row)",
+                        step,
+                        nonfinite,
+                    )
                     if nonfinite >= max(t.max_nonfinite, 1):
                         raise TrainingDiverged(
-                            f"the loss was NaN/inf for {nonfinite} updates in a row at step {step}; "
-                            f"lower train.lr or check the data (last good checkpoint kept in {self.ckpt_dir})"
+                            f"the loss was NaN/inf for {nonfinite} updates in a row at step "
+                            f"{step}; lower train.lr or check the data (the last good "
+                            f"checkpoint is kept in {self.ckpt_dir})"
                         )
                     continue
                 nonfinite = 0
@@ -472,11 +498,23 @@ class Trainer:
                 window["norm"] += norm
                 window["n"] += 1
                 elapsed = time.monotonic() - window["time"]
-                progress.update(step, window["loss"] / max(window["tokens"], 1), lr, window["tokens"] / max(elapsed, 1e-9))
+                progress.update(
+                    step,
+                    window["loss"] / max(window["tokens"], 1),
+                    lr,
+                    window["tokens"] / max(elapsed, 1e-9),
+                )
                 if step % t.log_every == 0:
                     progress.clear()
                     self._log_train(step, lr, window)
-                    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.monotonic(), "norm": 0.0, "n": 0}
+                    window = {
+                        "loss": 0.0,
+                        "nll": 0.0,
+                        "tokens": 0,
+                        "time": time.monotonic(),
+                        "norm": 0.0,
+                        "n": 0,
+                    }
                 if step % t.eval_every == 0:
                     progress.clear()
                     self.state.elapsed = time.monotonic() - start
@@ -486,12 +524,21 @@ class Trainer:
             self.state.elapsed = time.monotonic() - start
             if stopped_by == "signal":
                 self._save(best=False)
-                log.info("stopped by %s at step %d; last.pt written, resume with --resume", self.stop_signal, self.state.step)
+                log.info(
+                    "stopped by %s at step %d; last.pt written, resume with --resume",
+                    self.stop_signal,
+                    self.state.step,
+                )
             elif self.state.last_valid_step != self.state.step:
                 self._validate_and_save()
             else:
                 self._save(best=False)
-            log.info("finished at step %d (%s); best valid BLEU %.2f", self.state.step, stopped_by, self.state.best_bleu)
+            log.info(
+                "finished at step %d (%s); best valid BLEU %.2f",
+                self.state.step,
+                stopped_by,
+                self.state.best_bleu,
+            )
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -526,7 +573,9 @@ class Trainer:
         """
         t = self.cfg.train
         batches = [self.stream.next().to(self.device) for _ in range(t.accumulate)]
-        tokens = distributed.sum_all(sum(b.num_tgt_tokens for b in batches), self.world, self.device)
+        tokens = distributed.sum_all(
+            sum(b.num_tgt_tokens for b in batches), self.world, self.device
+        )
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
@@ -567,19 +616,31 @@ class Trainer:
         self.model.eval()
         loss = nll = 0.0
         tokens = 0
-        lengths = [(len(s) + 1, len(t) + 1) for s, t in zip(c.valid_src_ids, c.valid_tgt_ids, strict=True)]
+        lengths = [
+            (len(s) + 1, len(t) + 1) for s, t in zip(c.valid_src_ids, c.valid_tgt_ids, strict=True)
+        ]
         with autocast_context(self.device, self.dtype):
             for rows in length_batches(lengths, self.cfg.train.batch_tokens):
                 batch = collate(c.valid_src_ids, c.valid_tgt_ids, rows).to(self.device)
                 batch_loss, batch_nll = label_smoothed_loss(
-                    self.model(batch.src, batch.tgt_in), batch.tgt_out, self.cfg.train.label_smoothing
+                    self.model(batch.src, batch.tgt_in),
+                    batch.tgt_out,
+                    self.cfg.train.label_smoothing,
                 )
-                loss, nll, tokens = loss + float(batch_loss), nll + float(batch_nll), tokens + batch.num_tgt_tokens
-        translator = Translator(self.model, self.cfg, self.src_tok, self.tgt_tok, self.device, self.dtype)
+                loss, nll, tokens = (
+                    loss + float(batch_loss),
+                    nll + float(batch_nll),
+                    tokens + batch.num_tgt_tokens,
+                )
+        translator = Translator(
+            self.model, self.cfg, self.src_tok, self.tgt_tok, self.device, self.dtype
+        )
         hyps = translator.translate(c.valid_src, beam=self.cfg.train.eval_beam)
         scores = score(hyps, c.valid_ref)
         self.model.train()
-        self.samples = list(zip(c.valid_src, hyps, c.valid_ref, strict=True))[: self.cfg.train.samples]
+        self.samples = list(zip(c.valid_src, hyps, c.valid_ref, strict=True))[
+            : self.cfg.train.samples
+        ]
         return {
             "loss": loss / max(tokens, 1),
             "ppl": math.exp(min(nll / max(tokens, 1), 50)),
@@ -602,7 +663,11 @@ class Trainer:
             self.state.last_valid_step = step
             log.info(
                 "valid step %d: loss %.3f  ppl %.2f  BLEU %.2f  chrF %.2f%s",
-                step, metrics["loss"], metrics["ppl"], metrics["bleu"], metrics["chrf"],
+                step,
+                metrics["loss"],
+                metrics["ppl"],
+                metrics["bleu"],
+                metrics["chrf"],
                 "  (best)" if improved else f"  (best {self.state.best_bleu:.2f})",
             )
             for src, hyp, ref in self.samples:
@@ -649,7 +714,9 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "rng_cpu": torch.get_rng_state(),
-            "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            "rng_cuda": torch.cuda.get_rng_state(self.device)
+            if self.device.type == "cuda"
+            else None,
             "epoch": self.state.epoch,
             "batch_index": self.state.batch_index,
             "best_bleu": self.state.best_bleu,
@@ -668,22 +735,40 @@ class Trainer:
         threads = torch.get_num_threads() if self.device.type == "cpu" else None
         log.info(
             "attn-mt: %s -> %s, %s parameters, device %s%s, precision %s, %d process(es)",
-            cfg.data.src_lang, cfg.data.tgt_lang, f"{params:,}", self.device,
-            f" ({threads} threads)" if threads else "", self.precision, self.world.size,
+            cfg.data.src_lang,
+            cfg.data.tgt_lang,
+            f"{params:,}",
+            self.device,
+            f" ({threads} threads)" if threads else "",
+            self.precision,
+            self.world.size,
         )
         log.info(
             "data: %d training pairs kept, %d empty dropped, %d longer than %d tokens dropped; "
             "%d validation pairs",
-            c.stats.kept, c.stats.empty, c.stats.too_long, cfg.data.max_len, len(c.valid_src),
+            c.stats.kept,
+            c.stats.empty,
+            c.stats.too_long,
+            cfg.data.max_len,
+            len(c.valid_src),
         )
         joint = "joint" if self.src_tok is self.tgt_tok else "separate"
         log.info(
             "vocabulary: %s SentencePiece %s, %d / %d pieces; %d batches per epoch, padding %.1f%%",
-            joint, cfg.tokenizer.model_type, self.src_tok.vocab_size, self.tgt_tok.vocab_size,
-            len(self.stream.batches), 100 * self.stream.peek_padding(),
+            joint,
+            cfg.tokenizer.model_type,
+            self.src_tok.vocab_size,
+            self.tgt_tok.vocab_size,
+            len(self.stream.batches),
+            100 * self.stream.peek_padding(),
         )
         if self.state.step:
-            log.info("resumed at step %d (epoch %d, batch %d)", self.state.step, self.state.epoch, self.state.batch_index)
+            log.info(
+                "resumed at step %d (epoch %d, batch %d)",
+                self.state.step,
+                self.state.epoch,
+                self.state.batch_index,
+            )
         self.runlog.hparams(cfg, params)
 
     def _log_train(self, step: int, lr: float, window: dict[str, float]) -> None:
@@ -699,7 +784,12 @@ class Trainer:
         }
         log.info(
             "step %d  epoch %d  loss %.3f  ppl %.2f  lr %.2e  grad %.2f  %s tgt tok/s",
-            step, self.stream.epoch, metrics["loss"], metrics["ppl"], lr, metrics["grad_norm"],
+            step,
+            self.stream.epoch,
+            metrics["loss"],
+            metrics["ppl"],
+            lr,
+            metrics["grad_norm"],
             f"{metrics['tokens_per_sec']:,.0f}",
         )
         self.runlog.scalars(step, "train", metrics)

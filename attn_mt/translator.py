@@ -137,7 +137,9 @@ class Translator:
         return ids
 
 
-def load(path: str | Path, device: str | torch.device = "auto", dtype: torch.dtype | None = None) -> Translator:
+def load(
+    path: str | Path, device: str | torch.device = "auto", dtype: torch.dtype | None = None
+) -> Translator:
     """Load a run folder (its checkpoints/best.pt) or a .pt file as a Translator."""
     device = resolve_device(device) if isinstance(device, str) else device
     state = load_checkpoint(path)
