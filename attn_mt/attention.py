@@ -37,11 +37,7 @@ def dot_product_attention(
         (B, H, T, Dh) output and (B, H, T, S) weights (before dropout).
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = scores.softmax(dim=-1)  # (B, H, T, S)
-    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
-    return dropped @ v, weights  # (B, H, T, Dh)
+    return _attend(scores, v, mask, dropout_p)
 
 
 def fused_dot_product_attention(
@@ -78,9 +74,23 @@ def additive_attention(
     k_part = torch.einsum("bhsd,hda->bhsa", k, w_k)  # (B, H, S, A)
     hidden = torch.tanh(q_part.unsqueeze(3) + k_part.unsqueeze(2))  # (B, H, T, S, A)
     scores = torch.einsum("bhtsa,ha->bhts", hidden, w_score)  # (B, H, T, S)
+    return _attend(scores, v, mask, dropout_p)
+
+
+def _attend(
+    scores: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights softmax(scores) over the allowed keys, then their weighted sum of `v`.
+
+    Masked keys get weight exactly 0. A query with no allowed key gets all-zero weights and a
+    zero output, as torch's fused kernel gives on the CPU, rather than softmax's NaNs.
+    Returns (B, H, T, Dh) output and (B, H, T, S) weights (before dropout).
+    """
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    weights = scores.softmax(dim=-1)
+    weights = scores.softmax(dim=-1)  # (B, H, T, S)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # a fully masked row: NaN -> 0
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights  # (B, H, T, Dh)
 
@@ -184,7 +194,7 @@ class MultiHeadAttention(nn.Module):
             out, weights = additive_attention(
                 q, k, v, self.add_w_q, self.add_w_k, self.add_w_score, mask, dropout_p
             )
-        elif self.fused and not self.record_weights:
+        elif self.fused and not self.record_weights and not _slow_fused_kernel(q):
             out, weights = fused_dot_product_attention(q, k, v, mask, dropout_p), None
         else:
             out, weights = dot_product_attention(q, k, v, mask, dropout_p)
@@ -217,8 +227,15 @@ class MultiHeadAttention(nn.Module):
         return q, k, v
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, D) -> (B, H, L, Dh): head h takes features h*Dh .. (h+1)*Dh - 1."""
         batch, length, _ = x.shape
         return x.view(batch, length, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+
+
+def _slow_fused_kernel(q: torch.Tensor) -> bool:
+    """True where torch's fused kernel is slower than the math path: bf16 on the CPU, where
+    its flash kernel ran 5x slower than two matmuls and a softmax in scripts/bench_train.py."""
+    return q.device.type == "cpu" and q.dtype == torch.bfloat16
 
 
 @contextmanager

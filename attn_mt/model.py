@@ -8,6 +8,7 @@ key/value cache; `build_model` is the only function that reads the config.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -81,6 +82,7 @@ class Embedder(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Ids (B, L) -> (B, L, D), the first token at position `offset`."""
         x = self.embedding(tokens) * self.scale  # (B, L, D)
         return self.dropout(x + self.positions(tokens.size(1), offset).to(x.dtype))
 
@@ -99,6 +101,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, D) -> (B, L, D) through a (B, L, d_ff) hidden layer."""
         return self.w_2(self.dropout(self.activation(self.w_1(x))))
 
 
@@ -107,13 +110,14 @@ class Residual(nn.Module):
 
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
-        self.norm, self.dropout, self.pre_norm = (
-            nn.LayerNorm(d_model),
-            nn.Dropout(dropout),
-            pre_norm,
-        )
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
 
-    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """x (B, L, D) -> (B, L, D) with `sublayer` wrapped in the residual block."""
         if self.pre_norm:
             return x + self.dropout(sublayer(self.norm(x)))
         return self.norm(x + self.dropout(sublayer(x)))
@@ -130,6 +134,7 @@ class EncoderLayer(nn.Module):
         self.res_ff = Residual(d_model, dropout, pre_norm)
 
     def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """x (B, S, D) and the source padding mask (B, 1, 1, S) -> (B, S, D)."""
         x = self.res_attn(x, lambda h: self.self_attn(h, h, src_mask))  # (B, S, D)
         return self.res_ff(x, self.ff)
 
@@ -154,6 +159,7 @@ class DecoderLayer(nn.Module):
         src_mask: torch.Tensor,
         cache: tuple[KVCache, KVCache] | None = None,
     ) -> torch.Tensor:
+        """y (B, T, D) attending to itself (`self_mask`) and to memory (B, S, D) -> (B, T, D)."""
         self_cache, cross_cache = cache if cache is not None else (None, None)
         y = self.res_self(y, lambda h: self.self_attn(h, h, self_mask, self_cache))  # (B, T, D)
         y = self.res_cross(y, lambda h: self.cross_attn(h, memory, src_mask, cross_cache))

@@ -53,9 +53,10 @@ class _StepDecoder:
         """prefix (N, t) -> log P(next token | prefix, source) (N, V), in float32."""
         step_input = prefix[:, -1:] if self.use_cache else prefix
         logits = self.model.decode(step_input, self.memory, self.src_mask, self.cache)[:, -1]
-        logits = logits.float()
-        logits[:, [PAD_ID, BOS_ID]] = float("-inf")  # never generated
-        return logits.log_softmax(dim=-1)  # (N, V)
+        # Mask after the softmax, so that scores are the model's own log-probabilities.
+        log_probs = logits.float().log_softmax(dim=-1)  # (N, V)
+        log_probs[:, [PAD_ID, BOS_ID]] = float("-inf")  # never generated
+        return log_probs
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep rows `rows` (reordered beams, or the sentences still searching)."""
@@ -124,8 +125,8 @@ def beam_search(
 
     At each step the 2K best continuations of each sentence's K beams are ranked; an <eos>
     among the first K ends a hypothesis, scored logprob / lp(length), and the best K others
-    go on. A sentence is done once it holds K finished hypotheses (as in fairseq), so with
-    K = 1 this is exactly greedy search.
+    go on. A sentence is done once it holds K finished hypotheses and the best open beam,
+    scored logprob / lp(its length so far), does not beat the K-th of them (`_sentence_done`).
     """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest ({nbest}) must be between 1 and the beam size ({beam_size})")
@@ -163,8 +164,12 @@ def beam_search(
         next_token = top_token.gather(1, pick).view(-1, 1)  # (N, 1)
         prefix = torch.cat([prefix.index_select(0, source_row.view(-1)), next_token], dim=1)
         decoder.select(source_row.view(-1))
-        done = torch.tensor([len(finished[int(s)]) >= k for s in alive], device=device)
-        done |= ~beam_scores.isfinite().any(dim=1)
+        open_lp = length_penalty(step + 1, alpha)  # the open beams hold step + 1 tokens
+        best_open = [score / open_lp for score in beam_scores.max(dim=1).values.tolist()]
+        done = torch.tensor(
+            [_sentence_done(finished[s], k, best_open[i]) for i, s in enumerate(alive.tolist())],
+            device=device,
+        )
         if done.all():
             break
         if done.any():
@@ -174,3 +179,17 @@ def beam_search(
             prefix = prefix.index_select(0, rows)
             decoder.select(rows)
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
+
+
+def _sentence_done(finished: list[Hypothesis], beam_size: int, best_open_score: float) -> bool:
+    """True once the K-th best finished score reaches the best open beam's score so far.
+
+    Log-probabilities only fall as a beam grows, so with alpha = 0 no open beam can still
+    overtake; with alpha > 0 the bound is a heuristic (as in Hugging Face's beam search). With
+    K = 1 the one finished hypothesis outranked every open beam, so this is exactly greedy.
+    A sentence without open beams (score -inf) is done.
+    """
+    if len(finished) < beam_size:
+        return best_open_score == float("-inf")
+    kth_best = sorted((h.score for h in finished), reverse=True)[beam_size - 1]
+    return kth_best >= best_open_score
