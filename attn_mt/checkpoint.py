@@ -53,21 +53,29 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     """Write `state` to `path` atomically: a temp file in the same folder, fsync, rename.
 
-    A crash or a full disk leaves the previous file at `path` intact.
+    A crash or a full disk leaves the previous file at `path` intact. Temp files of earlier
+    writes of `path` that a SIGKILL cut short are removed first.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    prefix, suffix = f".{path.name}.", ".tmp"
+    for stale in path.parent.iterdir():
+        if stale.name.startswith(prefix) and stale.name.endswith(suffix):
+            stale.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
     try:
         with os.fdopen(fd, "wb") as handle:
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except OSError as err:
+    except (OSError, RuntimeError) as err:
+        # torch.save reports a failed write (a full disk) as a RuntimeError around the OSError.
+        cause = err.__context__ if isinstance(err.__context__, OSError) else err
+        text = str(cause).strip() or type(cause).__name__
+        reason = getattr(cause, "strerror", None) or text.splitlines()[0][:120]
         raise CheckpointError(
-            f"{path}: could not write checkpoint ({err.strerror or err}); "
-            "the previous checkpoint is intact"
+            f"{path}: could not write checkpoint ({reason}); the previous checkpoint is intact"
         ) from None
     finally:
         if os.path.exists(tmp):
@@ -80,9 +88,10 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint safely: only tensors and plain data, never code."""
+    """Read a checkpoint safely: checksums first, then only tensors and plain data, never code."""
     path = resolve_checkpoint(path)
     try:
+        _verify_checksums(path)
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -91,8 +100,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"{path}: refused to load; the file holds objects other than tensors and plain "
             f"data, which could run code{detail}"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
-        reason = str(err).strip().splitlines()[0][:120] if str(err).strip() else type(err).__name__
+    except CheckpointError:
+        raise
+    except Exception as err:  # a damaged file can fail anywhere in the zip reader or unpickler
+        lines = str(err).strip().splitlines() or [""]
+        reason = f"{type(err).__name__}: {lines[0]}"[:120].rstrip(": ")
         raise CheckpointError(
             f"{path}: not a readable checkpoint, truncated or corrupt ({reason})"
         ) from None
@@ -105,6 +117,20 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
+def _verify_checksums(path: Path) -> None:
+    """Check the CRC-32 of every record of a zip checkpoint; torch.load does not, so a flipped
+    bit in the weights or the SentencePiece models would otherwise load silently."""
+    if not zipfile.is_zipfile(path):
+        return  # torch.load says what it is
+    with zipfile.ZipFile(path) as archive:
+        damaged = archive.testzip()
+    if damaged is not None:
+        raise CheckpointError(
+            f"{path}: corrupt, the record {damaged} fails its checksum; use another checkpoint "
+            "(e.g. last.pt, best.pt or a step_N.pt of the run)"
+        )
+
+
 def checkpoint_config(state: dict[str, Any], path: str | Path = "checkpoint") -> Config:
     """The config stored in a checkpoint, validated."""
     try:
@@ -113,14 +139,18 @@ def checkpoint_config(state: dict[str, Any], path: str | Path = "checkpoint") ->
         raise CheckpointError(f"{path}: its stored config is invalid ({err})") from None
 
 
-def tokenizers_from(state: dict[str, Any]) -> tuple[Tokenizer, Tokenizer]:
+def tokenizers_from(
+    state: dict[str, Any], path: str | Path = "checkpoint"
+) -> tuple[Tokenizer, Tokenizer]:
     """The (source, target) SentencePiece models embedded in a checkpoint."""
-    src = Tokenizer(state["tokenizers"]["src"])
-    tgt = (
-        src
-        if state["tokenizers"]["tgt"] == state["tokenizers"]["src"]
-        else Tokenizer(state["tokenizers"]["tgt"])
-    )
+    try:
+        src_model, tgt_model = state["tokenizers"]["src"], state["tokenizers"]["tgt"]
+        src = Tokenizer(src_model)
+        tgt = src if tgt_model == src_model else Tokenizer(tgt_model)
+    except (KeyError, TypeError, RuntimeError) as err:
+        raise CheckpointError(
+            f"{path}: its SentencePiece models are missing or corrupt ({str(err)[:120]})"
+        ) from None
     return src, tgt
 
 
@@ -129,7 +159,7 @@ def model_from(
 ) -> tuple[Transformer, Config]:
     """Rebuild the model a checkpoint describes and load its weights (strictly)."""
     cfg = checkpoint_config(state, path)
-    src_tok, tgt_tok = tokenizers_from(state)
+    src_tok, tgt_tok = tokenizers_from(state, path)
     model = build_model(cfg, src_tok.vocab_size, tgt_tok.vocab_size)
     try:
         model.load_state_dict(state["model"])
@@ -141,30 +171,33 @@ def model_from(
     return model, cfg
 
 
+def _differing_keys(first: dict[str, Any], other: dict[str, Any], section: str) -> list[str]:
+    """Keys of config `section` whose values differ between two checkpoints, as `model.d_ff`."""
+    a, b = first["config"][section], other["config"][section]
+    return [f"{section}.{key}" for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key)]
+
+
+def _average_mismatch(first: dict[str, Any], other: dict[str, Any]) -> str | None:
+    """Why `other` cannot be averaged with `first` (a different model or tokenizer), or None."""
+    if keys := _differing_keys(first, other, "model"):
+        return f"model keys differ: {', '.join(keys)}"
+    if other["tokenizers"] != first["tokenizers"]:
+        keys = _differing_keys(first, other, "tokenizer")
+        return f"tokenizer keys differ: {', '.join(keys)}" if keys else "their tokenizers differ"
+    shapes = {k: v.shape for k, v in first["model"].items()}
+    if {k: v.shape for k, v in other["model"].items()} != shapes:
+        return "their tensors differ in names or shapes"
+    return None
+
+
 def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     """Element-wise mean of the parameters of checkpoints of one model; the rest from the last."""
     if len(paths) < 2:
         raise CheckpointError("average: give at least two checkpoints")
     states = [load_checkpoint(p) for p in paths]
-    first_model, first_path = states[0]["config"]["model"], paths[0]
     for state, path in zip(states[1:], paths[1:], strict=True):
-        if (
-            state["config"]["model"] != first_model
-            or state["tokenizers"] != states[0]["tokenizers"]
-        ):
-            diff = sorted(
-                k for k in first_model if first_model.get(k) != state["config"]["model"].get(k)
-            )
-            what = (
-                f"model keys differ: {', '.join('model.' + k for k in diff)}"
-                if diff
-                else ("their tokenizers differ")
-            )
-            raise CheckpointError(f"average: {path} does not match {first_path} ({what})")
-        if state["model"].keys() != states[0]["model"].keys() or any(
-            state["model"][k].shape != states[0]["model"][k].shape for k in state["model"]
-        ):
-            raise CheckpointError(f"average: {path} has tensors of other shapes than {first_path}")
+        if why := _average_mismatch(states[0], state):
+            raise CheckpointError(f"average: {path} does not match {paths[0]} ({why})")
     averaged = {}
     for key, tensor in states[0]["model"].items():
         if tensor.is_floating_point():

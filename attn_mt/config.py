@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ import yaml
 from attn_mt.errors import ConfigError
 
 NAMED_CORPORA = ("multi30k",)
+# YAML 1.1 reads `5e-4` (no dot) as a string; float fields accept such numbers anyway.
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 @dataclass
@@ -218,7 +221,8 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(err, "problem", None) or "invalid YAML"
+        # A ReaderError (control or binary characters) has a `reason` instead of a `problem`.
+        problem = getattr(err, "problem", None) or getattr(err, "reason", None) or "invalid YAML"
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
     if raw is None:
         raw = {}
@@ -227,6 +231,7 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     _resolve_data_paths(raw, path.parent)
     for item in overrides:
         apply_override(raw, item)
+    _resolve_data_paths(raw, Path.cwd())  # paths given with --set are relative to the shell
     return config_from_dict(raw)
 
 
@@ -403,6 +408,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return value
     elif base is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
             return float(value)
     elif base is str:
         if isinstance(value, str):

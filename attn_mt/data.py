@@ -64,6 +64,11 @@ def data_roots() -> list[Path]:
     return roots
 
 
+def offline() -> bool:
+    """True when $ATTN_MT_OFFLINE is set (to anything but 0): never touch the network."""
+    return os.environ.get("ATTN_MT_OFFLINE", "0").strip() not in ("", "0")
+
+
 # ---------------------------------------------------------------------------------------------
 # Named corpora
 
@@ -77,7 +82,9 @@ def corpus_file(name: str, filename: str, download: bool = True) -> Path:
             return path
         looked.append(str(path))
     target = cache_dir() / "data" / name / filename
-    if download:
+    if download and offline():
+        looked.append("no download: ATTN_MT_OFFLINE is set")
+    elif download:
         try:
             _download(MULTI30K_URL + filename, target, MULTI30K_SHA256[filename])
             return target
@@ -85,7 +92,8 @@ def corpus_file(name: str, filename: str, download: bool = True) -> Path:
             looked.append(f"{MULTI30K_URL}{filename} ({getattr(err, 'reason', err)})")
     raise DataError(
         f"{name}: {filename} not found; looked in {'; '.join(looked)}. Put the corpus files in "
-        f"$ATTN_MT_DATA/{name}/ (or run `attn-mt data fetch {name}` where there is network)"
+        f"$ATTN_MT_DATA/{name}/ (or run `attn-mt data fetch {name}` where there is network; "
+        "ATTN_MT_OFFLINE=1 turns downloads off)"
     )
 
 
@@ -279,12 +287,13 @@ def length_batches(
 ) -> list[list[int]]:
     """Group row indices into batches whose padded size `rows * longest side` fits the budget.
 
-    Rows are sorted by (source, target) length, ties kept in `order`, then cut greedily, so
-    rows of one batch have near-equal lengths and padding stays small. A single row longer than
-    the budget still forms its own batch.
+    Rows are sorted by their longest side (what the budget counts), then by (source, target)
+    length, ties kept in `order`, then cut greedily, so rows of one batch have near-equal
+    lengths and padding stays small. A single row longer than the budget still forms its own
+    batch.
     """
     order = range(len(lengths)) if order is None else order
-    ranked = sorted(order, key=lambda i: lengths[i])
+    ranked = sorted(order, key=lambda i: (max(lengths[i]), lengths[i]))
     batches: list[list[int]] = []
     current: list[int] = []
     longest = 0

@@ -85,7 +85,10 @@ def train_tokenizer(cfg: TokenizerConfig, lines: Sequence[str], cache: Path) -> 
         reason = str(err).splitlines()[-1] if str(err) else "unknown"
         hint = ""
         if cfg.byte_fallback and cfg.vocab_size < 300:
-            hint = "; byte_fallback needs vocab_size > 260, or set tokenizer.byte_fallback: false"
+            hint = (
+                "; byte_fallback takes 256 byte pieces plus one per character: raise "
+                "tokenizer.vocab_size or set tokenizer.byte_fallback: false"
+            )
         raise ConfigError(
             f"tokenizer: SentencePiece could not train with vocab_size {cfg.vocab_size} "
             f"({reason}){hint}"

@@ -144,5 +144,5 @@ def load(
     device = resolve_device(device) if isinstance(device, str) else device
     state = load_checkpoint(path)
     model, cfg = model_from(state, path)
-    src_tok, tgt_tok = tokenizers_from(state)
+    src_tok, tgt_tok = tokenizers_from(state, path)
     return Translator(model, cfg, src_tok, tgt_tok, device, dtype)

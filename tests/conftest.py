@@ -112,5 +112,7 @@ def trained_run(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     config_file = out.parent / "toy.yaml"
     config_file.write_text(yaml.safe_dump(raw))
     result = train(config_from_dict(raw))
-    assert result.best_bleu > 80, f"the toy model should learn the task, got BLEU {result.best_bleu}"
+    assert result.best_bleu > 80, (
+        f"the toy model should learn the task, got BLEU {result.best_bleu}"
+    )
     return out
