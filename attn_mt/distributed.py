@@ -5,12 +5,22 @@ the training loop needs. A single process is world size 1 and every call here is
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from attn_mt.errors import UserError
+
+T = TypeVar("T")
+
+# How long a rank waits in a collective. Rank 0 alone trains SentencePiece and validates while
+# the others wait at a barrier; NCCL's default (10 minutes) would end a run whose beam search
+# over a large validation set takes longer.
+TIMEOUT = timedelta(minutes=60)
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,7 @@ def setup(device: torch.device) -> tuple[World, torch.device]:
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
             device_id=(device if device.type == "cuda" else None),
+            timeout=TIMEOUT,
         )
     return world, device
 
@@ -83,6 +94,36 @@ def any_each(flags: list[bool], world: World, device: torch.device) -> list[bool
     tensor = torch.tensor([float(f) for f in flags], device=device)
     dist.all_reduce(tensor)
     return [bool(v > 0) for v in tensor.tolist()]
+
+
+def from_main(compute: Callable[[], T], world: World) -> T:
+    """`compute()` run on rank 0 only, its result sent to every rank.
+
+    A `UserError` it raises is raised on every rank, so all processes stop with the same one-line
+    message instead of the others waiting for rank 0 until the time-out.
+    """
+    if not world.distributed:
+        return compute()
+    box: list[Any] = [None]
+    if world.is_main:
+        try:
+            box[0] = (compute(), None)
+        except UserError as err:
+            box[0] = (None, err)
+    dist.broadcast_object_list(box, src=0)
+    value, error = box[0]
+    if error is not None:
+        raise error
+    return value
+
+
+def gather(value: T, world: World) -> list[T]:
+    """`value` of every rank, in rank order, on every rank."""
+    if not world.distributed:
+        return [value]
+    values: list[Any] = [None] * world.size
+    dist.all_gather_object(values, value)
+    return values
 
 
 def barrier(world: World) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from attn_mt import distributed
+from attn_mt import distributed, viz
 from attn_mt.checkpoint import load_checkpoint, save_checkpoint, tokenizers_from
 from attn_mt.config import Config, save_config
 from attn_mt.data import (
@@ -139,12 +139,12 @@ def prepare_data(
     if not any(s.strip() and t.strip() for s, t in zip(train_src, train_tgt, strict=True)):
         raise DataError(f"{train_files[0]}: the training corpus has no non-empty pairs")
     if tokenizers is None:
-        spm_cache = cache_dir() / "spm"
-        if not world.is_main:  # rank 0 trains SentencePiece first; the others hit its cache
-            distributed.barrier(world)
-        tokenizers = build_tokenizers(cfg.tokenizer, train_src, train_tgt, spm_cache)
-        if world.is_main:
-            distributed.barrier(world)
+        # Rank 0 trains SentencePiece and sends the models: every process must use the same
+        # pieces, and machines of a multi-node run need not share a cache folder.
+        tokenizers = distributed.from_main(
+            lambda: build_tokenizers(cfg.tokenizer, train_src, train_tgt, cache_dir() / "spm"),
+            world,
+        )
     src_tok, tgt_tok = tokenizers
     src_ids, tgt_ids = src_tok.encode(train_src), tgt_tok.encode(train_tgt)
     keep, stats = clean_pairs(src_ids, tgt_ids, cfg.data.max_len)
@@ -266,7 +266,11 @@ class RunLog:
         flat["parameters"] = params
         self.tb.add_text("config", "```\n" + json.dumps(cfg.to_dict(), indent=2) + "\n```", 0)
         with contextlib.suppress(Exception):  # hparams is a convenience, never fatal
-            self.tb.add_hparams(flat, {"valid/bleu": 0.0}, run_name=".")
+            # Not `add_hparams`: it would also write a fake valid/bleu = 0 point at step 0.
+            from torch.utils.tensorboard.summary import hparams
+
+            for summary in hparams(flat, {"valid/bleu": 0.0}):
+                self.tb.file_writer.add_summary(summary)
 
     def close(self) -> None:
         if self.enabled:
@@ -334,7 +338,9 @@ class Trainer:
         self.out = Path(cfg.train.out_dir)
         self.ckpt_dir = self.out / "checkpoints"
         self.world, self.device = distributed.setup(resolve_device(device))
-        state = self._check_run_folder(resume)
+        # Rank 0 alone looks at the run folder and sends last.pt on: no rank can see a folder
+        # rank 0 has begun to write, and other machines need not share it to resume.
+        state = distributed.from_main(lambda: self._check_run_folder(resume), self.world)
         self.precision = resolve_precision(cfg.train.precision, self.device)
         self.dtype = DTYPES[self.precision]
         if cfg.train.schedule == "cosine" and cfg.train.max_steps == 0:
@@ -352,6 +358,9 @@ class Trainer:
             self._log_handler = logging.FileHandler(self.out / "train.log", encoding="utf-8")
             self._log_handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
             log.addHandler(self._log_handler)
+            self._log_level = log.level
+            if log.getEffectiveLevel() > logging.INFO:  # train.log has the INFO lines, CLI or not
+                log.setLevel(logging.INFO)
         self.model: Transformer = build_model(cfg, self.src_tok.vocab_size, self.tgt_tok.vocab_size)
         self.model.to(self.device)
         self.optimizer = self._make_optimizer()
@@ -365,7 +374,11 @@ class Trainer:
         self.train_model: torch.nn.Module = self.model
         if self.world.distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_model = DistributedDataParallel(self.model, device_ids=ids)
+            # No buffer broadcasts: the only buffers are the fixed positional tables, equal on
+            # every rank, and they grow on demand (a rank's longer batch would change the shape).
+            self.train_model = DistributedDataParallel(
+                self.model, device_ids=ids, broadcast_buffers=False
+            )
         if cfg.train.compile:
             self.train_model = torch.compile(self.train_model)
         self.runlog = RunLog(self.out, self.world.is_main, self.state.step if state else None)
@@ -377,6 +390,14 @@ class Trainer:
     def _check_run_folder(self, resume: bool) -> dict[str, Any] | None:
         """Refuse to overwrite a run; on --resume, load last.pt and check it fits the config."""
         last = self.ckpt_dir / "last.pt"
+        started = self.out.exists() and any(
+            (self.out / name).exists() for name in ("checkpoints", "config.yaml", "metrics.jsonl")
+        )
+        if started and not last.is_file():  # neither resumable nor ours to overwrite
+            raise UserError(
+                f"{self.out}: holds a run that stopped before its first checkpoint "
+                "(no checkpoints/last.pt); delete that folder or choose another train.out_dir"
+            )
         if resume:
             if not last.is_file():
                 raise UserError(
@@ -400,9 +421,7 @@ class Trainer:
                     "from the checkpoint); restore them or start a new train.out_dir"
                 )
             return state
-        if self.out.exists() and any(
-            (self.out / name).exists() for name in ("checkpoints", "config.yaml", "metrics.jsonl")
-        ):
+        if started:
             raise UserError(
                 f"{self.out}: already holds a run; continue it with `attn-mt train --resume`, "
                 "or choose another train.out_dir"
@@ -430,13 +449,29 @@ class Trainer:
         self.optimizer.load_state_dict(ts["optimizer"])
         if self.scaler is not None and ts.get("scaler"):
             self.scaler.load_state_dict(ts["scaler"])
-        torch.set_rng_state(ts["rng_cpu"])
-        if self.device.type == "cuda" and ts.get("rng_cuda") is not None:
-            torch.cuda.set_rng_state(ts["rng_cuda"], self.device)
+        rng_cpu, rng_cuda = ts["rng_cpu"], ts.get("rng_cuda")
+        ranks = ts.get("rng_ranks") or []
+        if len(ranks) == self.world.size:  # the same processes: each takes its own streams back
+            rng_cpu, rng_cuda = ranks[self.world.rank]
+        torch.set_rng_state(rng_cpu)
+        if self.device.type == "cuda" and rng_cuda is not None:
+            torch.cuda.set_rng_state(rng_cuda, self.device)
+        batch_index, saved_world = ts["batch_index"], ts.get("world_size", 1)
+        if saved_world != self.world.size:
+            # The position counts this process's batches; keep the share of the epoch's global
+            # order already seen (rounded up: a few batches may be skipped, none repeated).
+            batch_index = -(-batch_index * saved_world // self.world.size)
+            log.info(
+                "resuming a %d-process run with %d processes: epoch %d continues at batch %d",
+                saved_world,
+                self.world.size,
+                ts["epoch"],
+                batch_index,
+            )
         self.state = Progression(
             step=state["step"],
             epoch=ts["epoch"],
-            batch_index=ts["batch_index"],
+            batch_index=batch_index,
             best_bleu=ts["best_bleu"],
             bad_evals=ts["bad_evals"],
             elapsed=ts["elapsed"],
@@ -484,10 +519,15 @@ class Trainer:
                         nonfinite,
                     )
                     if nonfinite >= max(t.max_nonfinite, 1):
+                        last = self.ckpt_dir / "last.pt"
+                        kept = (
+                            f"the last good checkpoint is kept: {last}"
+                            if last.is_file()
+                            else "no checkpoint had been written yet"
+                        )
                         raise TrainingDiverged(
                             f"the loss was NaN/inf for {nonfinite} updates in a row at step "
-                            f"{step}; lower train.lr or check the data (the last good "
-                            f"checkpoint is kept in {self.ckpt_dir})"
+                            f"{step}; lower train.lr or check the data ({kept})"
                         )
                     continue
                 nonfinite = 0
@@ -533,6 +573,7 @@ class Trainer:
                 self._validate_and_save()
             else:
                 self._save(best=False)
+            distributed.barrier(self.world)  # no rank leaves before rank 0 has written last.pt
             log.info(
                 "finished at step %d (%s); best valid BLEU %.2f",
                 self.state.step,
@@ -546,6 +587,7 @@ class Trainer:
             if self.world.is_main:
                 log.removeHandler(self._log_handler)
                 self._log_handler.close()
+                log.setLevel(self._log_level)
             distributed.teardown(self.world)
         return TrainResult(self.state.step, self.state.best_bleu, stopped_by, self.out)
 
@@ -651,16 +693,17 @@ class Trainer:
     def _validate_and_save(self) -> bool:
         """Validate on rank 0, write checkpoints; returns True when early stopping fires."""
         step = self.state.step
-        stop = False
+        stop = improved = False
+        metrics: dict[str, float] | None = None
         if self.world.is_main:
             with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
                 metrics = self.validate()
+                self._log_attention(step)
             improved = metrics["bleu"] > self.state.best_bleu
             if improved:
                 self.state.best_bleu, self.state.bad_evals = metrics["bleu"], 0
             else:
                 self.state.bad_evals += 1
-            self.state.last_valid_step = step
             log.info(
                 "valid step %d: loss %.3f  ppl %.2f  BLEU %.2f  chrF %.2f%s",
                 step,
@@ -678,18 +721,45 @@ class Trainer:
                 "\n\n".join(f"src: {s}  \nhyp: {h}  \nref: {r}" for s, h, r in self.samples),
                 step,
             )
-            self._save(best=improved, metrics=metrics)
             patience = self.cfg.train.patience
             stop = bool(patience and self.state.bad_evals >= patience)
             if stop:
                 log.info("early stopping: no better BLEU in %d validations", patience)
-        else:
-            self.state.last_valid_step = step
-        distributed.barrier(self.world)
+        self.state.last_valid_step = step
+        self._save(best=improved, metrics=metrics)  # the others wait here while rank 0 validates
         return distributed.any_all(stop, self.world, self.device)
 
+    def _log_attention(self, step: int) -> None:
+        """Cross-attention heatmap of the first validation sentence to TensorBoard; a failed
+        plot is a warning, never the end of a run."""
+        sentence = next((line for line in self.corpus.valid_src if line.strip()), None)
+        if not self.runlog.enabled or sentence is None:
+            return
+        translator = Translator(self.model, self.cfg, self.src_tok, self.tgt_tok, self.device)
+        try:
+            self.runlog.figure(
+                "valid/attention", viz.validation_attention_figure(translator, sentence), step
+            )
+        except Exception as err:  # whatever broke, training goes on
+            log.warning(
+                "valid step %d: attention plot skipped (%s: %s)", step, type(err).__name__, err
+            )
+        finally:
+            self.model.train()
+
     def _save(self, best: bool, metrics: dict[str, float] | None = None) -> None:
-        """Write last.pt (with training state), and best.pt / step_N.pt as configured."""
+        """Write last.pt (with training state), and best.pt / step_N.pt as configured.
+
+        Called on every rank (it gathers their RNG states); only rank 0 writes.
+        """
+        # Each rank's generators: dropout draws differ between ranks, whose batch shapes differ.
+        rng_ranks = distributed.gather(
+            (
+                torch.get_rng_state(),
+                torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            ),
+            self.world,
+        )
         if not self.world.is_main:
             return
         state = {
@@ -717,6 +787,8 @@ class Trainer:
             "rng_cuda": torch.cuda.get_rng_state(self.device)
             if self.device.type == "cuda"
             else None,
+            "rng_ranks": rng_ranks if self.world.distributed else None,
+            "world_size": self.world.size,
             "epoch": self.state.epoch,
             "batch_index": self.state.batch_index,
             "best_bleu": self.state.best_bleu,
@@ -754,12 +826,14 @@ class Trainer:
         )
         joint = "joint" if self.src_tok is self.tgt_tok else "separate"
         log.info(
-            "vocabulary: %s SentencePiece %s, %d / %d pieces; %d batches per epoch, padding %.1f%%",
+            "vocabulary: %s SentencePiece %s, %d / %d pieces; %d batches per epoch%s, "
+            "padding %.1f%%",
             joint,
             cfg.tokenizer.model_type,
             self.src_tok.vocab_size,
             self.tgt_tok.vocab_size,
             len(self.stream.batches),
+            " per process" if self.world.distributed else "",
             100 * self.stream.peek_padding(),
         )
         if self.state.step:

@@ -1,0 +1,209 @@
+"""Heatmaps of what a model attends to, and of the sinusoidal positional encoding.
+
+Figures are `matplotlib.figure.Figure` objects built without pyplot, so nothing here needs a
+display or touches pyplot's global state; PNGs are written by matplotlib's Agg renderer.
+
+Shape legend: L layers, H heads, R rows (queries), C columns (keys), P positions, D model width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure
+
+from attn_mt.attention import record_attention
+from attn_mt.checkpoint import checkpoint_config, load_checkpoint
+from attn_mt.errors import UserError
+from attn_mt.model import sinusoidal_table
+from attn_mt.tokenizer import BOS_ID, EOS_ID
+from attn_mt.translator import Translator, load
+
+KINDS = ("cross", "encoder", "decoder")
+AXES = {"cross": ("target", "source"), "encoder": ("source",) * 2, "decoder": ("target",) * 2}
+AXIS_LABELS = {"source": "source", "target": "target (decoder input)"}
+DEFAULT_PE_WIDTH = 256
+
+
+@dataclass
+class AttentionMaps:
+    """Attention weights of every layer and head for one sentence and its translation.
+
+    Rows are queries, columns keys: for `cross` the target pieces (`<s>` y1 .. yn) attending
+    the source pieces (x1 .. xm `</s>`); for `encoder` source x source; for `decoder` target x
+    target (causal, so the upper triangle is zero).
+    """
+
+    kind: str
+    source: str
+    translation: str
+    rows: list[str]  # R piece labels (y axis)
+    columns: list[str]  # C piece labels (x axis)
+    weights: torch.Tensor  # (L, H, R, C) float32 on the CPU; each row sums to 1
+
+
+def attention_maps(translator: Translator, text: str, kind: str = "cross") -> AttentionMaps:
+    """Translate `text` greedily, then collect the `kind` attention of every layer and head from
+    one teacher-forced forward pass over the source and that translation (float32)."""
+    _check_kind(kind)
+    if not text.strip():
+        raise UserError("--text is empty: give a sentence to translate")
+    [best] = translator.translate_nbest([text], beam=1)[0]
+    src_ids = translator.src_tokenizer.encode([text.strip()])[0][: translator.max_input_len]
+    src_ids = src_ids + [EOS_ID]  # the encoder input, as search saw it
+    tgt_ids = [BOS_ID] + best.tokens  # the decoder input that produced the translation
+    model = translator.model  # in eval mode: the weights carry no dropout
+    stack = model.encoder if kind == "encoder" else model.decoder
+    modules = [layer.cross_attn if kind == "cross" else layer.self_attn for layer in stack]
+    src = torch.tensor([src_ids], device=translator.device)  # (1, S)
+    tgt = torch.tensor([tgt_ids], device=translator.device)  # (1, T)
+    with torch.no_grad(), record_attention(model):
+        model(src, tgt)
+        weights = torch.stack([m.last_weights[0] for m in modules])  # (L, H, R, C)
+    pieces = {
+        "source": translator.src_tokenizer.pieces(src_ids),
+        "target": translator.tgt_tokenizer.pieces(tgt_ids),
+    }
+    rows, columns = (pieces[side] for side in AXES[kind])
+    return AttentionMaps(kind, text.strip(), best.text, rows, columns, weights.float().cpu())
+
+
+def plot_attention(
+    maps: AttentionMaps, layer: int | None = None, head: int | None = None
+) -> Figure:
+    """A grid of heatmaps, one per (layer, head) — or only `layer` / `head` when given — with
+    key pieces along x, query pieces along y, and one shared 0..1 colour bar."""
+    num_layers, num_heads, num_rows, num_cols = maps.weights.shape
+    stack = "encoder" if maps.kind == "encoder" else "decoder"
+    layers = _select("--layer", layer, num_layers, f"{stack} layers")
+    heads = _select("--head", head, num_heads, "heads")
+    # Cells shrink for long sentences so a panel stays under ~8 inches; fonts follow them.
+    cell = min(0.3, 8.0 / max(num_rows, num_cols))
+    fontsize = max(4.0, min(9.0, 30 * cell))
+    panel_w, panel_h = max(2.0, cell * num_cols) + 1.2, max(2.0, cell * num_rows) + 1.4
+    figure = Figure(
+        figsize=(len(heads) * panel_w + 1.2, len(layers) * panel_h + 0.6), layout="constrained"
+    )
+    axes = figure.subplots(len(layers), len(heads), squeeze=False)
+    y_name, x_name = (AXIS_LABELS[side] for side in AXES[maps.kind])
+    for i, layer_index in enumerate(layers):
+        for j, head_index in enumerate(heads):
+            ax = axes[i][j]
+            image = ax.imshow(
+                maps.weights[layer_index, head_index].numpy(),
+                cmap="viridis",
+                vmin=0.0,
+                vmax=1.0,
+                aspect="auto",
+                interpolation="nearest",
+            )
+            ax.set_title(f"layer {layer_index} head {head_index}", fontsize=fontsize + 1)
+            ax.set_xticks(range(num_cols), maps.columns, rotation=90, fontsize=fontsize)
+            ax.set_yticks(range(num_rows), maps.rows, fontsize=fontsize)
+            if i == len(layers) - 1:
+                ax.set_xlabel(x_name, fontsize=fontsize + 1)
+            if j == 0:
+                ax.set_ylabel(y_name, fontsize=fontsize + 1)
+    figure.colorbar(image, ax=axes, label="attention weight", shrink=0.9)
+    figure.suptitle(f"{maps.kind} attention: {maps.source}  →  {maps.translation}", fontsize=10)
+    return figure
+
+
+def plot_attention_file(
+    model_path: str | Path,
+    text: str,
+    out: str | Path,
+    kind: str = "cross",
+    layer: int | None = None,
+    head: int | None = None,
+    device: str = "auto",
+) -> Figure:
+    """Load a checkpoint, plot the `kind` attention for `text` and write it to `out` as PNG."""
+    _check_kind(kind)  # fail before the (slow) load on options that cannot work
+    if not text.strip():
+        raise UserError("--text is empty: give a sentence to translate")
+    figure = plot_attention(
+        attention_maps(load(model_path, device=device), text, kind), layer, head
+    )
+    save_png(figure, out)
+    return figure
+
+
+def validation_attention_figure(translator: Translator, sentence: str) -> Figure:
+    """The cross-attention grid (all layers and heads) of one sentence, for TensorBoard."""
+    return plot_attention(attention_maps(translator, sentence, "cross"))
+
+
+def positional_encoding_figure(positions: int = 100, d_model: int = DEFAULT_PE_WIDTH) -> Figure:
+    """Heatmap of the sinusoidal table P (positions x dimensions): each column pair is one
+    frequency, from fast (left) to slow (right), P[i, 2j] = sin(i / 10000^(2j/d))."""
+    if positions < 1:
+        raise UserError(f"--positions {positions}: must be at least 1")
+    if d_model < 2 or d_model % 2:
+        raise UserError(f"--d-model {d_model}: must be an even number of at least 2")
+    table = sinusoidal_table(positions, d_model)  # (P, D)
+    figure = Figure(figsize=(10, 6), layout="constrained")
+    ax = figure.add_subplot()
+    image = ax.imshow(table.numpy(), cmap="RdBu_r", vmin=-1.0, vmax=1.0, aspect="auto")
+    ax.set_xlabel("encoding dimension (even: sin, odd: cos; frequency falls to the right)")
+    ax.set_ylabel("position")
+    ax.set_title(
+        f"sinusoidal positional encoding, d_model = {d_model}: "
+        "P[i, 2j] = sin(i / 10000^(2j/d)), P[i, 2j+1] = cos(i / 10000^(2j/d))",
+        fontsize=10,
+    )
+    figure.colorbar(image, ax=ax, label="value")
+    return figure
+
+
+def plot_positional_encoding_file(
+    out: str | Path,
+    model: str | Path | None = None,
+    positions: int = 100,
+    d_model: int | None = None,
+) -> Figure:
+    """Write the positional-encoding heatmap to `out` (PNG); the width comes from the checkpoint
+    `model` when given, else from `d_model` (default 256)."""
+    if model is not None:
+        cfg = checkpoint_config(load_checkpoint(model), model).model
+        if cfg.positions != "sinusoidal":
+            raise UserError(
+                f"{model}: this model learns its positions (model.positions: {cfg.positions}), "
+                "so it has no sinusoidal table; use --pe with --d-model instead of --model"
+            )
+        if d_model is not None and d_model != cfg.d_model:
+            raise UserError(
+                f"--d-model {d_model}: the model's width is {cfg.d_model}; give one of the two"
+            )
+        d_model = cfg.d_model
+    figure = positional_encoding_figure(positions, d_model or DEFAULT_PE_WIDTH)
+    save_png(figure, out)
+    return figure
+
+
+def save_png(figure: Figure, out: str | Path) -> None:
+    """Write `figure` as a PNG of exactly figsize x dpi pixels (folders are created)."""
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(out, format="png", dpi=figure.dpi)
+    except OSError as err:
+        raise UserError(f"{out}: cannot write the image ({err.strerror or err})") from None
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise UserError(f"--kind {kind}: choose one of {', '.join(KINDS)}")
+
+
+def _select(option: str, index: int | None, count: int, what: str) -> list[int]:
+    """[index] after a range check, or every index when None."""
+    if index is None:
+        return list(range(count))
+    if not 0 <= index < count:
+        raise UserError(
+            f"{option} {index}: out of range; this model's {what} are numbered 0 to {count - 1}"
+        )
+    return [index]
