@@ -1,0 +1,123 @@
+"""The command-line skeleton: help texts, `python -m attn_mt`, user errors, `data` commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer.main
+import yaml
+from typer.testing import CliRunner
+
+from attn_mt.cli import app
+
+REPO = Path(__file__).resolve().parent.parent
+COMMANDS = ["train", "translate", "evaluate", "average", "attention", "export", "data"]
+CONSOLE_SCRIPT = Path(sys.executable).parent / "attn-mt"
+
+
+def run_cli(*args: str, module: bool = False, **env: str) -> subprocess.CompletedProcess:
+    """Run `attn-mt ARGS` (or `python -m attn_mt ARGS`) in a fresh process."""
+    if module or not CONSOLE_SCRIPT.is_file():
+        command = [sys.executable, "-m", "attn_mt", *args]
+    else:
+        command = [str(CONSOLE_SCRIPT), *args]
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def multi30k_env(monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = Path(os.environ.get("ATTN_MT_DATA") or REPO.parent / "shared" / "data")
+    if not (root / "multi30k" / "train.de.gz").is_file():
+        pytest.skip("Multi30k not found; set ATTN_MT_DATA")
+    monkeypatch.setenv("ATTN_MT_DATA", str(root))
+    return root
+
+
+@pytest.mark.parametrize("module", [False, True], ids=["attn-mt", "python -m attn_mt"])
+def test_help_lists_every_command(module: bool):
+    result = run_cli("--help", module=module)
+    assert result.returncode == 0, result.stderr
+    commands = result.stdout.split("Commands:", 1)[1].split()
+    for name in COMMANDS:
+        assert name in commands
+
+
+def test_every_command_has_help_text():
+    root = typer.main.get_command(app)
+    assert set(COMMANDS) <= set(root.commands)
+    groups = [root, root.commands["data"]]
+    assert {"fetch", "info"} <= set(groups[1].commands)
+    for group in groups:
+        for name, command in group.commands.items():
+            assert command.help and command.help.strip(), f"{name} has no help text"
+            if name == "data":
+                continue
+            for param in command.params:
+                if param.name != "help":
+                    assert getattr(param, "help", None), f"{name} {param.name}: no help text"
+
+
+@pytest.mark.parametrize(
+    "args", [[name, "--help"] for name in COMMANDS] + [["data", "fetch", "--help"]]
+)
+def test_subcommand_help(args: list[str]):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+
+
+def test_user_error_is_one_line_and_exit_2(tmp_path: Path):
+    config = tmp_path / "typo.yaml"
+    config.write_text(yaml.safe_dump({"data": {"dataset": "multi30k", "tran": {"src": "x"}}}))
+    result = run_cli("train", "--config", str(config))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "attn-mt: error: data.tran: unknown key; did you mean data.train?"
+    ]
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_set_is_a_user_error():
+    result = run_cli("train", "--config", str(REPO / "configs" / "tiny.yaml"), "--set", "train.lr")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "attn-mt: error: --set train.lr: expected KEY=VALUE, e.g. --set train.lr=0.0005"
+    ]
+
+
+def test_data_info(multi30k_env: Path):
+    result = CliRunner().invoke(app, ["data", "info"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert str(multi30k_env) in lines[0]
+    assert "multi30k/train.de.gz: 29000 lines, sha256 ok" in result.output
+    assert "multi30k/val.en.gz: 1014 lines, sha256 ok" in result.output
+    assert len(lines) == 13 and "MISMATCH" not in result.output
+
+
+def test_data_info_reports_missing_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("ATTN_MT_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("ATTN_MT_CACHE", str(tmp_path / "cache"))
+    result = CliRunner().invoke(app, ["data", "info"])
+    assert result.exit_code == 0, result.output
+    assert "multi30k/train.de.gz: missing (attn-mt data fetch multi30k)" in result.output
+
+
+def test_data_fetch(multi30k_env: Path):
+    result = CliRunner().invoke(app, ["data", "fetch", "multi30k"])
+    assert result.exit_code == 0, result.output
+    paths = [Path(line) for line in result.output.splitlines()]
+    assert len(paths) == 12
+    assert all(p.is_file() and p.parent == multi30k_env / "multi30k" for p in paths)
