@@ -1,0 +1,265 @@
+"""Training speed side by side: attn-mt's Transformer against `torch.nn.Transformer`.
+
+Both models get the same sizes, vocabulary, real Multi30k batches (attn-mt's own batching),
+optimizer, loss and precision, and are timed in turns in this one process, so machine noise
+hits both alike. Reported per precision: target tokens/s of each, their ratio (> 1: attn-mt is
+faster), peak memory of one step, and model FLOPs utilisation (MFU) against a matrix-product
+peak measured here in the same dtype. Also the padding share of the batches.
+
+    python scripts/bench_train.py            # fp32 and bf16 (CPU), or fp32/bf16 on CUDA
+    python scripts/bench_train.py --quick    # a smaller sample, under a minute on 2 cores
+
+The last line is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from attn_mt import distributed  # noqa: E402
+from attn_mt.config import config_from_dict, load_config  # noqa: E402
+from attn_mt.data import PAD_ID, Batch, collate, length_batches  # noqa: E402
+from attn_mt.model import Transformer, build_model, sinusoidal_table  # noqa: E402
+from attn_mt.train import label_smoothed_loss, prepare_data  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Reference(nn.Module):
+    """`torch.nn.Transformer` dressed as attn-mt's model: the same embeddings (shared, scaled,
+    sinusoidal positions, dropout), pre- or post-norm, tied output projection."""
+
+    def __init__(self, vocab: int, d: int, heads: int, enc: int, dec: int, d_ff: int, p: float,
+                 pre_norm: bool):  # fmt: skip
+        super().__init__()
+        self.d = d
+        self.embedding = nn.Embedding(vocab, d, padding_idx=PAD_ID)
+        nn.init.normal_(self.embedding.weight, std=d**-0.5)
+        self.dropout = nn.Dropout(p)
+        self.core = nn.Transformer(d, heads, enc, dec, d_ff, p, batch_first=True,
+                                   norm_first=pre_norm)  # fmt: skip
+        self.register_buffer("table", sinusoidal_table(1024, d), persistent=False)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(ids) * math.sqrt(self.d) + self.table[: ids.size(1)]
+        return self.dropout(x)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), src.device)
+        hidden = self.core(
+            self.embed(src),
+            self.embed(tgt_in),
+            tgt_mask=causal,
+            src_key_padding_mask=src == PAD_ID,
+            tgt_key_padding_mask=tgt_in == PAD_ID,
+            memory_key_padding_mask=src == PAD_ID,
+            tgt_is_causal=True,
+        )
+        return hidden @ self.embedding.weight.T  # (B, T, V)
+
+
+def step_flops(model_cfg, vocab: int, batch: Batch) -> float:
+    """Matrix-product FLOPs of one training step (forward + backward = 3x forward) on the
+    padded batch, counting what the kernels compute: projections, attention, output layer."""
+    d, f = model_cfg.d_model, model_cfg.d_ff
+    rows, s = batch.src.shape
+    t = batch.tgt_in.size(1)
+    src_tok, tgt_tok = rows * s, rows * t
+    enc = src_tok * (4 * d * d + 2 * d * f) + rows * 2 * s * s * d  # projections, QK^T and AV
+    dec = tgt_tok * (4 * d * d + 2 * d * d + 2 * d * f) + rows * 2 * t * t * d  # self + q,o
+    dec += src_tok * 2 * d * d + rows * 2 * t * s * d  # cross K, V on the memory; cross scores
+    forward = 2 * (model_cfg.encoder_layers * enc + model_cfg.decoder_layers * dec)
+    forward += 2 * tgt_tok * d * vocab  # output projection
+    return 3.0 * forward
+
+
+def matmul_peak(dtype: torch.dtype, device: torch.device, seconds: float) -> float:
+    """FLOP/s of large square matrix products in `dtype`: the peak MFU is measured against."""
+    n = 2048 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    best, stop = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < stop:
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        sync(device)
+        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - start))
+    return best
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_steps(model: nn.Module, optimizer, batches: list[Batch], device, dtype) -> int:
+    """One update per batch, as attn-mt's trainer does it; returns target tokens seen."""
+    tokens = 0
+    for batch in batches:
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            logits = model(batch.src, batch.tgt_in)
+        loss, _ = label_smoothed_loss(logits, batch.tgt_out, 0.1)
+        tokens += batch.num_tgt_tokens
+        (loss / batch.num_tgt_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    sync(device)
+    return tokens
+
+
+def peak_memory(run, device: torch.device) -> float | None:
+    """MiB one call of `run` adds at its peak: CUDA's allocator counter, or on Linux the
+    process's high-water mark (VmHWM, reset through /proc/self/clear_refs)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        run()
+        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        base = _status_kib("VmRSS")
+        run()
+        return (_status_kib("VmHWM") - base) / 1024
+    except OSError:
+        return None
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def padding_share(batches: list[Batch]) -> float:
+    """Pad positions / all positions over source and target of `batches`."""
+    total = sum(b.src.numel() + b.tgt_out.numel() for b in batches)
+    pads = sum(int((b.src == PAD_ID).sum() + (b.tgt_out == PAD_ID).sum()) for b in batches)
+    return pads / total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(ROOT / "configs" / "multi30k_de_en.yaml"))
+    parser.add_argument("--quick", action="store_true", help="fewer, smaller measurements")
+    parser.add_argument("--precisions", default=None, help="e.g. fp32,bf16 (default: both)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--batches", type=int, default=None, help="timed batches per turn")
+    parser.add_argument("--rounds", type=int, default=None, help="turns per model")
+    parser.add_argument("--batch-tokens", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    parser.add_argument("--size", choices=("config", "base"), default="config",
+                        help="base: d=512, 6+6 layers, d_ff 2048 (for GPUs)")  # fmt: skip
+    args = parser.parse_args()
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if args.device == "auto" else args.device)
+    cfg = load_config(args.config)
+    raw = cfg.to_dict()
+    raw["model"]["attention_dropout"] = raw["model"]["dropout"]  # nn.Transformer drops weights
+    if args.size == "base":
+        raw["model"].update(d_model=512, heads=8, encoder_layers=6, decoder_layers=6, d_ff=2048)
+    if args.batch_tokens:
+        raw["train"]["batch_tokens"] = args.batch_tokens
+    cfg = config_from_dict(raw)
+    m = cfg.model
+    precisions = (args.precisions or "fp32,bf16").split(",")
+    per_turn = args.batches or (2 if args.quick else 4)
+    rounds = args.rounds or (2 if args.quick else 4)
+
+    # Real batches: Multi30k through attn-mt's tokenizer, filter and length bucketing.
+    src_tok, tgt_tok, corpus = prepare_data(cfg, None, distributed.World())
+    rows = length_batches(corpus.lengths, cfg.train.batch_tokens)
+    generator = torch.Generator().manual_seed(0)
+    pick = torch.randperm(len(rows), generator=generator)[: per_turn * 2].tolist()
+    batches = [collate(corpus.src_ids, corpus.tgt_ids, rows[i]).to(device) for i in pick]
+    warm, timed = batches[:per_turn], batches[per_turn:]
+    sample = [collate(corpus.src_ids, corpus.tgt_ids, rows[i]) for i in range(0, len(rows), 7)]
+    padding = padding_share(sample)
+    vocab = tgt_tok.vocab_size
+
+    torch.manual_seed(cfg.train.seed)
+    ours: Transformer = build_model(cfg, src_tok.vocab_size, vocab).to(device)
+    ref = Reference(vocab, m.d_model, m.heads, m.encoder_layers, m.decoder_layers, m.d_ff,
+                    m.dropout, m.norm == "pre").to(device)  # fmt: skip
+    models = {"attn-mt": ours, "nn.Transformer": ref}
+    flops = sum(step_flops(m, vocab, b) for b in timed)
+    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    print(f"{hardware}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"model d={m.d_model} {m.encoder_layers}+{m.decoder_layers} layers d_ff={m.d_ff}, "
+          f"vocab {vocab}, batches of {cfg.train.batch_tokens} tokens, "
+          f"padding {100 * padding:.1f}%")  # fmt: skip
+
+    results = []
+    for name in precisions:
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+        peak = matmul_peak(dtype, device, 1.0 if args.quick else 3.0)
+        optimizers = {k: torch.optim.AdamW(v.parameters(), lr=1e-4) for k, v in models.items()}
+        seconds, tokens, memory = dict.fromkeys(models, 0.0), dict.fromkeys(models, 0), {}
+        for key, model in models.items():  # warm up kernels and allocator, measure memory
+            model.train()
+            run = functools.partial(train_steps, model, optimizers[key], warm, device, dtype)
+            memory[key] = peak_memory(run, device)
+        for _ in range(rounds):  # interleaved turns: noise hits both models alike
+            for key, model in models.items():
+                start = time.perf_counter()
+                tokens[key] += train_steps(model, optimizers[key], timed, device, dtype)
+                seconds[key] += time.perf_counter() - start
+        row = {"precision": name, "matmul_peak_tflops": peak / 1e12}
+        for key in models:
+            row[key] = {
+                "tokens_per_s": tokens[key] / seconds[key],
+                "mfu": rounds * flops / seconds[key] / peak,
+                "peak_mib": memory[key],
+            }
+        row["ratio"] = row["attn-mt"]["tokens_per_s"] / row["nn.Transformer"]["tokens_per_s"]
+        results.append(row)
+
+    print(f"\n{'precision':<10}{'model':<16}{'tgt tok/s':>11}{'MFU':>8}{'peak MiB':>10}"
+          f"{'matmul peak':>14}")  # fmt: skip
+    for row in results:
+        for key in models:
+            r = row[key]
+            mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "n/a"
+            gflops = row["matmul_peak_tflops"] * 1e3
+            print(f"{row['precision']:<10}{key:<16}{r['tokens_per_s']:>11.0f}"
+                  f"{100 * r['mfu']:>7.1f}%{mem:>10}{gflops:>9.0f} GF/s")  # fmt: skip
+        print(f"{'':<10}{'ratio':<16}{row['ratio']:>11.2f}")
+    print(json.dumps({
+        "bench": "train", "hardware": hardware, "device": device.type,
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "d_model": m.d_model, "layers": [m.encoder_layers, m.decoder_layers],
+        "batch_tokens": cfg.train.batch_tokens, "padding": padding,
+        "results": results,
+    }))  # fmt: skip
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()
