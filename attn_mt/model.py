@@ -79,7 +79,7 @@ class Embedder(nn.Module):
         super().__init__()
         self.embedding, self.positions = embedding, positions
         self.scale = math.sqrt(embedding.embedding_dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Ids (B, L) -> (B, L, D), the first token at position `offset`."""
@@ -91,6 +91,35 @@ class Embedder(nn.Module):
 # Layers
 
 
+class Dropout(nn.Module):
+    """Inverted dropout: each element is zeroed with probability p, the rest scaled by 1/(1-p).
+
+    On the CPU, torch's dropout draws one 32-bit random number per element, which took 15% of
+    a bf16 training step; here each 64-bit draw gives four 16-bit numbers, 3-4x faster. So p is
+    rounded to a multiple of 1/65536, and the scale uses the rounded p (E[output] = input).
+    On other devices torch's fused dropout kernel is used.
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+        self.threshold = min(round(p * 65536), 65535)  # drop where a uniform 16-bit draw < this
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.threshold == 0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, training=True)
+        n = x.numel()
+        draws = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # 64 bits
+        signed16 = draws.view(torch.int16)[:n].view(x.shape)  # uniform in [-32768, 32767]
+        keep = signed16 >= self.threshold - 32768  # probability 1 - threshold / 65536
+        return x * (keep.to(x.dtype) * (65536 / (65536 - self.threshold)))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 class FeedForward(nn.Module):
     """FFN(x) = W_2 dropout(act(W_1 x + b_1)) + b_2, applied at every position."""
 
@@ -98,7 +127,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w_1, self.w_2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
         self.activation = F.gelu if activation == "gelu" else F.relu
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, D) -> (B, L, D) through a (B, L, d_ff) hidden layer."""
@@ -111,7 +140,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(

@@ -16,6 +16,7 @@ from torch import nn
 from attn_mt.config import config_from_dict
 from attn_mt.errors import UserError
 from attn_mt.model import (
+    Dropout,
     LearnedPositions,
     SinusoidalPositions,
     Transformer,
@@ -389,3 +390,34 @@ def test_initialisation_is_sane(pre_norm: bool, tie: bool):
     assert 0.3 < logits.std().item() < 3.0
     loss = F.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1))
     assert abs(loss.item() - math.log(vocab)) < 1.0
+
+
+def test_dropout_keeps_1_minus_p_scaled_and_is_identity_in_eval() -> None:
+    torch.manual_seed(0)
+    dropout = Dropout(0.3)
+    x = torch.rand(400, 500) + 0.5
+    y = dropout(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.7) < 0.005  # 200k Bernoulli draws
+    scale = 65536 / (65536 - dropout.threshold)
+    assert torch.allclose(y[kept], x[kept] * scale)
+    assert abs(scale - 1 / 0.7) < 1e-4
+    assert abs(y.mean().item() - x.mean().item()) < 0.01  # E[output] = input
+    torch.manual_seed(5)
+    first = dropout(x)
+    torch.manual_seed(5)
+    assert torch.equal(dropout(x), first)  # the draws come from torch's seeded generator
+    assert not torch.equal(dropout(x), first)
+    dropout.eval()
+    assert dropout(x) is x
+    assert Dropout(0.0).train()(x) is x
+
+
+def test_dropout_gradient_is_the_same_mask_and_works_in_bf16() -> None:
+    torch.manual_seed(1)
+    x = torch.randn(3, 7, 5, requires_grad=True)
+    y = Dropout(0.5)(x)
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad, (y != 0).float() * 2.0)
+    half = Dropout(0.5)(torch.ones(1000, dtype=torch.bfloat16))
+    assert half.dtype == torch.bfloat16 and set(half.unique().tolist()) == {0.0, 2.0}

@@ -195,6 +195,24 @@ def test_label_smoothed_loss_matches_the_formula_and_ignores_pads() -> None:
     assert [float(x) for x in label_smoothed_loss(logits, all_pad, epsilon)] == [0.0, 0.0]
 
 
+def test_label_smoothed_loss_gradient_is_the_true_gradient() -> None:
+    """The hand-written backward equals autograd's gradient of the formula (float64)."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 9, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([[4, 5, 8, EOS_ID, PAD_ID], [7, EOS_ID, PAD_ID, PAD_ID, PAD_ID]])
+    assert torch.autograd.gradcheck(lambda x: label_smoothed_loss(x, target, 0.1)[0], (logits,))
+
+    def formula(x: torch.Tensor) -> torch.Tensor:
+        log_p = x.log_softmax(-1)
+        per_token = -0.9 * log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1) - 0.1 * log_p.mean(-1)
+        return per_token.masked_fill(target == PAD_ID, 0.0).sum()
+
+    (want,) = torch.autograd.grad(formula(logits), logits)
+    (got,) = torch.autograd.grad(label_smoothed_loss(logits, target, 0.1)[0], logits)
+    assert torch.allclose(got, want, atol=1e-12)
+    assert torch.all(got[target == PAD_ID] == 0)
+
+
 def test_label_smoothed_loss_is_float32_for_bf16_logits() -> None:
     logits = torch.randn(2, 3, 11).bfloat16()
     target = torch.tensor([[4, 5, EOS_ID], [6, EOS_ID, PAD_ID]])
