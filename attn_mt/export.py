@@ -109,6 +109,31 @@ class AttnMTConverter(Converter):
         return spec
 
 
+def translate_as_attn_mt(engine, translator, pieces: list[list[str]], **options) -> list:
+    """CTranslate2 results for source `pieces` under attn-mt's output limits.
+
+    Our limit is per sentence (a * source length + b tokens, <eos> included, forced at the
+    limit); the engine takes one `max_decoding_length` per call, so sentences go in groups of
+    one limit. `engine` is a `ctranslate2.Translator`, `translator` the attn-mt one.
+    """
+    cfg = translator.config.decode
+    groups: dict[int, list[int]] = {}
+    for i, seq in enumerate(pieces):
+        source_len = min(len(seq), cfg.max_input_len) + 1  # + </s>
+        limit = max(int(cfg.max_len_a * source_len + cfg.max_len_b), 1)
+        limit = max(min(limit, translator.max_output_len or limit) - 1, 1)  # tokens before </s>
+        groups.setdefault(limit, []).append(i)
+    results: list = [None] * len(pieces)
+    for limit, rows in groups.items():
+        batch = [pieces[i] for i in rows]
+        found = engine.translate_batch(
+            batch, max_decoding_length=limit, **DECODE_OPTIONS, **options
+        )
+        for i, result in zip(rows, found, strict=True):
+            results[i] = result
+    return results
+
+
 def check_exportable(config: Config) -> None:
     """Refuse, naming the config key, a model CTranslate2's Transformer cannot express."""
     for key, values in SUPPORTED.items():

@@ -32,7 +32,7 @@ import attn_mt
 from attn_mt.data import read_lines, split_files
 from attn_mt.errors import UserError
 from attn_mt.evaluate import score
-from attn_mt.export import DECODE_OPTIONS, export_ctranslate2
+from attn_mt.export import export_ctranslate2, translate_as_attn_mt
 
 QUICK_SENTENCES = 100
 WARMUP_SENTENCES = 8
@@ -133,27 +133,13 @@ def time_ctranslate2(folder: Path, variant: str, translator, lines, beam, thread
         max_input_length=cfg.max_input_len + 1,
         max_batch_size=max(cfg.batch_tokens // beam, 1),
         batch_type="tokens",
-        **DECODE_OPTIONS,  # as our search: never <bos> or <pad>; may end at once
     )
-
-    def output_limit(pieces: list[str]) -> int:
-        """Tokens before <eos> that our search allows (it forces <eos> at its limit)."""
-        source_len = min(len(pieces), cfg.max_input_len) + 1  # + </s>
-        limit = max(int(cfg.max_len_a * source_len + cfg.max_len_b), 1)
-        return max(min(limit, translator.max_output_len or limit) - 1, 1)
 
     def run(batch: list[str]) -> tuple[list[str], int]:
         pieces = src_sp.encode(batch, out_type=str)
-        groups: dict[int, list[int]] = {}
-        for i, seq in enumerate(pieces):
-            groups.setdefault(output_limit(seq), []).append(i)
-        hyps: list[list[str]] = [[] for _ in batch]
-        for limit, rows in groups.items():
-            results = engine.translate_batch(
-                [pieces[i] for i in rows], max_decoding_length=limit, **options
-            )
-            for i, result in zip(rows, results, strict=True):
-                hyps[i] = result.hypotheses[0]
+        hyps = [
+            r.hypotheses[0] for r in translate_as_attn_mt(engine, translator, pieces, **options)
+        ]
         return tgt_sp.decode(hyps), sum(map(len, hyps))
 
     run(lines[:WARMUP_SENTENCES])

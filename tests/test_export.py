@@ -25,7 +25,7 @@ from attn_mt.config import config_from_dict
 from attn_mt.data import collate, read_lines
 from attn_mt.errors import UserError
 from attn_mt.evaluate import score
-from attn_mt.export import DECODE_OPTIONS, export_ctranslate2
+from attn_mt.export import DECODE_OPTIONS, export_ctranslate2, translate_as_attn_mt
 from attn_mt.model import build_model
 from attn_mt.search import max_output_lengths
 from attn_mt.tokenizer import PAD_ID, train_tokenizer
@@ -37,15 +37,16 @@ def ct2_translator(folder: Path):
     return ctranslate2.Translator(str(folder), device="cpu", intra_threads=1)
 
 
-def ct2_translate(folder: Path, lines: list[str], beam_size: int = 1) -> list[str]:
-    """Translate with the exported folder alone, as its README.txt shows."""
+def ct2_translate(
+    folder: Path, lines: list[str], checkpoint: Path, beam_size: int = 1
+) -> list[str]:
+    """Translate with the exported folder and its SentencePiece models, under the output
+    limits of the checkpoint's attn-mt translator."""
     source = spm.SentencePieceProcessor(model_file=str(folder / "source.model"))
     target = spm.SentencePieceProcessor(model_file=str(folder / "target.model"))
-    results = ct2_translator(folder).translate_batch(
-        source.encode(lines, out_type=str),
-        beam_size=beam_size,
-        max_decoding_length=64,
-        **DECODE_OPTIONS,
+    translator = attn_mt.load(checkpoint, device="cpu")
+    results = translate_as_attn_mt(
+        ct2_translator(folder), translator, source.encode(lines, out_type=str), beam_size=beam_size
     )
     return [target.decode(r.hypotheses[0]) for r in results]
 
@@ -113,7 +114,7 @@ def test_folder_holds_model_tokenizers_and_readme(exported: Path, trained_run: P
 def test_greedy_translations_match(exported: Path, trained_run: Path, toy_data):
     src, refs = read_lines(toy_data["test.src"]), read_lines(toy_data["test.tgt"])
     ours = attn_mt.load(trained_run, device="cpu").translate(src, beam=1)
-    theirs = ct2_translate(exported, src)
+    theirs = ct2_translate(exported, src, trained_run)
     same = sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(src)
     assert same >= 0.98, f"only {same:.0%} of greedy lines are identical"
     assert abs(score(ours, refs).bleu - score(theirs, refs).bleu) <= 0.5
@@ -130,7 +131,7 @@ def test_forced_scores_match(exported: Path, trained_run: Path, toy_data):
 def test_quantized_export_translates(quantization: str, trained_run: Path, tmp_path, toy_data):
     src, refs = read_lines(toy_data["test.src"])[:50], read_lines(toy_data["test.tgt"])[:50]
     folder = export_ctranslate2(trained_run, tmp_path / "ct2", quantization=quantization)
-    assert score(ct2_translate(folder, src), refs).bleu > 80
+    assert score(ct2_translate(folder, src, trained_run), refs).bleu > 80
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,7 +233,7 @@ def test_cli_export(trained_run: Path, tmp_path: Path):
         app, ["export", "--model", str(trained_run), "--out", str(out), "--quantization", "int8"]
     )
     assert result.exit_code == 0, result.output
-    assert ct2_translate(out, ["qb qc qd"]) == ["Ba Ca Da"]
+    assert ct2_translate(out, ["qb qc qd"], trained_run) == ["Ba Ca Da"]
     again = subprocess.run(
         [sys.executable, "-m", "attn_mt", "export", "--model", str(trained_run), "--out", str(out)],
         capture_output=True,
