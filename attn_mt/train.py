@@ -358,6 +358,11 @@ class TrainResult:
     out_dir: Path
 
 
+def _log_window() -> dict[str, float]:
+    """Running sums of the training figures between two log lines, and when they began."""
+    return {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.monotonic(), "norm": 0.0, "n": 0}
+
+
 class Trainer:
     """One training run; `run()` trains until a stopping rule fires."""
 
@@ -520,14 +525,7 @@ class Trainer:
         }
         progress = Progress(t.max_steps, self.world.is_main)
         start = time.monotonic() - self.state.elapsed
-        window = {
-            "loss": 0.0,
-            "nll": 0.0,
-            "tokens": 0,
-            "time": time.monotonic(),
-            "norm": 0.0,
-            "n": 0,
-        }
+        window = _log_window()
         nonfinite = 0
         stopped_by = ""
         try:
@@ -577,19 +575,14 @@ class Trainer:
                 if step % t.log_every == 0:
                     progress.clear()
                     self._log_train(step, lr, window)
-                    window = {
-                        "loss": 0.0,
-                        "nll": 0.0,
-                        "tokens": 0,
-                        "time": time.monotonic(),
-                        "norm": 0.0,
-                        "n": 0,
-                    }
+                    window = _log_window()
                 if step % t.eval_every == 0:
                     progress.clear()
                     self.state.elapsed = time.monotonic() - start
                     if self._validate_and_save():
                         stopped_by = "early stopping"
+                    # tokens/s counts training time only, not the validation just done
+                    window["time"] += time.monotonic() - start - self.state.elapsed
             progress.clear()
             self.state.elapsed = time.monotonic() - start
             if stopped_by == "signal":
