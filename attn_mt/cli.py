@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import sys
 import threading
 import warnings
@@ -77,8 +78,8 @@ def train(
 
     cfg = load_config(config, set_ or [])
     result = run_training(cfg, resume=resume, device=device)
-    if result.stopped_by == "signal":
-        raise typer.Exit(130)
+    if result.stop_signal is not None:  # the shell convention: 128 + the signal number
+        raise typer.Exit(128 + signal.Signals[result.stop_signal].value)
 
 
 @app.command()

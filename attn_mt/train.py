@@ -356,6 +356,7 @@ class TrainResult:
     best_bleu: float
     stopped_by: str
     out_dir: Path
+    stop_signal: str | None = None  # SIGINT or SIGTERM when stopped_by is "signal"
 
 
 def _log_window() -> dict[str, float]:
@@ -612,7 +613,9 @@ class Trainer:
                 self._log_handler.close()
                 log.setLevel(self._log_level)
             distributed.teardown(self.world)
-        return TrainResult(self.state.step, self.state.best_bleu, stopped_by, self.out)
+        return TrainResult(
+            self.state.step, self.state.best_bleu, stopped_by, self.out, self.stop_signal
+        )
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_signal = signal.Signals(signum).name
