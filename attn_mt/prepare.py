@@ -33,7 +33,15 @@ import numpy as np
 from attn_mt.config import Config, DataConfig, TrainCorpus
 from attn_mt.data import FilterStats, cache_dir, clean_pairs, iter_parallel, train_corpora
 from attn_mt.errors import DataError
-from attn_mt.shards import FORMAT, MANIFEST, SHARD_FILES, Shards, open_shards, sha256_file
+from attn_mt.shards import (
+    FORMAT,
+    MANIFEST,
+    SHARD_FILES,
+    Shards,
+    corpus_lines,
+    open_shards,
+    sha256_file,
+)
 from attn_mt.tokenizer import Tokenizer, build_tokenizers
 
 log = logging.getLogger("attn_mt")
@@ -106,6 +114,24 @@ def prepare(
         tokenizers = _train_tokenizers(cfg, target.corpora)
     _build(cfg, target, tokenizers, workers or len(os.sched_getaffinity(0)))
     return open_shards(target.folder)
+
+
+def prepared_corpus_lines(cfg: Config) -> list[str]:
+    """`corpus_lines` of the prepared data, or of the raw files when not prepared yet."""
+    target = plan(cfg)
+    weights = [c.weight for c in target.corpora]
+    try:
+        manifest = open_shards(target.folder).manifest
+    except DataError:
+        entries = []
+        for c in target.corpora:
+            pairs = sum(1 for _ in iter_parallel(c.src, c.tgt))
+            entries.append({"src_path": c.src, "kept": pairs, "pairs": pairs, "tag": c.tag})
+        note = "not prepared yet (attn-mt prepare --config FILE): counts before cleaning"
+        return [f"training corpora {note}", *corpus_lines(entries, weights)]
+    return [f"training corpora prepared in {target.folder}"] + corpus_lines(
+        manifest["corpora"], weights
+    )
 
 
 def _hashes(tokenizers: tuple[Tokenizer, Tokenizer]) -> list[str]:

@@ -130,9 +130,8 @@ def open_shards(folder: Path) -> Shards:
     )
 
 
-def corpus_lines(shards: Shards, weights: Sequence[float]) -> list[str]:
-    """One line per corpus: pairs kept and dropped, weight, tag, and share of an epoch."""
-    entries = shards.manifest["corpora"]
+def corpus_lines(entries: Sequence[dict[str, Any]], weights: Sequence[float]) -> list[str]:
+    """One line per corpus (a manifest's `corpora`): pairs kept, weight, tag, share of an epoch."""
     sizes = [w * e["kept"] for w, e in zip(weights, entries, strict=True)]
     lines = []
     for i, (entry, weight, size) in enumerate(zip(entries, weights, sizes, strict=True)):
