@@ -340,21 +340,28 @@ def bucket_batches(
     Rows are sorted by their longest side (what the budget counts), then by (source, target)
     length, ties kept in `order`, then cut greedily, so rows of one batch have near-equal
     lengths and padding stays small. A single row longer than the budget still forms its own
-    batch. `lengths` is (N, 2): (source, target) tokens per row.
+    batch. `lengths` is (N, K): e.g. (source, target) tokens per row.
     """
-    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1, 2)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = lengths.reshape(len(lengths), -1) if lengths.size else lengths.reshape(0, 1)
     order = np.arange(len(lengths)) if order is None else np.asarray(order, dtype=np.int64)
-    src, tgt = lengths[order, 0], lengths[order, 1]
-    longest = np.maximum(src, tgt)
-    base = int(lengths.max(initial=0)) + 1  # one int64 key: (longest, src, tgt) in base `base`
-    by_length = np.argsort((longest * base + src) * base + tgt, kind="stable")  # ties keep order
-    ranked, sizes = order[by_length], longest[by_length]  # sizes non-decreasing
+    columns = lengths[order].T  # (K, N): e.g. source and target length
+    keys = [columns.max(axis=0, initial=0), *columns]  # longest side first, then each side
+    base = int(lengths.max(initial=0)) + 1
+    if base ** len(keys) < 2**62:  # one int64 key sorts faster than a lexsort
+        composite = np.zeros(len(order), dtype=np.int64)
+        for key in keys:
+            composite = composite * base + key
+        by_length = np.argsort(composite, kind="stable")  # ties keep `order`
+    else:
+        by_length = np.lexsort(keys[::-1])  # also stable
+    ranked, sizes = order[by_length], keys[0][by_length]  # sizes non-decreasing
     batches: list[np.ndarray] = []
     start = 0
     while start < len(ranked):
         # Sizes only grow, so a batch's longest row is its last: rows start..j fit while
         # sizes[j] * (j - start + 1) <= budget, and that product only grows with j.
-        room = max(batch_tokens // int(sizes[start]), 1)
+        room = max(batch_tokens // max(int(sizes[start]), 1), 1)
         window = sizes[start : start + room + 1]
         over = window * np.arange(1, len(window) + 1) > batch_tokens
         over[0] = False  # a row longer than the budget still forms its own batch

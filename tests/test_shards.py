@@ -315,6 +315,10 @@ def test_numpy_batches_equal_the_list_batches(seed):
     for budget in (1, 64, 250, 4096):
         assert length_batches(lengths, budget, order) == list_length_batches(lengths, budget, order)
         assert length_batches(np.array(lengths), budget) == list_length_batches(lengths, budget)
+    one_side = [(s,) for s, _ in lengths]  # what the translator batches: sources of some rows
+    subset = order[: len(order) // 2]
+    assert length_batches(one_side, 300, subset) == list_length_batches(one_side, 300, subset)
+    assert length_batches([], 300) == list_length_batches([], 300) == []
 
 
 def test_resume_and_ranks(toy_data, tmp_path):
