@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from attn_mt.data import Batch, collate, epoch_order, padding_fraction
+from attn_mt.data import Batch, epoch_order, padding_fraction
 from attn_mt.errors import DataError
-from attn_mt.tokenizer import Tokenizer
+from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 FORMAT = "attn-mt-shards/1"
 MANIFEST = "manifest.json"
@@ -90,9 +91,29 @@ class Shards:
     def tokenizer_hashes(self) -> list[str]:
         return list(self.manifest["tokenizer_sha256"])
 
-    def collate(self, rows: Sequence[int]) -> Batch:
-        """The padded batch of pairs `rows`, sliced from the maps."""
-        return collate(self.src, self.tgt, rows)
+    def collate(self, rows: np.ndarray) -> Batch:
+        """The padded batch of pairs `rows`, gathered from the maps in one step per tensor:
+        equal to `data.collate` of the same sentences, without a Python list per sentence."""
+        src = _padded(self.src, rows, lead=None, tail=EOS_ID)
+        tgt_in = _padded(self.tgt, rows, lead=BOS_ID, tail=None)
+        tgt_out = _padded(self.tgt, rows, lead=None, tail=EOS_ID)
+        return Batch(src, tgt_in, tgt_out, rows.tolist())
+
+
+def _padded(side: TokenView, rows: np.ndarray, lead: int | None, tail: int | None) -> torch.Tensor:
+    """(B, L) ids of `rows`: [lead] + sentence + [tail], right-padded with PAD_ID."""
+    starts, lengths = side.offsets[rows], side.offsets[rows + 1] - side.offsets[rows]
+    shift = int(lead is not None)
+    width = int(lengths.max(initial=0)) + 1
+    columns = np.arange(width) - shift  # (L,) position within the sentence
+    inside = (columns >= 0) & (columns < lengths[:, None])  # (B, L)
+    where = np.where(inside, starts[:, None] + columns, 0)  # (B, L) index into the flat ids
+    ids = np.where(inside, side.tokens[where], PAD_ID)
+    if lead is not None:
+        ids[:, 0] = lead
+    if tail is not None:
+        ids[np.arange(len(rows)), lengths] = tail
+    return torch.from_numpy(ids.astype(np.int64))
 
 
 def open_shards(folder: Path) -> Shards:
@@ -212,7 +233,7 @@ class ShardSource:
             self.batches = self._batches(self._epoch)
         rows = self.batches[self.index]
         self.index += 1
-        return self.shards.collate(rows.tolist())
+        return self.shards.collate(rows)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self._epoch, "index": self.index, "world_size": self.world_size}
@@ -229,7 +250,7 @@ class ShardSource:
 
     def describe(self) -> str:
         """Batches per epoch and the padding share of the first 50 (for the start-up log)."""
-        sample = [self.shards.collate(rows.tolist()) for rows in self.batches[:50]]
+        sample = [self.shards.collate(rows) for rows in self.batches[:50]]
         per = " per process" if self.world_size > 1 else ""
         padding = 100 * padding_fraction(sample)
         return f"{len(self.batches)} batches per epoch{per}, padding {padding:.1f}%"

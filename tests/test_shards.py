@@ -9,13 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from conftest import toy_config_dict, toy_pairs, write_lines
 
 from attn_mt import distributed
 from attn_mt import prepare as prepare_module
 from attn_mt.config import Config, config_from_dict, load_config
-from attn_mt.data import epoch_batches, length_batches
+from attn_mt.data import collate, epoch_batches, length_batches
 from attn_mt.errors import ConfigError, DataError
 from attn_mt.prepare import prepare, sample_pairs
 from attn_mt.shards import ShardSource, open_shards
@@ -70,6 +71,10 @@ def test_shards_hold_exactly_todays_encoding(toy_data, tmp_path, max_len):
         expected = epoch_batches(corpus.lengths, cfg.train.batch_tokens, cfg.train.seed, epoch)
         taken = [source.next() for _ in expected]
         assert [batch.ids for batch in taken] == expected
+        for batch in taken[:10]:  # gathered from the maps, yet today's tensors
+            today = collate(corpus.src_ids, corpus.tgt_ids, batch.ids)
+            for name in ("src", "tgt_in", "tgt_out"):
+                assert torch.equal(getattr(batch, name), getattr(today, name)), name
     assert source.epoch == 1 and source.epochs_done == 2
 
 
