@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from attn_mt import distributed
 from attn_mt.config import Config, DataConfig, TrainCorpus
 from attn_mt.data import FilterStats, cache_dir, clean_pairs, iter_parallel, train_corpora
-from attn_mt.errors import DataError
+from attn_mt.errors import DataError, UserError
 from attn_mt.shards import (
     FORMAT,
     MANIFEST,
@@ -114,6 +115,47 @@ def prepare(
         tokenizers = _train_tokenizers(cfg, target.corpora)
     _build(cfg, target, tokenizers, workers or len(os.sched_getaffinity(0)))
     return open_shards(target.folder)
+
+
+def prepare_for(
+    cfg: Config,
+    tokenizers: tuple[Tokenizer, Tokenizer] | None,
+    world: distributed.World,
+    workers: int = 0,
+) -> Shards:
+    """The shards for every process of a run, prepared once per machine.
+
+    Global rank 0 prepares first (training SentencePiece if need be: its models are the run's)
+    while the others wait; then the first process of every other machine prepares with rank
+    0's models (a quick check where it shares rank 0's folder). Every process maps its
+    machine's folder, and the shards' digests must agree across machines. torchrun numbers a
+    machine's processes from `rank - local_rank`, where its first process is.
+    """
+    mine: list[Shards] = []  # what this process prepared itself, if anything
+
+    def first() -> tuple[Path, tuple[Tokenizer, Tokenizer]]:
+        mine.append(prepare(cfg, tokenizers, workers))
+        return mine[0].folder, mine[0].tokenizers()
+
+    folder, tokenizers = distributed.from_main(first, world)
+    error = None
+    if world.local_rank == 0 and not world.is_main:
+        try:
+            mine.append(prepare(cfg, tokenizers, workers))
+            folder = mine[0].folder
+        except UserError as err:
+            error = str(err)
+    reports = distributed.gather((folder, error), world)
+    for _, failed in reports:
+        if failed:
+            raise DataError(failed)
+    shards = mine[0] if mine else open_shards(reports[world.rank - world.local_rank][0])
+    if len(set(distributed.gather(shards.digest, world))) > 1:
+        raise DataError(
+            "the prepared training data differ between machines (their manifests' file hashes "
+            "differ); give every machine the same training files"
+        )
+    return shards
 
 
 def prepared_corpus_lines(cfg: Config) -> list[str]:

@@ -79,8 +79,11 @@ class Shards:
 
     @property
     def digest(self) -> str:
-        """sha256 of the manifest: equal on two machines exactly when their shards are."""
-        return hashlib.sha256((self.folder / MANIFEST).read_bytes()).hexdigest()
+        """sha256 of every file's size and hash: equal on two machines exactly when the shards
+        are (the inputs' paths, which may differ, are left out)."""
+        return hashlib.sha256(
+            json.dumps(self.manifest["files"], sort_keys=True).encode()
+        ).hexdigest()
 
     def tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
         """The (source, target) SentencePiece models; one object when they are the same."""

@@ -3,6 +3,7 @@ corpora mixed by weight and tagged, and numpy batches equal to the list-based on
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from pathlib import Path
@@ -344,3 +345,34 @@ def test_resume_and_ranks(toy_data, tmp_path):
     one = ShardSource(shards, [1.0], 1024, seed=3)  # a 2-process position in one process
     one.load_state_dict({**ranks[0].state_dict(), "index": 5})
     assert one.index == 10 and one.next().ids == taken[10]
+
+
+# ---------------------------------------------------------------------------------------------
+# Under torchrun
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("machines", [False, True], ids=["one-machine", "two-machines"])
+def test_two_gloo_ranks_read_disjoint_batches_of_one_prepared_copy(toy_data, tmp_path, machines):
+    """One machine: rank 0 encodes, rank 1 waits and maps the same folder. Two machines (each
+    process its own): each encodes into its own folder with rank 0's tokenizer, and the
+    digests agree. Either way the ranks take disjoint halves of one seeded order."""
+    from test_distributed import check, torchrun
+
+    config = tmp_path / "toy.yaml"
+    config.write_text(yaml.safe_dump(shard_config(toy_data, tmp_path).to_dict()))
+    worker = Path(__file__).with_name("shards_worker.py")
+    check(torchrun(str(worker), str(config), str(tmp_path / "out"), *["--machines"] * machines))
+    ranks = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [rank["encoded"] for rank in ranks] == [3000, 3000 if machines else 0]
+    assert (ranks[0]["folder"] == ranks[1]["folder"]) != machines
+    assert ranks[0]["digest"] == ranks[1]["digest"]
+    cfg = load_config(config)
+    everything = epoch_batches(
+        open_shards(Path(ranks[0]["folder"])).lengths + 1, cfg.train.batch_tokens, 1, 0
+    )
+    usable = len(everything) - len(everything) % 2
+    for rank in range(2):
+        assert ranks[rank]["batches"] == everything[rank:usable:2]
+    rows = [i for rank in ranks for batch in rank["batches"] for i in batch]
+    assert len(rows) == len(set(rows))
