@@ -113,7 +113,7 @@ def prepare(
             log.info("prepared data: %s is outdated (another tokenizer)", target.folder)
     if tokenizers is None:
         tokenizers = _train_tokenizers(cfg, target.corpora)
-    _build(cfg, target, tokenizers, workers or len(os.sched_getaffinity(0)))
+    _build(cfg, target, tokenizers, workers or _cores())
     return open_shards(target.folder)
 
 
@@ -162,18 +162,25 @@ def prepared_corpus_lines(cfg: Config) -> list[str]:
     """`corpus_lines` of the prepared data, or of the raw files when not prepared yet."""
     target = plan(cfg)
     weights = [c.weight for c in target.corpora]
-    try:
-        manifest = open_shards(target.folder).manifest
-    except DataError:
+    if not (target.folder / MANIFEST).is_file():
         entries = []
         for c in target.corpora:
             pairs = sum(1 for _ in iter_parallel(c.src, c.tgt))
             entries.append({"src_path": c.src, "kept": pairs, "pairs": pairs, "tag": c.tag})
         note = "not prepared yet (attn-mt prepare --config FILE): counts before cleaning"
         return [f"training corpora {note}", *corpus_lines(entries, weights)]
-    return [f"training corpora prepared in {target.folder}"] + corpus_lines(
-        manifest["corpora"], weights
-    )
+    manifest = open_shards(target.folder).manifest  # a damaged folder: say so
+    return [
+        f"training corpora prepared in {target.folder}",
+        *corpus_lines(manifest["corpora"], weights),
+    ]
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _hashes(tokenizers: tuple[Tokenizer, Tokenizer]) -> list[str]:

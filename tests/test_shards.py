@@ -376,3 +376,25 @@ def test_two_gloo_ranks_read_disjoint_batches_of_one_prepared_copy(toy_data, tmp
         assert ranks[rank]["batches"] == everything[rank:usable:2]
     rows = [i for rank in ranks for batch in rank["batches"] for i in batch]
     assert len(rows) == len(set(rows))
+
+
+def test_prepare_and_data_info_commands(two_corpora):
+    """`prepare` prints each corpus's share; `data info --config` refuses a damaged folder in
+    one line; `prepare` rebuilds it."""
+    from typer.testing import CliRunner
+
+    from attn_mt.cli import app
+
+    runner = CliRunner()
+    before = runner.invoke(app, ["data", "info", "--config", str(two_corpora)])
+    assert "not prepared yet" in before.stdout and "92.3% of an epoch" in before.stdout
+    done = runner.invoke(app, ["prepare", "--config", str(two_corpora), "--workers", "1"])
+    assert done.exit_code == 0, done.output
+    assert "corpus 2: " in done.stdout and "weight 0.5, tag <bt>, 7.7% of an epoch" in done.stdout
+    folder = prepare_module.plan(load_config(two_corpora)).folder
+    damage(folder / "src.bin", "truncate")
+    refused = runner.invoke(app, ["data", "info", "--config", str(two_corpora)])
+    assert isinstance(refused.exception, DataError)
+    assert str(refused.exception).startswith(f"{folder / 'src.bin'}: truncated")
+    again = runner.invoke(app, ["prepare", "--config", str(two_corpora), "--workers", "1"])
+    assert again.exit_code == 0 and open_shards(folder).manifest["pairs"] == 400
