@@ -92,6 +92,10 @@ class DataConfig:
         if self.max_len_ratio and self.max_len_ratio < 1:
             _fail("data.max_len_ratio", self.max_len_ratio, "must be 0 (off) or >= 1")
 
+    def weights(self) -> list[float]:
+        """Each training corpus's weight (one corpus of weight 1 when `train` is a mapping)."""
+        return [c.weight for c in self.train] if isinstance(self.train, list) else [1.0]
+
     def tags(self) -> list[str]:
         """The distinct corpus tags, in order of first use (reserved tokenizer pieces)."""
         corpora = self.train if isinstance(self.train, list) else []

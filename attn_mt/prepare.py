@@ -161,7 +161,7 @@ def prepare_for(
 def prepared_corpus_lines(cfg: Config) -> list[str]:
     """`corpus_lines` of the prepared data, or of the raw files when not prepared yet."""
     target = plan(cfg)
-    weights = [c.weight for c in target.corpora]
+    weights = cfg.data.weights()
     if not (target.folder / MANIFEST).is_file():
         entries = []
         for c in target.corpora:

@@ -27,7 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from attn_mt.config import Config
 from attn_mt.data import Batch, epoch_order, padding_fraction
+from attn_mt.distributed import World
 from attn_mt.errors import DataError
 from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -190,7 +192,20 @@ class ShardSource:
         counts = np.bincount(shards.corpus, minlength=len(self.weights))
         self.starts = np.concatenate([[0], np.cumsum(counts)])  # corpora are stored in order
         self._epoch, self.index = 0, 0
-        self.batches = self._batches(0)
+        self._order: tuple[int, list[np.ndarray]] | None = None  # (epoch, its batches)
+
+    @classmethod
+    def from_config(cls, cfg: Config, shards: Shards, world: World) -> ShardSource:
+        """The source of `cfg`'s weights, batch budget and seed for this process."""
+        t = cfg.train
+        return cls(shards, cfg.data.weights(), t.batch_tokens, t.seed, world.rank, world.size)
+
+    @property
+    def batches(self) -> list[np.ndarray]:
+        """This rank's batches (rows) of the current epoch, computed once per epoch."""
+        if self._order is None or self._order[0] != self._epoch:
+            self._order = (self._epoch, self._batches(self._epoch))
+        return self._order[1]
 
     def epoch_rows(self, epoch: int) -> np.ndarray:
         """The pairs of one epoch (with repeats), before batching."""
@@ -233,7 +248,6 @@ class ShardSource:
         """The next batch of this rank, moving to the next epoch at the end of one."""
         if self.index >= len(self.batches):
             self._epoch, self.index = self._epoch + 1, 0
-            self.batches = self._batches(self._epoch)
         rows = self.batches[self.index]
         self.index += 1
         return self.shards.collate(rows)
@@ -247,8 +261,6 @@ class ShardSource:
         index, saved_world = state["index"], state.get("world_size", 1)
         if saved_world != self.world_size:
             index = -(-index * saved_world // self.world_size)
-        if state["epoch"] != self._epoch:
-            self.batches = self._batches(state["epoch"])
         self._epoch, self.index = state["epoch"], index
 
     def describe(self) -> str:
