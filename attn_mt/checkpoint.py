@@ -17,6 +17,7 @@ import os
 import pickle
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,26 @@ from attn_mt.tokenizer import Tokenizer
 
 FORMAT = "attn-mt/1"
 REQUIRED_KEYS = ("format", "model", "config", "step", "tokenizers")
+
+
+def make_checkpoint(
+    model: Transformer,
+    config: Config,
+    step: int,
+    epoch: int,
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    metrics: dict[str, float],
+) -> dict[str, Any]:
+    """A checkpoint that translates on its own (last.pt adds `train_state` to it)."""
+    return {
+        "format": FORMAT,
+        "model": model.state_dict(),
+        "config": config.to_dict(),
+        "step": step,
+        "epoch": epoch,
+        "tokenizers": {"src": tokenizers[0].model_bytes, "tgt": tokenizers[1].model_bytes},
+        "metrics": metrics,
+    }
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -171,18 +192,26 @@ def model_from(
     return model, cfg
 
 
-def _differing_keys(first: dict[str, Any], other: dict[str, Any], section: str) -> list[str]:
-    """Keys of config `section` whose values differ between two checkpoints, as `model.d_ff`."""
-    a, b = first["config"][section], other["config"][section]
-    return [f"{section}.{key}" for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key)]
+def config_differences(old: dict[str, Any], new: dict[str, Any], keys: Sequence[str]) -> list[str]:
+    """Which of `keys` differ between two plain configs, as dotted names (`model.d_ff`).
+
+    A key is a whole `section` or one `section.key`.
+    """
+    differ = []
+    for key in keys:
+        section, _, name = key.partition(".")
+        a, b = old.get(section, {}), new.get(section, {})
+        names = [name] if name else sorted(a.keys() | b.keys())
+        differ += [f"{section}.{n}" for n in names if a.get(n) != b.get(n)]
+    return differ
 
 
 def _average_mismatch(first: dict[str, Any], other: dict[str, Any]) -> str | None:
     """Why `other` cannot be averaged with `first` (a different model or tokenizer), or None."""
-    if keys := _differing_keys(first, other, "model"):
+    if keys := config_differences(first["config"], other["config"], ["model"]):
         return f"model keys differ: {', '.join(keys)}"
     if other["tokenizers"] != first["tokenizers"]:
-        keys = _differing_keys(first, other, "tokenizer")
+        keys = config_differences(first["config"], other["config"], ["tokenizer"])
         return f"tokenizer keys differ: {', '.join(keys)}" if keys else "their tokenizers differ"
     shapes = {k: v.shape for k, v in first["model"].items()}
     if {k: v.shape for k, v in other["model"].items()} != shapes:

@@ -180,7 +180,8 @@ class TrainConfig:
     eval_every: int = 1000  # validate every N updates
     log_every: int = 100  # print and log training figures every N updates
     eval_beam: int = 1  # beam size for validation BLEU (1 = greedy)
-    patience: int = 0  # stop after N validations without a better BLEU (0 = never)
+    select_metric: Literal["bleu", "chrf", "loss"] = "bleu"  # validation figure that picks best.pt
+    patience: int = 0  # stop after N validations without a better select_metric (0 = never)
     max_nonfinite: int = 10  # stop after this many NaN/inf losses in a row
     samples: int = 3  # validation translations shown in the log and TensorBoard
     keep_checkpoints: int = 0  # also keep the last N validated checkpoints as step_N.pt
@@ -201,6 +202,8 @@ class TrainConfig:
                 _fail(f"train.{key}", getattr(self, key), "must be in [0, 1)")
         for key in ("weight_decay", "clip_norm", "min_lr", "adam_eps"):
             _check_min(f"train.{key}", getattr(self, key), 0)
+        if self.schedule == "cosine" and self.max_steps == 0:
+            _fail("train.schedule", self.schedule, "needs train.max_steps > 0 to know its length")
 
 
 @dataclass

@@ -15,7 +15,7 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -411,14 +411,3 @@ def padding_fraction(batches: Sequence[Batch]) -> float:
     total = sum(b.src.numel() + b.tgt_out.numel() for b in batches)
     pads = sum(int((b.src == PAD_ID).sum() + (b.tgt_out == PAD_ID).sum()) for b in batches)
     return pads / max(total, 1)
-
-
-def iterate_batches(
-    src_ids: Sequence[list[int]],
-    tgt_ids: Sequence[list[int]],
-    batches: Sequence[list[int]],
-    start: int = 0,
-) -> Iterator[tuple[int, Batch]]:
-    """Yield (index, Batch) for `batches[start:]`."""
-    for index in range(start, len(batches)):
-        yield index, collate(src_ids, tgt_ids, batches[index])

@@ -4,8 +4,9 @@ the training loop needs. A single process is world size 1 and every call here is
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -130,3 +131,13 @@ def barrier(world: World) -> None:
     """Wait for every rank."""
     if world.distributed:
         dist.barrier()
+
+
+@contextlib.contextmanager
+def process_group(device: torch.device) -> Iterator[tuple[World, torch.device]]:
+    """`setup` on entry, `teardown` on exit, however the block ends."""
+    world, device = setup(device)
+    try:
+        yield world, device
+    finally:
+        teardown(world)

@@ -33,7 +33,7 @@ from attn_mt.attention import MultiHeadAttention
 from attn_mt.checkpoint import load_checkpoint, model_from, resolve_checkpoint, tokenizers_from
 from attn_mt.config import Config
 from attn_mt.errors import UserError
-from attn_mt.model import Embedder, FeedForward, LearnedPositions, Transformer
+from attn_mt.model import Embedder, FeedForward, Transformer
 from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID, Tokenizer
 
 try:
@@ -84,7 +84,8 @@ class AttnMTConverter(Converter):
             pre_norm=model.pre_norm,
             activation=activation[m.activation],
         )
-        rows = max(SINUSOIDAL_ROWS, self.config.decode.max_input_len + 1)
+        # A learned table goes whole; the sinusoidal one as far as an input can reach.
+        rows = model.max_positions or max(SINUSOIDAL_ROWS, self.config.decode.max_input_len + 1)
         _set_embeddings(spec.encoder.embeddings[0], spec.encoder, model.src_embed, rows)
         _set_embeddings(spec.decoder.embeddings, spec.decoder, model.tgt_embed, rows)
         for layer_spec, layer in zip(spec.encoder.layer, model.encoder, strict=True):
@@ -227,16 +228,12 @@ def _set_feed_forward(spec, ff: FeedForward, norm: nn.LayerNorm) -> None:
 
 
 def _set_embeddings(embeddings_spec, stack_spec, embedder: Embedder, rows: int) -> None:
-    """Token embeddings (scaled by sqrt(D) in the engine, as ours) and our position table:
-    the learned one, or `rows` rows of our own sinusoidal table (CTranslate2's built-in one
-    orders sin and cos differently)."""
+    """Token embeddings (scaled by sqrt(D) in the engine, as ours) and the first `rows` rows
+    of our own position table (CTranslate2's built-in sinusoidal one orders sin and cos
+    differently)."""
     embeddings_spec.weight = _numpy(embedder.embedding.weight)
     stack_spec.scale_embeddings = True
-    positions = embedder.positions
-    if isinstance(positions, LearnedPositions):
-        stack_spec.position_encodings.encodings = _numpy(positions.embedding.weight)
-    else:
-        stack_spec.position_encodings.encodings = _numpy(positions(rows))
+    stack_spec.position_encodings.encodings = _numpy(embedder.positions.encodings(rows))
 
 
 def _vocabulary(tokenizer: Tokenizer) -> list[str]:

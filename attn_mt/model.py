@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,8 @@ def sinusoidal_table(length: int, d_model: int, offset: int = 0) -> torch.Tensor
 class SinusoidalPositions(nn.Module):
     """The fixed sinusoidal table; it grows on demand, so no input is too long for it."""
 
+    max_positions = None  # unbounded
+
     def __init__(self, d_model: int, initial_length: int = 512):
         super().__init__()
         self.d_model = d_model
@@ -51,6 +54,10 @@ class SinusoidalPositions(nn.Module):
             grown = sinusoidal_table(2 * (offset + length), self.d_model)
             self.table = grown.to(self.table.device)
         return self.table[offset : offset + length]
+
+    def encodings(self, rows: int) -> torch.Tensor:
+        """The first `rows` position vectors, as the model adds them; (rows, D)."""
+        return self.forward(rows).detach()
 
 
 class LearnedPositions(nn.Module):
@@ -70,6 +77,17 @@ class LearnedPositions(nn.Module):
                 f"({self.max_positions}) of this learned-position model"
             )
         return self.embedding.weight[offset : offset + length]
+
+    def encodings(self, rows: int) -> torch.Tensor:
+        """The first `rows` position vectors (all of them at most); (rows, D)."""
+        return self.embedding.weight[:rows].detach()
+
+
+# model.positions -> the module class; each is built as kind(d_model, max_positions)
+POSITIONS: dict[str, type[SinusoidalPositions] | type[LearnedPositions]] = {
+    "sinusoidal": SinusoidalPositions,
+    "learned": LearnedPositions,
+}
 
 
 class Embedder(nn.Module):
@@ -152,15 +170,44 @@ class Residual(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))
 
 
+@dataclass(frozen=True)
+class LayerSpec:
+    """What each encoder and decoder layer is made of (`build_model` fills it from `model:`)."""
+
+    d_model: int  # D
+    heads: int  # H, divides D
+    d_ff: int  # feed-forward hidden width
+    dropout: float = 0.0  # on sub-layer outputs and the feed-forward hidden layer
+    attention_dropout: float = 0.0  # on attention weights
+    scoring: str = "dot"  # "dot" or "additive"
+    pre_norm: bool = True  # LayerNorm before (pre) or after (post) each block
+    activation: str = "relu"  # "relu" or "gelu"
+    fused_attention: bool = True  # torch's scaled_dot_product_attention kernel where it applies
+
+    def attention(self) -> MultiHeadAttention:
+        """A multi-head attention block of this spec."""
+        return MultiHeadAttention(
+            self.d_model, self.heads, self.attention_dropout, self.scoring, self.fused_attention
+        )
+
+    def residual(self) -> Residual:
+        """A residual block of this spec."""
+        return Residual(self.d_model, self.dropout, self.pre_norm)
+
+    def feed_forward(self) -> FeedForward:
+        """A feed-forward block of this spec."""
+        return FeedForward(self.d_model, self.d_ff, self.dropout, self.activation)
+
+
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each inside a residual block."""
 
-    def __init__(self, d_model, heads, d_ff, dropout, attn_dropout, scoring, pre_norm, act, fused):
+    def __init__(self, spec: LayerSpec):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, heads, attn_dropout, scoring, fused)
-        self.ff = FeedForward(d_model, d_ff, dropout, act)
-        self.res_attn = Residual(d_model, dropout, pre_norm)
-        self.res_ff = Residual(d_model, dropout, pre_norm)
+        self.self_attn = spec.attention()
+        self.ff = spec.feed_forward()
+        self.res_attn = spec.residual()
+        self.res_ff = spec.residual()
 
     def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """x (B, S, D) and the source padding mask (B, 1, 1, S) -> (B, S, D)."""
@@ -171,14 +218,14 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention to the encoder, then feed-forward."""
 
-    def __init__(self, d_model, heads, d_ff, dropout, attn_dropout, scoring, pre_norm, act, fused):
+    def __init__(self, spec: LayerSpec):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, heads, attn_dropout, scoring, fused)
-        self.cross_attn = MultiHeadAttention(d_model, heads, attn_dropout, scoring, fused)
-        self.ff = FeedForward(d_model, d_ff, dropout, act)
-        self.res_self = Residual(d_model, dropout, pre_norm)
-        self.res_cross = Residual(d_model, dropout, pre_norm)
-        self.res_ff = Residual(d_model, dropout, pre_norm)
+        self.self_attn = spec.attention()
+        self.cross_attn = spec.attention()
+        self.ff = spec.feed_forward()
+        self.res_self = spec.residual()
+        self.res_cross = spec.residual()
+        self.res_ff = spec.residual()
 
     def forward(
         self,
@@ -206,26 +253,19 @@ class Transformer(nn.Module):
         self,
         src_vocab: int,
         tgt_vocab: int,
-        d_model: int = 256,
-        heads: int = 4,
+        layer: LayerSpec,
         encoder_layers: int = 3,
         decoder_layers: int = 3,
-        d_ff: int = 1024,
-        dropout: float = 0.1,
-        attention_dropout: float = 0.0,
-        scoring: str = "dot",
-        pre_norm: bool = True,
-        activation: str = "relu",
-        learned_positions: bool = False,
+        positions: str = "sinusoidal",
         max_positions: int = 1024,
         share_embeddings: bool = True,
         tie_output: bool = True,
-        fused_attention: bool = True,
     ):
         super().__init__()
         if share_embeddings and src_vocab != tgt_vocab:
             raise ValueError("shared embeddings need one vocabulary for both sides")
-        self.d_model, self.pre_norm = d_model, pre_norm
+        d_model = layer.d_model
+        self.d_model, self.pre_norm = d_model, layer.pre_norm
         tgt_embedding = nn.Embedding(tgt_vocab, d_model, padding_idx=PAD_ID)
         src_embedding = (
             tgt_embedding if share_embeddings else nn.Embedding(src_vocab, d_model, PAD_ID)
@@ -234,30 +274,14 @@ class Transformer(nn.Module):
             nn.init.normal_(emb.weight, std=d_model**-0.5)
             with torch.no_grad():
                 emb.weight[PAD_ID].zero_()
-
-        def positions() -> nn.Module:
-            if learned_positions:
-                return LearnedPositions(d_model, max_positions)
-            return SinusoidalPositions(d_model)
-
-        self.src_embed = Embedder(src_embedding, positions(), dropout)
-        self.tgt_embed = Embedder(tgt_embedding, positions(), dropout)
-        layer_args = (
-            d_model,
-            heads,
-            d_ff,
-            dropout,
-            attention_dropout,
-            scoring,
-            pre_norm,
-            activation,
-            fused_attention,
-        )
-        self.encoder = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(decoder_layers))
+        kind = POSITIONS[positions]
+        self.src_embed = Embedder(src_embedding, kind(d_model, max_positions), layer.dropout)
+        self.tgt_embed = Embedder(tgt_embedding, kind(d_model, max_positions), layer.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(layer) for _ in range(encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(layer) for _ in range(decoder_layers))
         # Pre-norm stacks end with a LayerNorm; post-norm layers already end normalised.
-        self.encoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.encoder_norm = nn.LayerNorm(d_model) if layer.pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d_model) if layer.pre_norm else nn.Identity()
         self.output = nn.Linear(d_model, tgt_vocab, bias=False)
         if tie_output:
             self.output.weight = tgt_embedding.weight
@@ -276,8 +300,7 @@ class Transformer(nn.Module):
     @property
     def max_positions(self) -> int | None:
         """The longest sequence the positional encoding allows (None: unbounded)."""
-        positions = self.src_embed.positions
-        return positions.max_positions if isinstance(positions, LearnedPositions) else None
+        return self.src_embed.positions.max_positions
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """Source ids (B, S) and their padding mask (B, 1, 1, S) -> memory (B, S, D)."""
@@ -324,23 +347,25 @@ class Transformer(nn.Module):
 def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> Transformer:
     """The model a config describes; the only place that reads `cfg.model`."""
     m = cfg.model
-    share = cfg.tokenizer.joint and m.tie_embeddings
-    return Transformer(
-        src_vocab,
-        tgt_vocab,
+    layer = LayerSpec(
         d_model=m.d_model,
         heads=m.heads,
-        encoder_layers=m.encoder_layers,
-        decoder_layers=m.decoder_layers,
         d_ff=m.d_ff,
         dropout=m.dropout,
         attention_dropout=m.attention_dropout,
         scoring=m.attention,
         pre_norm=m.norm == "pre",
         activation=m.activation,
-        learned_positions=m.positions == "learned",
-        max_positions=m.max_positions,
-        share_embeddings=share,
-        tie_output=m.tie_embeddings,
         fused_attention=m.fused_attention,
+    )
+    return Transformer(
+        src_vocab,
+        tgt_vocab,
+        layer,
+        encoder_layers=m.encoder_layers,
+        decoder_layers=m.decoder_layers,
+        positions=m.positions,
+        max_positions=m.max_positions,
+        share_embeddings=cfg.tokenizer.joint and m.tie_embeddings,
+        tie_output=m.tie_embeddings,
     )

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from attn_mt.config import Config
 from attn_mt.data import length_batches, pad_sequences
 from attn_mt.errors import UserError
 from attn_mt.model import Transformer
+from attn_mt.precision import autocast_context, resolve_device
 from attn_mt.search import beam_search, greedy_search, max_output_lengths
 from attn_mt.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
@@ -28,33 +28,6 @@ class Translation:
     text: str
     score: float
     tokens: list[int]
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' -> CUDA if present else CPU; asking for an absent GPU is a UserError."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device {name}: unknown device; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {name}: no CUDA GPU is available here; use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UserError(
-                f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible"
-            )
-    elif device.type != "cpu":
-        raise UserError(f"--device {name}: unsupported device type; use auto, cpu or cuda")
-    return device
-
-
-def autocast_context(device: torch.device, dtype: torch.dtype | None):
-    """torch.autocast for bf16/fp16, or a no-op for fp32 (dtype None)."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 class Translator:

@@ -15,9 +15,9 @@ import torch
 from matplotlib.figure import Figure
 
 from attn_mt.attention import record_attention
-from attn_mt.checkpoint import checkpoint_config, load_checkpoint
+from attn_mt.checkpoint import load_checkpoint, model_from
 from attn_mt.errors import UserError
-from attn_mt.model import sinusoidal_table
+from attn_mt.model import POSITIONS
 from attn_mt.tokenizer import BOS_ID, EOS_ID
 from attn_mt.translator import Translator, load
 
@@ -139,21 +139,31 @@ def validation_attention_figure(translator: Translator, sentence: str) -> Figure
 def positional_encoding_figure(positions: int = 100, d_model: int = DEFAULT_PE_WIDTH) -> Figure:
     """Heatmap of the sinusoidal table P (positions x dimensions): each column pair is one
     frequency, from fast (left) to slow (right), P[i, 2j] = sin(i / 10000^(2j/d))."""
-    if positions < 1:
-        raise UserError(f"--positions {positions}: must be at least 1")
+    _check_positions(positions)
     if d_model < 2 or d_model % 2:
         raise UserError(f"--d-model {d_model}: must be an even number of at least 2")
-    table = sinusoidal_table(positions, d_model)  # (P, D)
+    table = POSITIONS["sinusoidal"](d_model, positions).encodings(positions)  # (P, D)
+    return _position_figure(table, "sinusoidal")
+
+
+def _position_figure(table: torch.Tensor, kind: str) -> Figure:
+    """Heatmap of a position table (P, D) of `kind` (a key of model.POSITIONS)."""
     figure = Figure(figsize=(10, 6), layout="constrained")
     ax = figure.add_subplot()
-    image = ax.imshow(table.numpy(), cmap="RdBu_r", vmin=-1.0, vmax=1.0, aspect="auto")
-    ax.set_xlabel("encoding dimension (even: sin, odd: cos; frequency falls to the right)")
+    limit = float(table.abs().max()) if kind != "sinusoidal" else 1.0
+    image = ax.imshow(table.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
     ax.set_ylabel("position")
-    ax.set_title(
-        f"sinusoidal positional encoding, d_model = {d_model}: "
-        "P[i, 2j] = sin(i / 10000^(2j/d)), P[i, 2j+1] = cos(i / 10000^(2j/d))",
-        fontsize=10,
-    )
+    d_model = table.size(1)
+    if kind == "sinusoidal":
+        ax.set_xlabel("encoding dimension (even: sin, odd: cos; frequency falls to the right)")
+        title = (
+            f"sinusoidal positional encoding, d_model = {d_model}: "
+            "P[i, 2j] = sin(i / 10000^(2j/d)), P[i, 2j+1] = cos(i / 10000^(2j/d))"
+        )
+    else:
+        ax.set_xlabel("embedding dimension")
+        title = f"{kind} positional embeddings, d_model = {d_model}"
+    ax.set_title(title, fontsize=10)
     figure.colorbar(image, ax=ax, label="value")
     return figure
 
@@ -164,21 +174,21 @@ def plot_positional_encoding_file(
     positions: int = 100,
     d_model: int | None = None,
 ) -> Figure:
-    """Write the positional-encoding heatmap to `out` (PNG); the width comes from the checkpoint
-    `model` when given, else from `d_model` (default 256)."""
-    if model is not None:
-        cfg = checkpoint_config(load_checkpoint(model), model).model
-        if cfg.positions != "sinusoidal":
+    """Write the positional-encoding heatmap to `out` (PNG): the table of the checkpoint
+    `model` when given (sinusoidal or learned, as the model adds it), else the sinusoidal
+    table of width `d_model` (default 256)."""
+    if model is None:
+        figure = positional_encoding_figure(positions, d_model or DEFAULT_PE_WIDTH)
+    else:
+        _check_positions(positions)
+        network, cfg = model_from(load_checkpoint(model), model)
+        width = cfg.model.d_model
+        if d_model is not None and d_model != width:
             raise UserError(
-                f"{model}: this model learns its positions (model.positions: {cfg.positions}), "
-                "so it has no sinusoidal table; use --pe with --d-model instead of --model"
+                f"--d-model {d_model}: the model's width is {width}; give one of the two"
             )
-        if d_model is not None and d_model != cfg.d_model:
-            raise UserError(
-                f"--d-model {d_model}: the model's width is {cfg.d_model}; give one of the two"
-            )
-        d_model = cfg.d_model
-    figure = positional_encoding_figure(positions, d_model or DEFAULT_PE_WIDTH)
+        table = network.src_embed.positions.encodings(positions)  # (P, D)
+        figure = _position_figure(table, cfg.model.positions)
     save_png(figure, out)
     return figure
 
@@ -191,6 +201,11 @@ def save_png(figure: Figure, out: str | Path) -> None:
         figure.savefig(out, format="png", dpi=figure.dpi)
     except OSError as err:
         raise UserError(f"{out}: cannot write the image ({err.strerror or err})") from None
+
+
+def _check_positions(positions: int) -> None:
+    if positions < 1:
+        raise UserError(f"--positions {positions}: must be at least 1")
 
 
 def _check_kind(kind: str) -> None:

@@ -29,10 +29,11 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attn_mt import distributed  # noqa: E402
+from attn_mt.batches import prepare_data  # noqa: E402
 from attn_mt.config import config_from_dict, load_config  # noqa: E402
 from attn_mt.data import PAD_ID, Batch, collate, length_batches  # noqa: E402
+from attn_mt.loss import label_smoothed_loss  # noqa: E402
 from attn_mt.model import Transformer, build_model, sinusoidal_table  # noqa: E402
-from attn_mt.train import label_smoothed_loss, prepare_data  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,15 +7,21 @@ search, translate, evaluate, averaging, plots and export end to end inside the C
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import yaml
 
 from attn_mt.config import Config, config_from_dict
+from attn_mt.train import Trainer, Validation
+
+# The fixtures of the end-to-end command-line tests (a toy corpus and a finished run).
+pytest_plugins = ("clirun",)
 
 SRC_WORDS = [f"q{w}" for w in "bcdfghjklmnprstvwz"]  # 18 source "words"
 TGT_WORDS = [f"{w}a" for w in "BCDFGHJKLMNPRSTVWZ"]  # their fixed translations
@@ -30,6 +36,43 @@ def toy_pairs(count: int, seed: int) -> tuple[list[str], list[str]]:
         src.append(" ".join(SRC_WORDS[i] for i in idx))
         tgt.append(" ".join(TGT_WORDS[i] for i in idx))
     return src, tgt
+
+
+def load_raw(path: Path) -> dict[str, Any]:
+    """A checkpoint read the way the design promises it can be: weights_only=True."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def resumable_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """What must be bit-identical between a straight and a resumed run."""
+    ts = checkpoint["train_state"]
+    return {
+        "step": checkpoint["step"],
+        "model": checkpoint["model"],
+        "optimizer": ts["optimizer"],
+        "rng": ts["rng"],
+        "data": ts["data"],
+    }
+
+
+def assert_identical(a: Any, b: Any, where: str = "state") -> None:
+    """Recursive equality; tensors must match in dtype, shape and every bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), (
+            f"{where} differs (max diff {(a.double() - b.double()).abs().max()})"
+        )
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_identical(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
@@ -102,6 +145,22 @@ def toy_config(toy_data: dict[str, Path], tmp_path: Path):
     return make
 
 
+@pytest.fixture
+def scripted_validation(monkeypatch: pytest.MonkeyPatch):
+    """Replace validation with a scripted BLEU sequence: fast, and it drives early stopping."""
+
+    def install(bleus: tuple[float, ...] = ()) -> None:
+        sequence = iter(bleus)
+
+        def validate(self: Trainer) -> Validation:
+            bleu = next(sequence, 0.0)
+            return Validation({"loss": 1.0, "ppl": math.e, "bleu": bleu, "chrf": 0.0}, [])
+
+        monkeypatch.setattr(Trainer, "validate", validate)
+
+    return install
+
+
 @pytest.fixture(scope="session")
 def trained_run(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run folder with a toy model trained to a high BLEU (shared by many tests; read-only)."""
@@ -112,7 +171,7 @@ def trained_run(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     config_file = out.parent / "toy.yaml"
     config_file.write_text(yaml.safe_dump(raw))
     result = train(config_from_dict(raw))
-    assert result.best_bleu > 80, (
-        f"the toy model should learn the task, got BLEU {result.best_bleu}"
+    assert result.best_score > 80, (
+        f"the toy model should learn the task, got BLEU {result.best_score}"
     )
     return out

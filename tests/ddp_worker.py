@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from attn_mt import distributed
 from attn_mt.config import load_config
 from attn_mt.data import Batch
 from attn_mt.train import Trainer
@@ -30,11 +31,11 @@ def record_batches(trainer: Trainer, sigterm_at: int = 0) -> list[tuple[int, lis
     sigterm_at: on rank 0, send SIGTERM to the parent (torchrun) while taking that batch.
     """
     rows: list[tuple[int, list[int]]] = []
-    take = trainer.stream.next
+    take = trainer.source.next
 
     def next_batch() -> Batch:
         batch = take()
-        rows.append((trainer.stream.epoch, batch.ids))
+        rows.append((trainer.source.epoch, batch.ids))
         if trainer.world.is_main and len(rows) == sigterm_at:
             os.kill(os.getppid(), signal.SIGTERM)
             deadline = time.monotonic() + 20
@@ -42,7 +43,7 @@ def record_batches(trainer: Trainer, sigterm_at: int = 0) -> list[tuple[int, lis
                 time.sleep(0.01)
         return batch
 
-    trainer.stream.next = next_batch
+    trainer.source.next = next_batch
     return rows
 
 
@@ -54,9 +55,10 @@ def main() -> None:
     args = parser.parse_args()
     # torchrun's SIGTERM may land after `run()` has restored the handlers: keep the dump.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    trainer = Trainer(load_config(args.config, []), device="cpu")
-    rows = record_batches(trainer, args.sigterm_at)
-    result = trainer.run()
+    with distributed.process_group(torch.device("cpu")) as (world, device):
+        trainer = Trainer(load_config(args.config, []), world, device)
+        rows = record_batches(trainer, args.sigterm_at)
+        result = trainer.run()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(
         {

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 from attn_mt import data
 from attn_mt.config import DataConfig, TokenizerConfig, load_config
@@ -22,7 +23,6 @@ from attn_mt.data import (
     corpus_file,
     epoch_batches,
     fetch_corpus,
-    iterate_batches,
     length_batches,
     padding_fraction,
     read_lines,
@@ -278,9 +278,11 @@ def test_collate_shifts_targets_for_teacher_forcing():
     assert batch.src.tolist() == [[7, 8, 9, EOS_ID], [7, EOS_ID, PAD_ID, PAD_ID]]
     assert batch.tgt_in.tolist() == [[BOS_ID, 10, PAD_ID, PAD_ID], [BOS_ID, 11, 12, 13]]
     assert batch.tgt_out.tolist() == [[10, EOS_ID, PAD_ID, PAD_ID], [11, 12, 13, EOS_ID]]
+    # The decoder input at position t is the target at t - 1: the model predicts the next token.
+    real = batch.tgt_in[:, 1:] != PAD_ID
+    assert torch.equal(batch.tgt_in[:, 1:][real], batch.tgt_out[:, :-1][real])
     assert batch.num_tgt_tokens == 6
     assert batch.ids == [0, 1]
-    assert [i for i, _ in iterate_batches(src_ids, tgt_ids, [[0], [1], [0, 1]], start=1)] == [1, 2]
 
 
 def test_padding_is_low_on_toy_data(toy_data: dict[str, Path]):

@@ -182,7 +182,7 @@ def test_only_rank_zero_writes(straight):
 def test_ddp_checkpoint_translates_in_one_process(straight):
     run, _ = straight
     state = load_checkpoint(run / "checkpoints" / "last.pt")
-    assert state["train_state"]["world_size"] == RANKS
+    assert state["train_state"]["data"]["world_size"] == RANKS
     assert not any(key.startswith("module.") for key in state["model"])
     translator = attn_mt.load(run / "checkpoints" / "best.pt", device="cpu")
     assert len(translator.translate(["qb qc qd", "", "qz"], beam=2)) == 3
@@ -206,7 +206,7 @@ def test_resume_under_ddp_ends_where_a_straight_run_does(stopped, straight):
     for name, value in reference["model"].items():
         assert torch.equal(value, resumed["model"][name]), name
     assert [line["step"] for line in train_lines(run)] == list(range(1, STEPS + 1))
-    rng = resumed["train_state"]["rng_ranks"]  # the ranks' streams differ: each needs its own
+    rng = resumed["train_state"]["rng"]  # the ranks' streams differ: each needs its own
     assert len(rng) == RANKS and not torch.equal(rng[0][0], rng[1][0])
 
 
@@ -220,7 +220,7 @@ def test_two_ranks_equal_one_rank_accumulating_two(data, folder, straight):
     raw = yaml.safe_load(config.read_text())
     raw["train"].update(out_dir=str(folder / "single"), accumulate=2, max_epochs=0)
     raw["train"]["max_steps"] = ddp["step"]
-    trainer = Trainer(config_from_dict(raw), device="cpu")
+    trainer = Trainer(config_from_dict(raw))
     taken = record_batches(trainer)
     initial = {name: value.clone() for name, value in trainer.model.state_dict().items()}
     trainer.run()
@@ -249,7 +249,7 @@ def test_ddp_run_resumes_in_one_process(straight, folder):
     shutil.copytree(straight[0], run)
     raw = yaml.safe_load((run / "config.yaml").read_text())
     raw["train"].update(out_dir=str(run), max_epochs=EPOCHS + 1)
-    result = Trainer(config_from_dict(raw), resume=True, device="cpu").run()
+    result = Trainer(config_from_dict(raw), resume=True).run()
     # The batch the two processes left over at the end of epoch 2, then all of epoch 3.
     assert result.step == STEPS + 1 + BATCHES
     assert "resuming a 2-process run with 1 processes" in (run / "train.log").read_text()

@@ -17,6 +17,7 @@ from attn_mt.config import config_from_dict
 from attn_mt.errors import UserError
 from attn_mt.model import (
     Dropout,
+    LayerSpec,
     LearnedPositions,
     SinusoidalPositions,
     Transformer,
@@ -42,24 +43,20 @@ def variant_id(variant: tuple[bool, str, bool]) -> str:
 def tiny_model(**overrides) -> Transformer:
     """A 2+2-layer, 16-wide float64 model in eval mode (dropout off)."""
     torch.manual_seed(0)
-    args = dict(
-        src_vocab=VOCAB,
-        tgt_vocab=VOCAB,
-        d_model=16,
-        heads=2,
-        encoder_layers=2,
-        decoder_layers=2,
-        d_ff=32,
-        dropout=0.0,
-        max_positions=64,
-    )
-    args.update(overrides)
-    return Transformer(**args).double().eval()
+    layer = {"d_model": 16, "heads": 2, "d_ff": 32}
+    model = {"encoder_layers": 2, "decoder_layers": 2, "max_positions": 64}
+    for key, value in overrides.items():
+        (layer if key in LayerSpec.__dataclass_fields__ else model)[key] = value
+    return Transformer(VOCAB, VOCAB, LayerSpec(**layer), **model).double().eval()
+
+
+def position_kind(learned: bool) -> str:
+    return "learned" if learned else "sinusoidal"
 
 
 def variant_model(variant: tuple[bool, str, bool]) -> Transformer:
     pre, scoring, learned = variant
-    return tiny_model(pre_norm=pre, scoring=scoring, learned_positions=learned)
+    return tiny_model(pre_norm=pre, scoring=scoring, positions=position_kind(learned))
 
 
 def tokens(batch: int, length: int, seed: int) -> torch.Tensor:
@@ -177,7 +174,7 @@ def test_sinusoidal_positions_grow_past_initial_length():
 
 
 def test_learned_positions_past_the_end_give_a_user_error():
-    model = tiny_model(learned_positions=True, max_positions=6)
+    model = tiny_model(positions="learned", max_positions=6)
     assert model.max_positions == 6
     src = tokens(1, 6, seed=8)
     memory = model.encode(src, src_mask_of(src))  # exactly max_positions is fine
@@ -194,7 +191,7 @@ def test_learned_positions_past_the_end_give_a_user_error():
 @pytest.mark.parametrize("learned", [False, True], ids=["sin", "learned"])
 def test_embedder_scales_by_sqrt_d(learned: bool):
     """x = E[token] * sqrt(D) + P[position] (dropout off), also from an offset."""
-    model = tiny_model(learned_positions=learned, dropout=0.3)  # eval(): dropout is off
+    model = tiny_model(positions=position_kind(learned), dropout=0.3)  # eval(): dropout is off
     embed = model.tgt_embed
     ids = tokens(2, 5, seed=10)
     for offset in (0, 3):
@@ -344,10 +341,8 @@ def test_build_model_reads_the_config(keys: dict):
 def test_small_model_overfits_one_batch(pre_norm: bool):
     """Both norm placements train: loss on one fixed batch falls below 0.1 nats/token."""
     torch.manual_seed(0)
-    model = Transformer(
-        VOCAB, VOCAB, d_model=32, heads=4, encoder_layers=1, decoder_layers=1, d_ff=64,
-        dropout=0.0, pre_norm=pre_norm,
-    )  # fmt: skip
+    layer = LayerSpec(d_model=32, heads=4, d_ff=64, pre_norm=pre_norm)
+    model = Transformer(VOCAB, VOCAB, layer, encoder_layers=1, decoder_layers=1)
     src = tokens(4, 7, seed=15)
     src[2, 5:] = PAD_ID
     tgt = tokens(4, 6, seed=16)
@@ -373,10 +368,9 @@ def test_initialisation_is_sane(pre_norm: bool, tie: bool):
     """No NaNs, pad embeddings zero, logits of unit-ish scale and loss near log(V) at init."""
     torch.manual_seed(0)
     vocab = 500
-    model = Transformer(
-        vocab, vocab, d_model=64, heads=4, encoder_layers=2, decoder_layers=2, d_ff=128,
-        pre_norm=pre_norm, share_embeddings=tie, tie_output=tie,
-    ).eval()  # fmt: skip
+    layer = LayerSpec(d_model=64, heads=4, d_ff=128, dropout=0.1, pre_norm=pre_norm)
+    stacks = {"encoder_layers": 2, "decoder_layers": 2}
+    model = Transformer(vocab, vocab, layer, **stacks, share_embeddings=tie, tie_output=tie).eval()
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert (model.src_embed.embedding.weight[PAD_ID] == 0).all()
     assert (model.tgt_embed.embedding.weight[PAD_ID] == 0).all()

@@ -13,7 +13,7 @@ import torch
 
 import attn_mt
 from attn_mt.data import pad_sequences, read_lines
-from attn_mt.model import Transformer
+from attn_mt.model import LayerSpec, Transformer
 from attn_mt.search import (
     Hypothesis,
     beam_search,
@@ -30,8 +30,8 @@ CASES = ["random-0", "random-1", "random-2", "random-3", "trained"]
 def random_model(seed: int, cls: type[Transformer] = Transformer) -> Transformer:
     """A tiny untrained model: its flat, arbitrary distributions make searches disagree."""
     torch.manual_seed(seed)
-    sizes = {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 2, "d_ff": 64}
-    return cls(VOCAB, VOCAB, dropout=0.0, **sizes).eval()
+    layer = LayerSpec(d_model=32, heads=2, d_ff=64)
+    return cls(VOCAB, VOCAB, layer, encoder_layers=1, decoder_layers=2).eval()
 
 
 def random_sources(seed: int, count: int = 12) -> torch.Tensor:

@@ -1,0 +1,65 @@
+"""The batch source: the loop's only view of the data, and the only holder of its position."""
+
+from __future__ import annotations
+
+import random
+
+from attn_mt.batches import Corpus, CorpusSource
+from attn_mt.data import FilterStats
+from attn_mt.distributed import World
+
+
+def corpus(pairs: int = 300, seed: int = 0) -> Corpus:
+    rng = random.Random(seed)
+    src = [[5] * rng.randint(1, 20) for _ in range(pairs)]
+    tgt = [[6] * rng.randint(1, 20) for _ in range(pairs)]
+    lengths = [(len(s) + 1, len(t) + 1) for s, t in zip(src, tgt, strict=True)]
+    return Corpus(src, tgt, lengths, FilterStats(kept=pairs), [], [], [], [])
+
+
+def take(source: CorpusSource, count: int) -> list[tuple[int, list[int]]]:
+    return [(source.epoch, source.next().ids) for _ in range(count)]
+
+
+def test_a_restored_position_continues_exactly() -> None:
+    """Saved mid-epoch 1 and loaded into a new source: the same batches follow."""
+    data = corpus()
+    straight = CorpusSource(data, 200, seed=3, world=World())
+    per_epoch = len(straight.batches)
+    first = take(straight, per_epoch + 5)
+    state = straight.state_dict()
+    assert state == {"epoch": 1, "index": 5, "world_size": 1}
+    resumed = CorpusSource(data, 200, seed=3, world=World())
+    resumed.load_state_dict(state)
+    assert take(resumed, 2 * per_epoch) == take(straight, 2 * per_epoch)
+    assert first[0][0] == 0 and first[-1][0] == 1
+    assert straight.epochs_done == resumed.epochs_done == 3
+
+
+def test_epochs_done_counts_a_finished_epoch_before_the_next_batch() -> None:
+    source = CorpusSource(corpus(), 400, seed=1, world=World())
+    take(source, len(source.batches) - 1)
+    assert source.epochs_done == 0
+    take(source, 1)
+    assert (source.epoch, source.epochs_done) == (0, 1)  # no batch of epoch 1 taken yet
+
+
+def test_another_process_count_keeps_the_share_of_the_epoch_seen() -> None:
+    """Two processes that each took 3 batches saw 6 of the epoch's global order; one process
+    resumes at global batch 6 (rounded up: a batch may be skipped, none is repeated)."""
+    data = corpus()
+    ranks = [CorpusSource(data, 200, 7, World(rank, rank, 2)) for rank in (0, 1)]
+    seen = [ids for rank in ranks for _, ids in take(rank, 3)]
+    single = CorpusSource(data, 200, 7, World())
+    single.load_state_dict(ranks[0].state_dict())
+    assert single.state_dict() == {"epoch": 0, "index": 6, "world_size": 1}
+    rest = [ids for _, ids in take(single, len(single.batches) - 6)]
+    assert not {tuple(b) for b in rest} & {tuple(b) for b in seen}
+    three = CorpusSource(data, 200, 7, World(0, 0, 3))
+    three.load_state_dict(ranks[0].state_dict())
+    assert three.state_dict()["index"] == 2  # ceil(3 * 2 / 3)
+
+
+def test_describe_is_one_line_with_batches_and_padding() -> None:
+    line = CorpusSource(corpus(), 200, seed=1, world=World()).describe()
+    assert "\n" not in line and "batches per epoch" in line and "padding" in line
