@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ from attn_mt.data import Batch, epoch_order, padding_fraction
 from attn_mt.distributed import World
 from attn_mt.errors import DataError
 from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+log = logging.getLogger("attn_mt")
 
 FORMAT = "attn-mt-shards/1"
 MANIFEST = "manifest.json"
@@ -183,28 +186,25 @@ class ShardSource:
         weights: Sequence[float],
         batch_tokens: int,
         seed: int,
-        rank: int = 0,
-        world_size: int = 1,
+        world: World = World(),
     ):
         self.shards, self.weights = shards, list(weights)
-        self.batch_tokens, self.seed = batch_tokens, seed
-        self.rank, self.world_size = rank, world_size
+        self.batch_tokens, self.seed, self.world = batch_tokens, seed, world
         counts = np.bincount(shards.corpus, minlength=len(self.weights))
         self.starts = np.concatenate([[0], np.cumsum(counts)])  # corpora are stored in order
-        self._epoch, self.index = 0, 0
+        self.epoch, self.index = 0, 0  # the position
         self._order: tuple[int, list[np.ndarray]] | None = None  # (epoch, its batches)
 
     @classmethod
     def from_config(cls, cfg: Config, shards: Shards, world: World) -> ShardSource:
         """The source of `cfg`'s weights, batch budget and seed for this process."""
-        t = cfg.train
-        return cls(shards, cfg.data.weights(), t.batch_tokens, t.seed, world.rank, world.size)
+        return cls(shards, cfg.data.weights(), cfg.train.batch_tokens, cfg.train.seed, world)
 
     @property
     def batches(self) -> list[np.ndarray]:
         """This rank's batches (rows) of the current epoch, computed once per epoch."""
-        if self._order is None or self._order[0] != self._epoch:
-            self._order = (self._epoch, self._batches(self._epoch))
+        if self._order is None or self._order[0] != self.epoch:
+            self._order = (self.epoch, self._batches(self.epoch))
         return self._order[1]
 
     def epoch_rows(self, epoch: int) -> np.ndarray:
@@ -225,47 +225,49 @@ class ShardSource:
         rows = self.epoch_rows(epoch)
         lengths = self.shards.lengths[rows] + 1  # + <eos>: what the batch holds
         batches = epoch_order(
-            lengths, self.batch_tokens, self.seed, epoch, self.rank, self.world_size
+            lengths, self.batch_tokens, self.seed, epoch, self.world.rank, self.world.size
         )
         if not batches:
             raise DataError(
-                f"the training data makes fewer batches than the {self.world_size} processes; "
+                f"the training data makes fewer batches than the {self.world.size} processes; "
                 "lower train.batch_tokens or use fewer processes"
             )
         return [rows[positions] for positions in batches]
 
     @property
-    def epoch(self) -> int:
-        """Epoch of the position."""
-        return self._epoch
-
-    @property
     def epochs_done(self) -> int:
         """Whole epochs consumed so far."""
-        return self._epoch + (1 if self.index >= len(self.batches) else 0)
+        return self.epoch + (1 if self.index >= len(self.batches) else 0)
 
     def next(self) -> Batch:
         """The next batch of this rank, moving to the next epoch at the end of one."""
         if self.index >= len(self.batches):
-            self._epoch, self.index = self._epoch + 1, 0
+            self.epoch, self.index = self.epoch + 1, 0
         rows = self.batches[self.index]
         self.index += 1
         return self.shards.collate(rows)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self._epoch, "index": self.index, "world_size": self.world_size}
+        return {"epoch": self.epoch, "index": self.index, "world_size": self.world.size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go to a saved position; from another process count, keep the share of the epoch's
         global order already seen (rounded up: a few batches may be skipped, none repeated)."""
         index, saved_world = state["index"], state.get("world_size", 1)
-        if saved_world != self.world_size:
-            index = -(-index * saved_world // self.world_size)
-        self._epoch, self.index = state["epoch"], index
+        if saved_world != self.world.size:
+            index = -(-index * saved_world // self.world.size)
+            log.info(
+                "resuming a %d-process run with %d processes: epoch %d continues at batch %d",
+                saved_world,
+                self.world.size,
+                state["epoch"],
+                index,
+            )
+        self.epoch, self.index = state["epoch"], index
 
     def describe(self) -> str:
         """Batches per epoch and the padding share of the first 50 (for the start-up log)."""
         sample = [self.shards.collate(rows) for rows in self.batches[:50]]
-        per = " per process" if self.world_size > 1 else ""
+        per = " per process" if self.world.size > 1 else ""
         padding = 100 * padding_fraction(sample)
         return f"{len(self.batches)} batches per epoch{per}, padding {padding:.1f}%"

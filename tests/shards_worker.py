@@ -36,7 +36,7 @@ def main() -> None:
     encode = prepare_module.encode_chunk
     prepare_module.encode_chunk = lambda task: encoded.append(len(task[2])) or encode(task)
     shards = prepare_for(cfg, None, world, workers=1)
-    source = ShardSource(shards, [1.0], cfg.train.batch_tokens, cfg.train.seed, world.rank, 2)
+    source = ShardSource.from_config(cfg, shards, world)
     batches = [source.next().ids for _ in range(len(source.batches))]
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"encoded": sum(encoded), "folder": str(shards.folder), "digest": shards.digest}

@@ -14,14 +14,22 @@ import torch
 import yaml
 from conftest import toy_config_dict, toy_pairs, write_lines
 
-from attn_mt import distributed
 from attn_mt import prepare as prepare_module
+from attn_mt.batches import prepare_data
 from attn_mt.config import Config, config_from_dict, load_config
-from attn_mt.data import collate, epoch_batches, length_batches
+from attn_mt.data import (
+    cache_dir,
+    clean_pairs,
+    collate,
+    epoch_batches,
+    length_batches,
+    read_parallel,
+)
+from attn_mt.distributed import World
 from attn_mt.errors import ConfigError, DataError
 from attn_mt.prepare import prepare, sample_pairs
 from attn_mt.shards import ShardSource, open_shards
-from attn_mt.train import prepare_data
+from attn_mt.tokenizer import build_tokenizers
 
 
 def shard_config(toy_data: dict[str, Path], tmp_path: Path, **data) -> Config:
@@ -54,26 +62,34 @@ def test_shards_hold_exactly_todays_encoding(toy_data, tmp_path, max_len):
     """Two worker processes; with max_len 9 some pairs are dropped, and the same ones."""
     cfg = shard_config(toy_data, tmp_path, max_len=max_len)
     shards = prepare(cfg, workers=2)
-    src_tok, tgt_tok, corpus = prepare_data(cfg, None, distributed.World())
+    # What `train` encoded before shards: every line at once, in this process.
+    src, tgt = read_parallel(cfg.data.train.src, cfg.data.train.tgt)
+    src_tok, tgt_tok = build_tokenizers(cfg.tokenizer, src, tgt, cache_dir() / "spm")
+    src_ids, tgt_ids = src_tok.encode(src), tgt_tok.encode(tgt)
+    keep, stats = clean_pairs(src_ids, tgt_ids, max_len)
     assert [tok.model_bytes for tok in shards.tokenizers()] == [
         src_tok.model_bytes,
         tgt_tok.model_bytes,
     ]
-    assert len(shards) == len(corpus.src_ids) == corpus.stats.kept
-    assert (len(corpus.src_ids) < 3000) == (max_len == 9)
-    assert [shards.src[i] for i in range(len(shards))] == corpus.src_ids
-    assert [shards.tgt[i] for i in range(len(shards))] == corpus.tgt_ids
+    assert len(shards) == len(keep) == stats.kept
+    assert (len(keep) < 3000) == (max_len == 9)
+    assert [shards.src[i] for i in range(len(shards))] == [src_ids[i] for i in keep]
+    assert [shards.tgt[i] for i in range(len(shards))] == [tgt_ids[i] for i in keep]
+    corpus = prepare_data(cfg, None, World())[2]  # what `train` reads now
+    assert corpus.shards.folder == shards.folder and corpus.stats == stats
     assert shards.src.tokens.dtype == np.uint16  # a 60-piece vocabulary fits
     entry = shards.manifest["corpora"][0]
-    assert (entry["kept"], entry["too_long"]) == (corpus.stats.kept, corpus.stats.too_long)
+    assert (entry["kept"], entry["too_long"]) == (stats.kept, stats.too_long)
     # The batches of every epoch are today's, row for row.
     source = ShardSource(shards, [1.0], cfg.train.batch_tokens, cfg.train.seed)
+    lengths = [(len(src_ids[i]) + 1, len(tgt_ids[i]) + 1) for i in keep]
+    kept_src, kept_tgt = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
     for epoch in range(2):
-        expected = epoch_batches(corpus.lengths, cfg.train.batch_tokens, cfg.train.seed, epoch)
+        expected = epoch_batches(lengths, cfg.train.batch_tokens, cfg.train.seed, epoch)
         taken = [source.next() for _ in expected]
         assert [batch.ids for batch in taken] == expected
         for batch in taken[:10]:  # gathered from the maps, yet today's tensors
-            today = collate(corpus.src_ids, corpus.tgt_ids, batch.ids)
+            today = collate(kept_src, kept_tgt, batch.ids)
             for name in ("src", "tgt_in", "tgt_out"):
                 assert torch.equal(getattr(batch, name), getattr(today, name)), name
     assert source.epoch == 1 and source.epochs_done == 2
@@ -337,7 +353,7 @@ def test_resume_and_ranks(toy_data, tmp_path):
     resumed = ShardSource(shards, [1.0], 1024, seed=3)
     resumed.load_state_dict(first.state_dict())
     assert head + [resumed.next().ids for _ in range(10)] == taken
-    ranks = [ShardSource(shards, [1.0], 1024, 3, rank, 2) for rank in range(2)]
+    ranks = [ShardSource(shards, [1.0], 1024, 3, World(rank, rank, 2)) for rank in range(2)]
     shares = [[rank.next().ids for _ in range(len(rank.batches))] for rank in ranks]
     rows = [i for share in shares for ids in share for i in ids]
     assert len(rows) == len(set(rows)) and len(shares[0]) == len(shares[1])
