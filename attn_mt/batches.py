@@ -72,9 +72,9 @@ def prepare_data(
     tokenizers: a resumed run's SentencePiece models; None trains (or reuses) them, on rank 0,
     whose models every process then uses (machines of a multi-node run need not share a cache).
     """
+    valid_src, valid_ref = read_parallel(*split_files(cfg.data, "valid"))  # checked first
     shards = prepare_for(cfg, tokenizers, world)
     src_tok, tgt_tok = tokenizers or shards.tokenizers()
-    valid_src, valid_ref = read_parallel(*split_files(cfg.data, "valid"))
     corpus = Corpus(
         shards=shards,
         weights=cfg.data.weights(),

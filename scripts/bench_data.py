@@ -127,10 +127,10 @@ def batch_speed(config: Path, cache: Path) -> dict[str, float]:
     import torch
 
     from attn_mt.config import load_config
+    from attn_mt.loss import label_smoothed_loss
     from attn_mt.model import build_model
     from attn_mt.prepare import prepare
     from attn_mt.shards import ShardSource
-    from attn_mt.train import label_smoothed_loss
 
     torch.set_num_threads(2)
     cfg = load_config(config)
