@@ -9,7 +9,6 @@ resumed with another number of processes, continues exactly where the saved one 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,8 +27,6 @@ from attn_mt.data import (
 )
 from attn_mt.errors import DataError
 from attn_mt.tokenizer import Tokenizer, build_tokenizers
-
-log = logging.getLogger("attn_mt")
 
 
 @dataclass
@@ -108,7 +105,8 @@ class BatchSource(Protocol):
         ...
 
     def describe(self) -> str:
-        """One line for the start-up log: batches per epoch and their padding."""
+        """One line for the start-up log: batches per epoch, their padding, and how a position
+        saved by another number of processes was mapped."""
         ...
 
 
@@ -119,6 +117,7 @@ class CorpusSource:
         self.corpus, self.batch_tokens, self.seed, self.world = corpus, batch_tokens, seed, world
         self.epoch, self.index = 0, 0
         self.batches = self._epoch_batches(0)
+        self.rescaled = ""  # how a position saved by another process count was mapped
 
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
         batches = epoch_batches(
@@ -160,12 +159,9 @@ class CorpusSource:
             # The index counts one process's batches; keep the share of the epoch's global
             # order already seen (rounded up: a few batches may be skipped, none repeated).
             index = -(-index * saved_world // self.world.size)
-            log.info(
-                "resuming a %d-process run with %d processes: epoch %d continues at batch %d",
-                saved_world,
-                self.world.size,
-                state["epoch"],
-                index,
+            self.rescaled = (
+                f"resuming a {saved_world}-process run with {self.world.size} processes: "
+                f"epoch {state['epoch']} continues at batch {index}"
             )
         self.epoch, self.index = state["epoch"], index
         self.batches = self._epoch_batches(self.epoch)
@@ -173,10 +169,9 @@ class CorpusSource:
     def describe(self) -> str:
         sample = [self._collate(rows) for rows in self.batches[:50]]
         per = " per process" if self.world.distributed else ""
-        return (
-            f"{len(self.batches)} batches per epoch{per}, "
-            f"padding {100 * padding_fraction(sample):.1f}%"
-        )
+        padding = 100 * padding_fraction(sample)
+        line = f"{len(self.batches)} batches per epoch{per}, padding {padding:.1f}%"
+        return f"{line}; {self.rescaled}" if self.rescaled else line
 
 
 def make_source(cfg: Config, corpus: Corpus, world: distributed.World) -> BatchSource:
