@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -24,6 +25,12 @@ from attn_mt.errors import ConfigError
 NAMED_CORPORA = ("multi30k",)
 # YAML 1.1 reads `5e-4` (no dot) as a string; float fields accept such numbers anyway.
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+# Every integer key is passed to C code somewhere (torch, SentencePiece): it must fit in 32 bits.
+INT_LIMIT = 2**31
+# A config is three levels deep; far deeper YAML is a mistake (and recursed without end).
+MAX_DEPTH = 20
+# Above this many parameters the model cannot be held for training on any machine we support.
+MAX_PARAMETERS = 2**32
 
 
 @dataclass
@@ -162,6 +169,9 @@ class TrainConfig:
                 _fail(f"train.{key}", getattr(self, key), "must be in [0, 1)")
         for key in ("weight_decay", "clip_norm", "min_lr", "adam_eps"):
             _check_min(f"train.{key}", getattr(self, key), 0)
+        _check_min("train.seed", self.seed, 0)
+        if not self.out_dir.strip():
+            _fail("train.out_dir", self.out_dir, "must name a folder for the run")
 
 
 @dataclass
@@ -197,6 +207,21 @@ class Config:
     def validate(self) -> None:
         for section in (self.data, self.tokenizer, self.model, self.train, self.decode):
             section.validate()
+        if (count := self.estimated_parameters()) > MAX_PARAMETERS:
+            raise ConfigError(
+                f"model: about {count:,} parameters with tokenizer.vocab_size "
+                f"{self.tokenizer.vocab_size}, more than can be allocated for training (limit "
+                f"{MAX_PARAMETERS:,}); lower model.d_model, model.d_ff, the layers or vocab_size"
+            )
+
+    def estimated_parameters(self) -> int:
+        """The model's parameter count, roughly, erring high (untied embeddings, learned table)."""
+        m, vocab = self.model, self.tokenizer.vocab_size
+        attention, feed_forward = 4 * m.d_model * (m.d_model + 1), 2 * m.d_model * m.d_ff
+        layers = m.encoder_layers * (attention + feed_forward) + m.decoder_layers * (
+            2 * attention + feed_forward
+        )
+        return 3 * vocab * m.d_model + 2 * m.max_positions * m.d_model + layers
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts, as written to `config.yaml` and stored in checkpoints."""
@@ -205,6 +230,52 @@ class Config:
 
 # ---------------------------------------------------------------------------------------------
 # Loading
+
+
+class _Refused(yaml.YAMLError):
+    """Well-formed YAML that is almost surely a mistake (a duplicate key, absurd nesting)."""
+
+    def __init__(self, line: int, problem: str):
+        super().__init__(problem)
+        self.line, self.problem = line, problem
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses duplicate mapping keys and nesting deeper than MAX_DEPTH."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise _Refused(line, f"nested more than {MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise _Refused(
+                    line, f"duplicate key {key!r} (first at line {seen[key]}); keep only one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text -> plain data, with the duplicate-key and depth checks of `_StrictLoader`."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except ValueError as err:  # an integer of more than 4300 digits
+        raise _Refused(1, f"a value cannot be read ({err})") from None
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
@@ -217,7 +288,9 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot read config ({err})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = parse_yaml(text)
+    except _Refused as err:
+        raise ConfigError(f"{path}:{err.line}: {err.problem}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -253,7 +326,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         value: Any = None if text.strip() in ("null", "~") else text
     else:
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = parse_yaml(text) if text.strip() else None
         except yaml.YAMLError:
             raise ConfigError(f"--set {item}: cannot parse {text!r} as a value") from None
     node = raw
@@ -291,7 +364,14 @@ def config_keys(cls: type = Config, prefix: str = "") -> list[tuple[str, str, An
 
 
 def _fail(key: str, value: Any, rule: str) -> typing.NoReturn:
-    raise ConfigError(f"{key}: {value!r} is invalid; {rule}")
+    raise ConfigError(f"{key}: {_shown(value)} is invalid; {rule}")
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)`, except that a huge integer is described by its size."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit integer"
+    return repr(value)
 
 
 def _check_min(key: str, value: float, low: float, why: str = "") -> None:
@@ -405,12 +485,19 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return value
     elif base is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -INT_LIMIT <= value < INT_LIMIT:
+                _fail(key, value, f"must be below {INT_LIMIT:,} in size")
             return value
     elif base is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
-            return float(value)
+            number = float(value) if abs(value) < 1e300 else math.inf
+        elif isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            number = float(value)
+        if number is not None:
+            if not math.isfinite(number):
+                _fail(key, value, "must be a finite number")
+            return number
     elif base is str:
         if isinstance(value, str):
             return value

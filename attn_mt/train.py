@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -25,7 +26,12 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed, viz
-from attn_mt.checkpoint import load_checkpoint, save_checkpoint, tokenizers_from
+from attn_mt.checkpoint import (
+    checkpoint_config,
+    load_checkpoint,
+    save_checkpoint,
+    tokenizers_from,
+)
 from attn_mt.config import Config, save_config
 from attn_mt.data import (
     Batch,
@@ -42,6 +48,7 @@ from attn_mt.data import (
 from attn_mt.errors import DataError, UserError
 from attn_mt.evaluate import score
 from attn_mt.model import Transformer, build_model
+from attn_mt.runfolder import lock_run_folder
 from attn_mt.tokenizer import PAD_ID, Tokenizer, build_tokenizers
 from attn_mt.translator import Translator, autocast_context, resolve_device
 
@@ -164,8 +171,12 @@ def prepare_data(
     valid_files = split_files(cfg.data, "valid")
     train_src, train_tgt = read_parallel(*train_files)
     valid_src, valid_ref = read_parallel(*valid_files)
-    if not any(s.strip() and t.strip() for s, t in zip(train_src, train_tgt, strict=True)):
-        raise DataError(f"{train_files[0]}: the training corpus has no non-empty pairs")
+    for name, files, src, tgt in (
+        ("training", train_files, train_src, train_tgt),
+        ("validation", valid_files, valid_src, valid_ref),
+    ):
+        if not any(s.strip() and t.strip() for s, t in zip(src, tgt, strict=True)):
+            raise DataError(f"{files[0]}: the {name} corpus has no non-empty pairs")
     if tokenizers is None:
         # Rank 0 trains SentencePiece and sends the models: every process must use the same
         # pieces, and machines of a multi-node run need not share a cache folder.
@@ -256,9 +267,9 @@ class RunLog:
         if resume_step is not None and metrics.exists():  # forget what came after the checkpoint
             kept = [
                 ln
-                for ln in metrics.read_text().splitlines()
-                if ln.strip() and json.loads(ln)["step"] <= resume_step
-            ]
+                for ln in metrics.read_text(errors="replace").splitlines()
+                if (step := _logged_step(ln)) is not None and step <= resume_step
+            ]  # a line a crash cut short is dropped too
             metrics.write_text("".join(ln + "\n" for ln in kept))
         self.jsonl = open(metrics, "a", encoding="utf-8")  # noqa: SIM115
         purge = resume_step + 1 if resume_step is not None else None
@@ -304,6 +315,15 @@ class RunLog:
         if self.enabled:
             self.tb.close()
             self.jsonl.close()
+
+
+def _logged_step(line: str) -> int | None:
+    """The step of a metrics.jsonl line, or None for a line that is not a whole record."""
+    try:
+        step = json.loads(line)["step"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 class Progress:
@@ -385,7 +405,14 @@ class Trainer:
         self.src_tok, self.tgt_tok, self.corpus = prepare_data(
             cfg, tokenizers_from(state) if state else None, self.world
         )
-        # The run folder is created only once the config and data are known to be good.
+        self.model: Transformer = build_model(cfg, self.src_tok.vocab_size, self.tgt_tok.vocab_size)
+        self.model.to(self.device)
+        self.optimizer = self._make_optimizer()
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
+        self.state = Progression()
+        if state:
+            self._restore(state)
+        # The run folder is created only once the config, data and last.pt are known to be good.
         if self.world.is_main:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
@@ -395,13 +422,6 @@ class Trainer:
             self._log_level = log.level
             if log.getEffectiveLevel() > logging.INFO:  # train.log has the INFO lines, CLI or not
                 log.setLevel(logging.INFO)
-        self.model: Transformer = build_model(cfg, self.src_tok.vocab_size, self.tgt_tok.vocab_size)
-        self.model.to(self.device)
-        self.optimizer = self._make_optimizer()
-        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
-        self.state = Progression()
-        if state:
-            self._restore(state)
         self.stream = BatchStream(
             self.corpus, cfg, self.world, self.state.epoch, self.state.batch_index
         )
@@ -439,9 +459,9 @@ class Trainer:
                     "start without --resume"
                 )
             state = load_checkpoint(last)
-            if "train_state" not in state:
+            if not isinstance(state.get("train_state"), dict):
                 raise UserError(f"{last}: holds no training state, so it cannot be resumed")
-            old = state["config"]
+            old = checkpoint_config(state, last).to_dict()
             new = self.cfg.to_dict()
             diff = [
                 f"{section}.{key}"
@@ -480,6 +500,16 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Load weights, optimizer, scaler, RNG states and the data position of last.pt."""
+        try:
+            self._restore_parts(state)
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
+            reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ''}"
+            raise UserError(
+                f"{self.ckpt_dir / 'last.pt'}: its training state is damaged ({reason[:150]}); "
+                "resume from a copy of the run or start a new train.out_dir"
+            ) from None
+
+    def _restore_parts(self, state: dict[str, Any]) -> None:
         ts = state["train_state"]
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(ts["optimizer"])
@@ -896,5 +926,7 @@ class Trainer:
 
 
 def train(cfg: Config, resume: bool = False, device: str = "auto") -> TrainResult:
-    """Train a model as `cfg` describes (see `Trainer`)."""
-    return Trainer(cfg, resume, device).run()
+    """Train a model as `cfg` describes (see `Trainer`); rank 0 holds the run folder's lock."""
+    main = int(os.environ.get("RANK", "0")) == 0
+    with lock_run_folder(cfg.train.out_dir) if main else contextlib.nullcontext():
+        return Trainer(cfg, resume, device).run()
