@@ -208,10 +208,10 @@ def model_from(
     model = build_model(cfg, src_tok.vocab_size, tgt_tok.vocab_size)
     try:
         model.load_state_dict(state["model"])
-    except RuntimeError as err:
-        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()][1:3]
+    except (RuntimeError, TypeError, AttributeError) as err:  # wrong shapes, or not a dict
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
         raise CheckpointError(
-            f"{path}: its tensors do not fit its config ({'; '.join(lines)[:300]})"
+            f"{path}: its tensors do not fit its config ({'; '.join(lines[1:3] or lines)[:300]})"
         ) from None
     return model, cfg
 

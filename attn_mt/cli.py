@@ -153,7 +153,9 @@ def _stdin_chunks(max_lines: int = 1000) -> Iterator[list[str]]:
                         f"line {number}: invalid UTF-8, replaced with U+FFFD", stacklevel=1
                     )
                 lines.put(text.rstrip("\r\n"))
-        except (OSError, ValueError, AttributeError) as err:  # closed, write-only, not a file
+        except AttributeError:  # sys.stdin is None: the shell closed it (<&-)
+            lines.put(UserError("stdin: cannot read text (it is closed)"))
+        except (OSError, ValueError) as err:  # write-only, a folder, not a file
             lines.put(
                 UserError(f"stdin: cannot read text ({getattr(err, 'strerror', None) or err})")
             )

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import math
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from attn_mt.errors import ConfigError
+from attn_mt.paths import os_reason
 
 NAMED_CORPORA = ("multi30k",)
 # YAML 1.1 reads `5e-4` (no dot) as a string; float fields accept such numbers anyway.
@@ -31,6 +33,9 @@ INT_LIMIT = 2**31
 MAX_DEPTH = 20
 # Above this many parameters the model cannot be held for training on any machine we support.
 MAX_PARAMETERS = 2**32
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxlist, _SHORT_REPR.maxdict = 2, 3, 3
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 60
 
 
 @dataclass
@@ -281,11 +286,15 @@ def parse_yaml(text: str) -> Any:
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config file, apply `key.path=value` overrides, and validate the result."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder; give the YAML config file")
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config ({os_reason(err)})") from None
+    except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: cannot read config ({err})") from None
     try:
         raw = parse_yaml(text)
@@ -368,10 +377,11 @@ def _fail(key: str, value: Any, rule: str) -> typing.NoReturn:
 
 
 def _shown(value: Any) -> str:
-    """`repr(value)`, except that a huge integer is described by its size."""
+    """`repr(value)`, cut short (a YAML alias bomb is a list of a billion items); a huge
+    integer is described by its size."""
     if isinstance(value, int) and value.bit_length() > 64:
         return f"a {value.bit_length()}-bit integer"
-    return repr(value)
+    return _SHORT_REPR.repr(value)
 
 
 def _check_min(key: str, value: float, low: float, why: str = "") -> None:
@@ -450,7 +460,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping of keys, got {_kind(raw)} {raw!r}")
+        raise ConfigError(f"{where}: expected a mapping of keys, got {_kind(raw)} {_shown(raw)}")
     hints = typing.get_type_hints(cls)
     for key in raw:
         if key not in hints:
@@ -478,7 +488,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if value not in choices:
             close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
             extra = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{key}: {value!r} is invalid; must be one of {list(choices)}{extra}")
+            _fail(key, value, f"must be one of {list(choices)}{extra}")
         return value
     if base is bool:
         if isinstance(value, bool):
@@ -503,7 +513,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-    raise ConfigError(f"{key}: {value!r} is {_kind(value)}, expected {_type_name(hint)}")
+    raise ConfigError(f"{key}: {_shown(value)} is {_kind(value)}, expected {_type_name(hint)}")
 
 
 def _field_comments(cls: type) -> dict[str, str]:

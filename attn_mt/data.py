@@ -167,6 +167,8 @@ def split_files(cfg: DataConfig, split: str) -> tuple[Path, Path] | None:
 def read_lines(path: str | Path) -> list[str]:
     """All lines of a UTF-8 text file (plain or gzip), without line endings (LF or CRLF)."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: is a folder, not a text file")
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     try:

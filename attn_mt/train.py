@@ -503,9 +503,10 @@ class Trainer:
         try:
             self._restore_parts(state)
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
-            reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err) else ''}"
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            reason = "; ".join([type(err).__name__, *lines[:2]])[:200]
             raise UserError(
-                f"{self.ckpt_dir / 'last.pt'}: its training state is damaged ({reason[:150]}); "
+                f"{self.ckpt_dir / 'last.pt'}: its training state is damaged ({reason}); "
                 "resume from a copy of the run or start a new train.out_dir"
             ) from None
 
