@@ -51,8 +51,12 @@ def prepare_data(
     valid_files = split_files(cfg.data, "valid")
     train_src, train_tgt = read_parallel(*train_files)
     valid_src, valid_ref = read_parallel(*valid_files)
-    if not any(s.strip() and t.strip() for s, t in zip(train_src, train_tgt, strict=True)):
-        raise DataError(f"{train_files[0]}: the training corpus has no non-empty pairs")
+    for name, files, src, tgt in (
+        ("training", train_files, train_src, train_tgt),
+        ("validation", valid_files, valid_src, valid_ref),
+    ):
+        if not any(s.strip() and t.strip() for s, t in zip(src, tgt, strict=True)):
+            raise DataError(f"{files[0]}: the {name} corpus has no non-empty pairs")
     if tokenizers is None:
         # Rank 0 trains SentencePiece and sends the models: every process must use the same
         # pieces, and machines of a multi-node run need not share a cache folder.

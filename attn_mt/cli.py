@@ -138,16 +138,29 @@ def _stdin_chunks(max_lines: int = 1000) -> Iterator[list[str]]:
     A reader thread decodes UTF-8 (invalid bytes replaced, with one warning per line) into a
     bounded queue, so memory stays bounded on endless input.
     """
-    lines: queue.Queue[str | None] = queue.Queue(maxsize=4 * max_lines)
+    lines: queue.Queue[str | UserError | None] = queue.Queue(maxsize=4 * max_lines)
 
     def reader() -> None:
-        for number, raw in enumerate(sys.stdin.buffer, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = raw.decode("utf-8", errors="replace")
-                warnings.warn(f"line {number}: invalid UTF-8, replaced with U+FFFD", stacklevel=1)
-            lines.put(text.rstrip("\r\n"))
+        try:
+            for number, raw in enumerate(sys.stdin.buffer, start=1):
+                if number == 1 and raw.startswith(b"\x1f\x8b"):
+                    raise UserError("stdin: gzip-compressed data; decompress it (zcat FILE | ...)")
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = raw.decode("utf-8", errors="replace")
+                    warnings.warn(
+                        f"line {number}: invalid UTF-8, replaced with U+FFFD", stacklevel=1
+                    )
+                lines.put(text.rstrip("\r\n"))
+        except AttributeError:  # sys.stdin is None: the shell closed it (<&-)
+            lines.put(UserError("stdin: cannot read text (it is closed)"))
+        except (OSError, ValueError) as err:  # write-only, a folder, not a file
+            lines.put(
+                UserError(f"stdin: cannot read text ({getattr(err, 'strerror', None) or err})")
+            )
+        except UserError as err:
+            lines.put(err)
         lines.put(None)
 
     threading.Thread(target=reader, daemon=True).start()
@@ -155,15 +168,19 @@ def _stdin_chunks(max_lines: int = 1000) -> Iterator[list[str]]:
         first = lines.get()
         if first is None:
             return
+        if isinstance(first, UserError):
+            raise first
         chunk = [first]
         while len(chunk) < max_lines:
             try:
                 line = lines.get_nowait()
             except queue.Empty:
                 break
-            if line is None:
+            if line is None or isinstance(line, UserError):
                 yield chunk
-                return
+                if line is None:
+                    return
+                raise line
             chunk.append(line)
         yield chunk
 
@@ -199,6 +216,7 @@ def evaluate(
     from attn_mt.checkpoint import resolve_checkpoint
     from attn_mt.data import read_parallel, split_files
     from attn_mt.evaluate import score
+    from attn_mt.paths import check_output_file, write_output
 
     if (src is None) != (ref is None):
         raise UserError("evaluate: give both --src and --ref, or neither (then --split is used)")
@@ -216,12 +234,12 @@ def evaluate(
                 f"--split {split}: the run's config has no data.{split} files; use --src and --ref"
             )
         src, ref = files
+    out = out or checkpoint.with_name(f"{checkpoint.stem}.{split or Path(src).name}.hyp.txt")
+    check_output_file(out)
     sources, references = read_parallel(src, ref)
     hypotheses = translator.translate(sources, beam=beam)
     result = score(hypotheses, references)
-    name = split or Path(src).name
-    out = out or checkpoint.with_name(f"{checkpoint.stem}.{name}.hyp.txt")
-    out.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    write_output(out, "".join(h + "\n" for h in hypotheses))
     if as_json:
         print(
             json.dumps(
@@ -244,7 +262,9 @@ def average(
 ) -> None:
     """Average the parameters of several checkpoints of one run into one checkpoint."""
     from attn_mt.checkpoint import average_checkpoints, save_checkpoint
+    from attn_mt.paths import check_output_file
 
+    check_output_file(out)
     save_checkpoint(average_checkpoints(checkpoints), out)
     print(f"averaged {len(checkpoints)} checkpoints into {out}", file=sys.stderr)
 
@@ -278,7 +298,9 @@ def attention(
 ) -> None:
     """Draw attention heatmaps (layers x heads) for one sentence, or the positional encoding."""
     from attn_mt import viz
+    from attn_mt.paths import check_output_file
 
+    check_output_file(out)
     if pe:
         viz.plot_positional_encoding_file(out, model=model, positions=positions, d_model=d_model)
     else:

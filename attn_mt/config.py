@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,10 +22,20 @@ from typing import Any, Literal, Union
 import yaml
 
 from attn_mt.errors import ConfigError
+from attn_mt.paths import os_reason
 
 NAMED_CORPORA = ("multi30k",)
 # YAML 1.1 reads `5e-4` (no dot) as a string; float fields accept such numbers anyway.
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+# Every integer key is passed to C code somewhere (torch, SentencePiece): it must fit in 32 bits.
+INT_LIMIT = 2**31
+# A config is three levels deep; far deeper YAML is a mistake (and recursed without end).
+MAX_DEPTH = 20
+# Above this many parameters the model cannot be held for training on any machine we support.
+MAX_PARAMETERS = 2**32
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxlist, _SHORT_REPR.maxdict = 2, 3, 3
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 60
 
 
 @dataclass
@@ -165,6 +177,9 @@ class TrainConfig:
             _check_min(f"train.{key}", getattr(self, key), 0)
         if self.schedule == "cosine" and self.max_steps == 0:
             _fail("train.schedule", self.schedule, "needs train.max_steps > 0 to know its length")
+        _check_min("train.seed", self.seed, 0)
+        if not self.out_dir.strip():
+            _fail("train.out_dir", self.out_dir, "must name a folder for the run")
 
 
 @dataclass
@@ -200,6 +215,21 @@ class Config:
     def validate(self) -> None:
         for section in (self.data, self.tokenizer, self.model, self.train, self.decode):
             section.validate()
+        if (count := self.estimated_parameters()) > MAX_PARAMETERS:
+            raise ConfigError(
+                f"model: about {count:,} parameters with tokenizer.vocab_size "
+                f"{self.tokenizer.vocab_size}, more than can be allocated for training (limit "
+                f"{MAX_PARAMETERS:,}); lower model.d_model, model.d_ff, the layers or vocab_size"
+            )
+
+    def estimated_parameters(self) -> int:
+        """The model's parameter count, roughly, erring high (untied embeddings, learned table)."""
+        m, vocab = self.model, self.tokenizer.vocab_size
+        attention, feed_forward = 4 * m.d_model * (m.d_model + 1), 2 * m.d_model * m.d_ff
+        layers = m.encoder_layers * (attention + feed_forward) + m.decoder_layers * (
+            2 * attention + feed_forward
+        )
+        return 3 * vocab * m.d_model + 2 * m.max_positions * m.d_model + layers
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts, as written to `config.yaml` and stored in checkpoints."""
@@ -210,17 +240,69 @@ class Config:
 # Loading
 
 
+class _Refused(yaml.YAMLError):
+    """Well-formed YAML that is almost surely a mistake (a duplicate key, absurd nesting)."""
+
+    def __init__(self, line: int, problem: str):
+        super().__init__(problem)
+        self.line, self.problem = line, problem
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses duplicate mapping keys and nesting deeper than MAX_DEPTH."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise _Refused(line, f"nested more than {MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise _Refused(
+                    line, f"duplicate key {key!r} (first at line {seen[key]}); keep only one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text -> plain data, with the duplicate-key and depth checks of `_StrictLoader`."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except ValueError as err:  # an integer of more than 4300 digits
+        raise _Refused(1, f"a value cannot be read ({err})") from None
+
+
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config file, apply `key.path=value` overrides, and validate the result."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder; give the YAML config file")
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config ({os_reason(err)})") from None
+    except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: cannot read config ({err})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = parse_yaml(text)
+    except _Refused as err:
+        raise ConfigError(f"{path}:{err.line}: {err.problem}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -256,7 +338,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         value: Any = None if text.strip() in ("null", "~") else text
     else:
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = parse_yaml(text) if text.strip() else None
         except yaml.YAMLError:
             raise ConfigError(f"--set {item}: cannot parse {text!r} as a value") from None
     node = raw
@@ -294,7 +376,15 @@ def config_keys(cls: type = Config, prefix: str = "") -> list[tuple[str, str, An
 
 
 def _fail(key: str, value: Any, rule: str) -> typing.NoReturn:
-    raise ConfigError(f"{key}: {value!r} is invalid; {rule}")
+    raise ConfigError(f"{key}: {_shown(value)} is invalid; {rule}")
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)`, cut short (a YAML alias bomb is a list of a billion items); a huge
+    integer is described by its size."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit integer"
+    return _SHORT_REPR.repr(value)
 
 
 def _check_min(key: str, value: float, low: float, why: str = "") -> None:
@@ -373,7 +463,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping of keys, got {_kind(raw)} {raw!r}")
+        raise ConfigError(f"{where}: expected a mapping of keys, got {_kind(raw)} {_shown(raw)}")
     hints = typing.get_type_hints(cls)
     for key in raw:
         if key not in hints:
@@ -401,25 +491,32 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if value not in choices:
             close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
             extra = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{key}: {value!r} is invalid; must be one of {list(choices)}{extra}")
+            _fail(key, value, f"must be one of {list(choices)}{extra}")
         return value
     if base is bool:
         if isinstance(value, bool):
             return value
     elif base is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -INT_LIMIT <= value < INT_LIMIT:
+                _fail(key, value, f"must be below {INT_LIMIT:,} in size")
             return value
     elif base is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
-            return float(value)
+            number = float(value) if abs(value) < 1e300 else math.inf
+        elif isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            number = float(value)
+        if number is not None:
+            if not math.isfinite(number):
+                _fail(key, value, "must be a finite number")
+            return number
     elif base is str:
         if isinstance(value, str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-    raise ConfigError(f"{key}: {value!r} is {_kind(value)}, expected {_type_name(hint)}")
+    raise ConfigError(f"{key}: {_shown(value)} is {_kind(value)}, expected {_type_name(hint)}")
 
 
 def _field_comments(cls: type) -> dict[str, str]:

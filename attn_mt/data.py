@@ -11,9 +11,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import tempfile
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ import torch
 
 from attn_mt.config import DataConfig
 from attn_mt.errors import DataError
+from attn_mt.paths import atomic_write, os_reason
 from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
@@ -105,14 +106,8 @@ def _download(url: str, target: Path, sha256: str) -> None:
     digest = hashlib.sha256(payload).hexdigest()
     if digest != sha256:
         raise DataError(f"{url}: sha256 {digest} does not match the expected {sha256}")
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(payload)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_write(target) as out:
+        out.write(payload)
 
 
 def fetch_corpus(name: str) -> list[Path]:
@@ -172,6 +167,8 @@ def split_files(cfg: DataConfig, split: str) -> tuple[Path, Path] | None:
 def read_lines(path: str | Path) -> list[str]:
     """All lines of a UTF-8 text file (plain or gzip), without line endings (LF or CRLF)."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: is a folder, not a text file")
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     try:
@@ -180,8 +177,12 @@ def read_lines(path: str | Path) -> list[str]:
         opener = gzip.open if gzipped else open
         with opener(path, "rb") as handle:
             raw_lines = handle.read().split(b"\n")
-    except (OSError, EOFError) as err:
-        raise DataError(f"{path}: cannot read ({err})") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # before OSError: BadGzipFile is one
+        raise DataError(
+            f"{path}: cannot read, damaged gzip data ({err}); download or compress it again"
+        ) from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({os_reason(err)})") from None
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()
     lines = []

@@ -34,6 +34,7 @@ from attn_mt.checkpoint import load_checkpoint, model_from, resolve_checkpoint, 
 from attn_mt.config import Config
 from attn_mt.errors import UserError
 from attn_mt.model import Embedder, FeedForward, Transformer
+from attn_mt.paths import check_output_dir, umask
 from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID, Tokenizer
 
 try:
@@ -165,6 +166,7 @@ def export_ctranslate2(
     # neither a half-written folder nor a damaged earlier one.
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        staging.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide the model from the team
         converter.convert(str(staging), quantization=QUANTIZATIONS[quantization], force=True)
         (staging / "source.model").write_bytes(converter.src_tokenizer.model_bytes)
         (staging / "target.model").write_bytes(converter.tgt_tokenizer.model_bytes)
@@ -179,8 +181,7 @@ def export_ctranslate2(
 
 def _check_out_dir(out: Path, checkpoint: Path, force: bool) -> None:
     """`out` may be new or empty; a non-empty folder only with --force, never the run itself."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a folder")
+    check_output_dir(out)
     if checkpoint.resolve().is_relative_to(out.resolve()):
         raise UserError(f"--out {out}: holds the checkpoint being exported; choose another folder")
     if out.is_dir() and any(out.iterdir()) and not force:

@@ -47,9 +47,9 @@ class RunLog:
         if self.resume_step is not None and metrics.exists():
             kept = [
                 ln
-                for ln in metrics.read_text().splitlines()
-                if ln.strip() and json.loads(ln)["step"] <= self.resume_step
-            ]
+                for ln in metrics.read_text(errors="replace").splitlines()
+                if (step := _logged_step(ln)) is not None and step <= self.resume_step
+            ]  # a line a crash cut short is dropped too
             metrics.write_text("".join(ln + "\n" for ln in kept))
         self.jsonl = open(metrics, "a", encoding="utf-8")  # noqa: SIM115 (closed in __exit__)
         purge = self.resume_step + 1 if self.resume_step is not None else None
@@ -102,6 +102,15 @@ class RunLog:
 
             for summary in hparams(flat, {f"valid/{cfg.train.select_metric}": 0.0}):
                 self.tb.file_writer.add_summary(summary)
+
+
+def _logged_step(line: str) -> int | None:
+    """The step of a metrics.jsonl line, or None for a line that is not a whole record."""
+    try:
+        step = json.loads(line)["step"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 @dataclass

@@ -4,18 +4,19 @@ from bytes, encode and decode. The special ids are defined here and nowhere else
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import sentencepiece as spm
 
 from attn_mt.config import TokenizerConfig
-from attn_mt.errors import ConfigError
+from attn_mt.errors import ConfigError, UserError
+from attn_mt.paths import atomic_write, os_reason, writable_dir
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
@@ -64,8 +65,16 @@ def train_tokenizer(cfg: TokenizerConfig, lines: Sequence[str], cache: Path) -> 
     for line in lines:
         digest.update(line.encode("utf-8") + b"\n")
     cached = cache / f"{digest.hexdigest()[:32]}.model"
-    if cached.is_file():
-        return Tokenizer(cached.read_bytes())
+    try:
+        if cached.is_file():
+            return Tokenizer(cached.read_bytes())
+        cache.mkdir(parents=True, exist_ok=True)
+        if not writable_dir(cache):  # known before SentencePiece trains, not after
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except RuntimeError:
+        pass  # a damaged cache entry: train again and replace it
+    except OSError as err:
+        raise _cache_error(cache, err) from None
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -93,12 +102,19 @@ def train_tokenizer(cfg: TokenizerConfig, lines: Sequence[str], cache: Path) -> 
             f"tokenizer: SentencePiece could not train with vocab_size {cfg.vocab_size} "
             f"({reason}){hint}"
         ) from None
-    cache.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache, prefix=".spm.")
-    with os.fdopen(fd, "wb") as out:
-        out.write(model.getvalue())
-    os.replace(tmp, cached)
+    try:
+        with atomic_write(cached) as out:
+            out.write(model.getvalue())
+    except OSError as err:
+        raise _cache_error(cache, err) from None
     return Tokenizer(model.getvalue())
+
+
+def _cache_error(cache: Path, err: OSError) -> UserError:
+    return UserError(
+        f"{cache}: cannot use the SentencePiece cache ({os_reason(err)}); make it writable "
+        "or set ATTN_MT_CACHE to another folder"
+    )
 
 
 def build_tokenizers(

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from attn_mt import distributed, viz
 from attn_mt.batches import make_source, prepare_data
 from attn_mt.checkpoint import (
+    checkpoint_config,
     config_differences,
     load_checkpoint,
     make_checkpoint,
@@ -40,6 +41,7 @@ from attn_mt.evaluate import score
 from attn_mt.loss import label_smoothed_loss
 from attn_mt.model import Transformer, build_model
 from attn_mt.precision import DTYPES, autocast_context, resolve_device, resolve_precision
+from attn_mt.runfolder import lock_run_folder
 from attn_mt.runlog import Progress, RunLog, TrainWindow
 from attn_mt.schedule import learning_rate
 from attn_mt.translator import Translator
@@ -111,9 +113,12 @@ class TrainResult:
 
 
 def train(cfg: Config, resume: bool = False, device: str = "auto") -> TrainResult:
-    """Train a model as `cfg` describes, in this process or as one rank under torchrun."""
+    """Train a model as `cfg` describes, in this process or as one rank under torchrun;
+    rank 0 holds the run folder's lock for the whole run."""
     with distributed.process_group(resolve_device(device)) as (world, torch_device):
-        return Trainer(cfg, world, torch_device, resume).run()
+        lock = lock_run_folder(cfg.train.out_dir) if world.is_main else contextlib.nullcontext()
+        with lock:
+            return Trainer(cfg, world, torch_device, resume).run()
 
 
 class Trainer:
@@ -141,9 +146,6 @@ class Trainer:
         self.src_tok, self.tgt_tok, self.corpus = prepare_data(
             cfg, tokenizers_from(state) if state else None, world
         )
-        if world.is_main:  # created only once the config and data are known to be good
-            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, self.out / "config.yaml")
         self.model: Transformer = build_model(cfg, self.src_tok.vocab_size, self.tgt_tok.vocab_size)
         self.model.to(device)
         self.optimizer = make_optimizer(self.model, cfg.train)
@@ -153,6 +155,9 @@ class Trainer:
         self.resumed = state is not None
         if state:
             self._restore(state)
+        if world.is_main:  # created only once the config, data and last.pt are known to be good
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.out / "config.yaml")
         self.train_model = self._wrap(self.model)
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
@@ -432,7 +437,18 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Read back what `_save` wrote into last.pt: weights, optimizer, scaler, RNG states,
-        the data position and the training progress."""
+        the data position and the training progress; a damaged state is one UserError."""
+        try:
+            self._restore_parts(state)
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            reason = "; ".join([type(err).__name__, *lines[:2]])[:200]
+            raise UserError(
+                f"{self.ckpt_dir / 'last.pt'}: its training state is damaged ({reason}); "
+                "resume from a copy of the run or start a new train.out_dir"
+            ) from None
+
+    def _restore_parts(self, state: dict[str, Any]) -> None:
         ts = state["train_state"]
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(ts["optimizer"])
@@ -577,12 +593,10 @@ def check_run_folder(out: Path, cfg: Config, resume: bool) -> dict[str, Any] | N
             f"{out}: nothing to resume (no checkpoints/last.pt); start without --resume"
         )
     state = load_checkpoint(last)
-    if not {"progress", "data", "rng"} <= set(state.get("train_state") or {}):
-        raise UserError(
-            f"{last}: holds no training state this version of attn-mt can resume; start a new "
-            "train.out_dir (its weights can still translate)"
-        )
-    if diff := config_differences(state["config"], cfg.to_dict(), RESUME_KEYS):
+    if not isinstance(state.get("train_state"), dict):
+        raise UserError(f"{last}: holds no training state, so it cannot be resumed")
+    old = checkpoint_config(state, last).to_dict()  # validated like a config file
+    if diff := config_differences(old, cfg.to_dict(), RESUME_KEYS):
         raise UserError(
             f"{out}: cannot resume with a changed config ({', '.join(diff)} differ "
             "from the checkpoint); restore them or start a new train.out_dir"

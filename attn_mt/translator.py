@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from attn_mt.model import Transformer
 from attn_mt.precision import autocast_context, resolve_device
 from attn_mt.search import beam_search, greedy_search, max_output_lengths
 from attn_mt.tokenizer import EOS_ID, PAD_ID, Tokenizer
+
+_LINE_BREAKS = re.compile(r"[\r\n]+")
 
 
 @dataclass
@@ -70,6 +73,11 @@ class Translator:
 
         `first_line` is the number of `lines[0]` in the user's input, for warnings.
         """
+        if isinstance(lines, (str, bytes)):
+            raise TypeError("translate: give a list of sentences (e.g. [text]), not one str")
+        lines = list(lines)
+        if not all(isinstance(line, str) for line in lines):
+            raise TypeError("translate: every sentence must be a str")
         cfg = self.config.decode
         beam = cfg.beam if beam is None else beam
         if beam < 1 or not 1 <= nbest <= beam:
@@ -91,7 +99,7 @@ class Translator:
             for row, row_hyps in zip(rows, hyps, strict=True):
                 texts = self.tgt_tokenizer.decode([h.tokens for h in row_hyps])
                 results[row] = [
-                    Translation(text, h.score, h.tokens)
+                    Translation(_one_line(text), h.score, h.tokens)
                     for text, h in zip(texts, row_hyps, strict=True)
                 ]
         return results
@@ -108,6 +116,12 @@ class Translator:
                 )
                 del seq[self.max_input_len :]
         return ids
+
+
+def _one_line(text: str) -> str:
+    """`text` without line breaks: a model may emit pieces that decode to \\n or \\r, and the
+    output must keep one line per input line."""
+    return _LINE_BREAKS.sub(" ", text)
 
 
 def load(
