@@ -233,7 +233,7 @@ class Trainer:
         rules = {
             "early stopping": bool(t.patience) and self.progress.bad_evals >= t.patience,
             "signal": self.stop_signal is not None,
-            "max_steps": bool(t.max_steps) and self.progress.step >= t.max_steps,
+            "max_steps": t.max_steps > 0 and self.progress.step >= t.max_steps,
             "max_minutes": bool(t.max_minutes) and time.monotonic() - start >= t.max_minutes * 60,
             "max_epochs": bool(t.max_epochs) and self.source.epochs_done >= t.max_epochs,
         }
