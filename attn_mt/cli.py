@@ -151,11 +151,24 @@ def _root(
     """attn-mt: train Transformer translation models from one YAML file, then translate."""
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is now: a live progress display wraps it to print log
+    lines above itself."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass
+
+
 def _setup_logging() -> None:
     """INFO lines to stderr (rank 0 only under torchrun); warnings as one line each."""
     logger = logging.getLogger("attn_mt")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
     rank = int(os.environ.get("RANK", "0"))
@@ -201,6 +214,7 @@ def train(
     device: DeviceOption = "auto",
 ) -> None:
     """Train a model: SentencePiece, Transformer, validation BLEU, checkpoints, TensorBoard."""
+    from attn_mt import progress
     from attn_mt.config import load_config
     from attn_mt.train import train as run_training
 
@@ -222,7 +236,8 @@ def train(
         # The folder is the run, wherever it was started from: its out_dir is RUN_DIR itself.
         config, set_ = run_dir / "config.yaml", [f"train.out_dir={run_dir}", *(set_ or [])]
     cfg = load_config(config, set_ or [])
-    result = run_training(cfg, resume=resume, device=device)
+    with progress.training(enabled=os.environ.get("RANK", "0") == "0") as display:
+        result = run_training(cfg, resume=resume, device=device, monitor=display)
     if result.stop_signal is not None:  # the shell convention: 128 + the signal number
         raise typer.Exit(128 + signal.Signals[result.stop_signal].value)
 

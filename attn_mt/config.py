@@ -141,6 +141,7 @@ class TrainConfig:
     eval_every: int = 1000  # validate every N updates
     log_every: int = 100  # print and log training figures every N updates
     eval_beam: int = 1  # beam size for validation BLEU (1 = greedy)
+    valid_max_sentences: int = 0  # validate on a fixed seeded subset of this many pairs (0 = all)
     select_metric: Literal["bleu", "chrf", "loss"] = "bleu"  # validation figure that picks best.pt
     patience: int = 0  # stop after N validations without a better select_metric (0 = never)
     max_nonfinite: int = 10  # stop after this many NaN/inf losses in a row
@@ -153,7 +154,13 @@ class TrainConfig:
             _check_min(f"train.{key}", getattr(self, key), 0)
         for key in ("batch_tokens", "accumulate", "eval_every", "log_every", "eval_beam"):
             _check_min(f"train.{key}", getattr(self, key), 1)
-        for key in ("max_nonfinite", "threads", "samples", "keep_checkpoints"):
+        for key in (
+            "max_nonfinite",
+            "threads",
+            "samples",
+            "keep_checkpoints",
+            "valid_max_sentences",
+        ):
             _check_min(f"train.{key}", getattr(self, key), 0)
         if self.lr <= 0:
             _fail("train.lr", self.lr, "must be > 0")

@@ -91,12 +91,16 @@ class TrainingDisplay:
 
     def training(self, line: str) -> None:
         """Show the training line `line` (drawn at the next refresh, a few times a second)."""
+        first = not self.line
         self.line = Text(line, no_wrap=True, overflow="ellipsis")
+        if first:
+            self.live.refresh()
 
     def validating(self, done: int, total: int) -> None:
         """Validation has translated `done` of `total` sentences; the bar goes when done."""
         if self.task is None:
             self.task = self.bar.add_task("validating", total=total)
+            self.live.refresh()  # shown at least once, however quick the validation
         self.bar.update(self.task, completed=done, total=total)
         if done >= total:
             self.bar.remove_task(self.task)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Sequence
@@ -16,6 +17,8 @@ import sentencepiece as spm
 
 from attn_mt.config import TokenizerConfig
 from attn_mt.errors import ConfigError
+
+log = logging.getLogger("attn_mt")
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
@@ -65,7 +68,14 @@ def train_tokenizer(cfg: TokenizerConfig, lines: Sequence[str], cache: Path) -> 
         digest.update(line.encode("utf-8") + b"\n")
     cached = cache / f"{digest.hexdigest()[:32]}.model"
     if cached.is_file():
+        log.info("SentencePiece: found in the cache (%s)", cached)
         return Tokenizer(cached.read_bytes())
+    log.info(
+        "SentencePiece: training a %d-piece %s model on %s lines ...",
+        cfg.vocab_size,
+        cfg.model_type,
+        f"{len(lines):,}",
+    )
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
