@@ -9,6 +9,8 @@ resumed with another number of processes, continues exactly where the saved one 
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,6 +28,7 @@ from attn_mt.data import (
     split_files,
 )
 from attn_mt.errors import DataError
+from attn_mt.runlog import stage
 from attn_mt.tokenizer import Tokenizer, build_tokenizers
 
 
@@ -49,8 +52,9 @@ def prepare_data(
     """Read the corpus, train (or reuse) SentencePiece, encode and filter the training pairs."""
     train_files = split_files(cfg.data, "train")
     valid_files = split_files(cfg.data, "valid")
-    train_src, train_tgt = read_parallel(*train_files)
-    valid_src, valid_ref = read_parallel(*valid_files)
+    with stage("reading the corpus"):
+        train_src, train_tgt = read_parallel(*train_files)
+        valid_src, valid_ref = read_parallel(*valid_files)
     for name, files, src, tgt in (
         ("training", train_files, train_src, train_tgt),
         ("validation", valid_files, valid_src, valid_ref),
@@ -60,13 +64,15 @@ def prepare_data(
     if tokenizers is None:
         # Rank 0 trains SentencePiece and sends the models: every process must use the same
         # pieces, and machines of a multi-node run need not share a cache folder.
-        tokenizers = distributed.from_main(
-            lambda: build_tokenizers(cfg.tokenizer, train_src, train_tgt, cache_dir() / "spm"),
-            world,
-        )
+        with stage("SentencePiece", announce=False):  # it says whether it trains or reuses
+            tokenizers = distributed.from_main(
+                lambda: build_tokenizers(cfg.tokenizer, train_src, train_tgt, cache_dir() / "spm"),
+                world,
+            )
     src_tok, tgt_tok = tokenizers
-    src_ids, tgt_ids = src_tok.encode(train_src), tgt_tok.encode(train_tgt)
-    keep, stats = clean_pairs(src_ids, tgt_ids, cfg.data.max_len)
+    with stage("encoding the corpus"):
+        src_ids, tgt_ids = src_tok.encode(train_src), tgt_tok.encode(train_tgt)
+        keep, stats = clean_pairs(src_ids, tgt_ids, cfg.data.max_len)
     if not keep:
         raise DataError(
             f"every training pair was filtered out ({stats.empty} empty, {stats.too_long} longer "
@@ -86,6 +92,21 @@ def prepare_data(
     return src_tok, tgt_tok, corpus
 
 
+def valid_subset(corpus: Corpus, size: int, seed: int) -> Corpus:
+    """`corpus` with `size` of its validation pairs (0 = all): a fixed seeded choice, kept in
+    file order, drawn from its own generator (the training streams never move)."""
+    if not size or size >= len(corpus.valid_src):
+        return corpus
+    rows = sorted(random.Random(seed).sample(range(len(corpus.valid_src)), size))
+    return dataclasses.replace(
+        corpus,
+        **{
+            name: [getattr(corpus, name)[i] for i in rows]
+            for name in ("valid_src", "valid_ref", "valid_src_ids", "valid_tgt_ids")
+        },
+    )
+
+
 class BatchSource(Protocol):
     """Where the training loop gets its batches; it alone holds the position in the data."""
 
@@ -94,6 +115,11 @@ class BatchSource(Protocol):
     @property
     def epochs_done(self) -> int:
         """Whole epochs consumed so far."""
+        ...
+
+    @property
+    def epochs_run(self) -> float:
+        """Epochs consumed so far, the current one's share included (for the ETA)."""
         ...
 
     def next(self) -> Batch:
@@ -142,6 +168,10 @@ class CorpusSource:
     @property
     def epochs_done(self) -> int:
         return self.epoch + (1 if self.index >= len(self.batches) else 0)
+
+    @property
+    def epochs_run(self) -> float:
+        return self.epoch + self.index / len(self.batches)
 
     def next(self) -> Batch:
         if self.index >= len(self.batches):

@@ -131,7 +131,7 @@ class TrainConfig:
     """The training loop: budget, optimiser, schedule, precision, validation, checkpoints."""
 
     out_dir: str = "runs/default"  # run folder (relative paths resolve against the working dir)
-    max_steps: int = 0  # stop after this many updates (0 = no limit)
+    max_steps: int = 0  # stop after this many updates (0 = no limit; -1 = run until stopped)
     max_minutes: float = 0  # stop after this much wall time (0 = no limit)
     max_epochs: int = 0  # stop after this many passes over the data (0 = no limit)
     seed: int = 1  # seeds parameter init, data order and dropout
@@ -153,6 +153,7 @@ class TrainConfig:
     eval_every: int = 1000  # validate every N updates
     log_every: int = 100  # print and log training figures every N updates
     eval_beam: int = 1  # beam size for validation BLEU (1 = greedy)
+    valid_max_sentences: int = 0  # validate on a fixed seeded subset of this many pairs (0 = all)
     select_metric: Literal["bleu", "chrf", "loss"] = "bleu"  # validation figure that picks best.pt
     patience: int = 0  # stop after N validations without a better select_metric (0 = never)
     max_nonfinite: int = 10  # stop after this many NaN/inf losses in a row
@@ -160,11 +161,18 @@ class TrainConfig:
     keep_checkpoints: int = 0  # also keep the last N validated checkpoints as step_N.pt
 
     def validate(self) -> None:
-        for key in ("max_steps", "max_minutes", "max_epochs", "warmup", "patience"):
+        _check_min("train.max_steps", self.max_steps, -1, "-1 = run until stopped")
+        for key in ("max_minutes", "max_epochs", "warmup", "patience"):
             _check_min(f"train.{key}", getattr(self, key), 0)
         for key in ("batch_tokens", "accumulate", "eval_every", "log_every", "eval_beam"):
             _check_min(f"train.{key}", getattr(self, key), 1)
-        for key in ("max_nonfinite", "threads", "samples", "keep_checkpoints"):
+        for key in (
+            "max_nonfinite",
+            "threads",
+            "samples",
+            "keep_checkpoints",
+            "valid_max_sentences",
+        ):
             _check_min(f"train.{key}", getattr(self, key), 0)
         if self.lr <= 0:
             _fail("train.lr", self.lr, "must be > 0")
@@ -175,7 +183,7 @@ class TrainConfig:
                 _fail(f"train.{key}", getattr(self, key), "must be in [0, 1)")
         for key in ("weight_decay", "clip_norm", "min_lr", "adam_eps"):
             _check_min(f"train.{key}", getattr(self, key), 0)
-        if self.schedule == "cosine" and self.max_steps == 0:
+        if self.schedule == "cosine" and self.max_steps <= 0:
             _fail("train.schedule", self.schedule, "needs train.max_steps > 0 to know its length")
         _check_min("train.seed", self.seed, 0)
         if not self.out_dir.strip():
@@ -317,7 +325,9 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     for item in overrides:
         apply_override(raw, item)
     _resolve_data_paths(raw, Path.cwd())  # paths given with --set are relative to the shell
-    return config_from_dict(raw)
+    config = config_from_dict(raw)
+    _check_budget(config.train)
+    return config
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
@@ -385,6 +395,15 @@ def _shown(value: Any) -> str:
     if isinstance(value, int) and value.bit_length() > 64:
         return f"a {value.bit_length()}-bit integer"
     return _SHORT_REPR.repr(value)
+
+
+def _check_budget(train: TrainConfig) -> None:
+    """Refuse a training config that would never stop by itself, unless it says so."""
+    if not (train.max_steps or train.max_minutes or train.max_epochs or train.patience):
+        raise ConfigError(
+            "train: no budget (max_steps, max_minutes, max_epochs and patience are all 0); "
+            "set one, e.g. --set train.max_minutes=60, or train.max_steps: -1 to run until stopped"
+        )
 
 
 def _check_min(key: str, value: float, low: float, why: str = "") -> None:

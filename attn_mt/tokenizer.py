@@ -8,6 +8,7 @@ import errno
 import hashlib
 import io
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,8 @@ import sentencepiece as spm
 from attn_mt.config import TokenizerConfig
 from attn_mt.errors import ConfigError, UserError
 from attn_mt.paths import atomic_write, os_reason, writable_dir
+
+log = logging.getLogger("attn_mt")
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
@@ -67,7 +70,9 @@ def train_tokenizer(cfg: TokenizerConfig, lines: Sequence[str], cache: Path) -> 
     cached = cache / f"{digest.hexdigest()[:32]}.model"
     try:
         if cached.is_file():
-            return Tokenizer(cached.read_bytes())
+            tokenizer = Tokenizer(cached.read_bytes())
+            log.info("SentencePiece: found in the cache (%s)", cached)
+            return tokenizer
         cache.mkdir(parents=True, exist_ok=True)
         if not writable_dir(cache):  # known before SentencePiece trains, not after
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
@@ -75,6 +80,12 @@ def train_tokenizer(cfg: TokenizerConfig, lines: Sequence[str], cache: Path) -> 
         pass  # a damaged cache entry: train again and replace it
     except OSError as err:
         raise _cache_error(cache, err) from None
+    log.info(
+        "SentencePiece: training a %d-piece %s model on %s lines ...",
+        cfg.vocab_size,
+        cfg.model_type,
+        f"{len(lines):,}",
+    )
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(

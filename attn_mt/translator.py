@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,11 +49,13 @@ class Translator:
         self.model = model.to(self.device).eval()
         self.config, self.src_tokenizer, self.tgt_tokenizer = config, src_tokenizer, tgt_tokenizer
         self.dtype = dtype  # autocast dtype, None = float32
-        positions = model.max_positions
-        limit = config.decode.max_input_len
-        # Source and output ids must fit the positional table (source gets one <eos>).
-        self.max_input_len = min(limit, positions - 1) if positions else limit
-        self.max_output_len = positions if positions else None
+        self.max_output_len = model.max_positions or None
+
+    @property
+    def max_input_len(self) -> int:
+        """decode.max_input_len, within the positional table (the source gets one <eos>)."""
+        limit, positions = self.config.decode.max_input_len, self.model.max_positions
+        return min(limit, positions - 1) if positions else limit
 
     def translate(self, lines: Sequence[str], beam: int | None = None, **options) -> list[str]:
         """One translation per input line, in order; empty lines give empty strings."""
@@ -68,10 +70,12 @@ class Translator:
         use_cache: bool = True,
         batch_tokens: int | None = None,
         first_line: int = 1,
+        on_batch: Callable[[int], None] | None = None,
     ) -> list[list[Translation]]:
         """The `nbest` best translations of every line (best first), in input order.
 
-        `first_line` is the number of `lines[0]` in the user's input, for warnings.
+        `first_line` is the number of `lines[0]` in the user's input, for warnings;
+        `on_batch(n)` is called after each batch with the number of lines it finished.
         """
         if isinstance(lines, (str, bytes)):
             raise TypeError("translate: give a list of sentences (e.g. [text]), not one str")
@@ -85,8 +89,11 @@ class Translator:
         alpha = cfg.length_penalty if length_penalty is None else length_penalty
         budget = batch_tokens or cfg.batch_tokens
         ids = self._encode(lines, first_line)
-        results: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in lines]
-        todo = [i for i, seq in enumerate(ids) if seq]  # blank lines stay ""
+        # Blank lines stay "": `nbest` empty entries, as many as any other line gets.
+        results = [[Translation("", 0.0, []) for _ in range(nbest)] for _ in lines]
+        todo = [i for i, seq in enumerate(ids) if seq]
+        if on_batch is not None and len(todo) < len(lines):
+            on_batch(len(lines) - len(todo))
         lengths = [(len(seq) + 1,) for seq in ids]  # + <eos>
         for rows in length_batches(lengths, max(budget // beam, 1), order=todo):
             src = pad_sequences([ids[i] + [EOS_ID] for i in rows], PAD_ID).to(self.device)
@@ -102,6 +109,8 @@ class Translator:
                     Translation(_one_line(text), h.score, h.tokens)
                     for text, h in zip(texts, row_hyps, strict=True)
                 ]
+            if on_batch is not None:
+                on_batch(len(rows))
         return results
 
     def _encode(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:
