@@ -12,6 +12,8 @@ resumed with another number of processes, continues exactly where the saved one 
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,7 +22,9 @@ import numpy as np
 from attn_mt import distributed
 from attn_mt.config import Config
 from attn_mt.data import Batch, FilterStats, read_parallel, split_files
+from attn_mt.errors import DataError
 from attn_mt.prepare import prepare_for
+from attn_mt.runlog import stage
 from attn_mt.shards import Shards, ShardSource, TokenView, corpus_lines
 from attn_mt.tokenizer import Tokenizer
 
@@ -72,8 +76,13 @@ def prepare_data(
     tokenizers: a resumed run's SentencePiece models; None trains (or reuses) them, on rank 0,
     whose models every process then uses (machines of a multi-node run need not share a cache).
     """
-    valid_src, valid_ref = read_parallel(*split_files(cfg.data, "valid"))  # checked first
-    shards = prepare_for(cfg, tokenizers, world)
+    valid_files = split_files(cfg.data, "valid")
+    with stage("reading the validation split"):  # checked before the training data's work
+        valid_src, valid_ref = read_parallel(*valid_files)
+    if not any(s.strip() and t.strip() for s, t in zip(valid_src, valid_ref, strict=True)):
+        raise DataError(f"{valid_files[0]}: the validation corpus has no non-empty pairs")
+    with stage("preparing the training data"):
+        shards = prepare_for(cfg, tokenizers, world)
     src_tok, tgt_tok = tokenizers or shards.tokenizers()
     corpus = Corpus(
         shards=shards,
@@ -86,6 +95,21 @@ def prepare_data(
     return src_tok, tgt_tok, corpus
 
 
+def valid_subset(corpus: Corpus, size: int, seed: int) -> Corpus:
+    """`corpus` with `size` of its validation pairs (0 = all): a fixed seeded choice, kept in
+    file order, drawn from its own generator (the training streams never move)."""
+    if not size or size >= len(corpus.valid_src):
+        return corpus
+    rows = sorted(random.Random(seed).sample(range(len(corpus.valid_src)), size))
+    return dataclasses.replace(
+        corpus,
+        **{
+            name: [getattr(corpus, name)[i] for i in rows]
+            for name in ("valid_src", "valid_ref", "valid_src_ids", "valid_tgt_ids")
+        },
+    )
+
+
 class BatchSource(Protocol):
     """Where the training loop gets its batches; it alone holds the position in the data."""
 
@@ -94,6 +118,11 @@ class BatchSource(Protocol):
     @property
     def epochs_done(self) -> int:
         """Whole epochs consumed so far."""
+        ...
+
+    @property
+    def epochs_run(self) -> float:
+        """Epochs consumed so far, the current one's share included (for the ETA)."""
         ...
 
     def next(self) -> Batch:
@@ -109,7 +138,8 @@ class BatchSource(Protocol):
         ...
 
     def describe(self) -> str:
-        """One line for the start-up log: batches per epoch and their padding."""
+        """One line for the start-up log: batches per epoch, their padding, and how a position
+        saved by another number of processes was mapped."""
         ...
 
 

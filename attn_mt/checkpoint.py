@@ -13,9 +13,10 @@ so a checkpoint alone is enough to translate, and `last.pt` alone is enough to r
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
+import pickletools
+import re
+import warnings
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch
 from attn_mt.config import Config, config_from_dict
 from attn_mt.errors import CheckpointError, ConfigError
 from attn_mt.model import Transformer, build_model
+from attn_mt.paths import atomic_write, os_reason
 from attn_mt.tokenizer import Tokenizer
 
 FORMAT = "attn-mt/1"
@@ -72,24 +74,14 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
-    """Write `state` to `path` atomically: a temp file in the same folder, fsync, rename.
+    """Write `state` to `path` atomically (see `paths.atomic_write`).
 
-    A crash or a full disk leaves the previous file at `path` intact. Temp files of earlier
-    writes of `path` that a SIGKILL cut short are removed first.
+    A crash or a full disk leaves the previous file at `path` intact.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    prefix, suffix = f".{path.name}.", ".tmp"
-    for stale in path.parent.iterdir():
-        if stale.name.startswith(prefix) and stale.name.endswith(suffix):
-            stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with atomic_write(path) as handle:
             torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
     except (OSError, RuntimeError) as err:
         # torch.save reports a failed write (a full disk) as a RuntimeError around the OSError.
         cause = err.__context__ if isinstance(err.__context__, OSError) else err
@@ -98,14 +90,6 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
         raise CheckpointError(
             f"{path}: could not write checkpoint ({reason}); the previous checkpoint is intact"
         ) from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -113,17 +97,25 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = resolve_checkpoint(path)
     try:
         _verify_checksums(path)
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        detail = f" ({first[:120]})" if "Unsupported" in first or "global" in first else ""
-        raise CheckpointError(
-            f"{path}: refused to load; the file holds objects other than tensors and plain "
-            f"data, which could run code{detail}"
-        ) from None
+        with warnings.catch_warnings():  # torch warns about pickle protocols of foreign files
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except CheckpointError:
         raise
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({os_reason(err)})") from None
+    except pickle.UnpicklingError as err:
+        unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        calls = unsafe.group(1) if unsafe else _pickle_global(path)
+        if calls is None:
+            raise CheckpointError(f"{path}: not a checkpoint; {_describe(path)}") from None
+        raise CheckpointError(
+            f"{path}: refused to load; the file holds objects other than tensors and plain "
+            f"data, which could run code (it refers to {calls})"
+        ) from None
     except Exception as err:  # a damaged file can fail anywhere in the zip reader or unpickler
+        if not _starts_with(path, b"PK") or _foreign_zip(path):
+            raise CheckpointError(f"{path}: not a checkpoint; {_describe(path)}") from None
         lines = str(err).strip().splitlines() or [""]
         reason = f"{type(err).__name__}: {lines[0]}"[:120].rstrip(": ")
         raise CheckpointError(
@@ -136,6 +128,59 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if state["format"] != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {state['format']!r}, expected {FORMAT!r}")
     return state
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(len(magic)) == magic
+
+
+def _foreign_zip(path: Path) -> bool:
+    """A whole zip archive that torch.save did not write (it has no data.pkl record)."""
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return not any(name.endswith("/data.pkl") for name in archive.namelist())
+
+
+def _describe(path: Path) -> str:
+    """What a file that is not a checkpoint holds instead, from its first bytes."""
+    with open(path, "rb") as handle:
+        head = handle.read(4096)
+    if _foreign_zip(path):
+        return "it is a zip archive that torch.save did not write"
+    if not head:
+        return "the file is empty"
+    if head.startswith(b"\x1f\x8b"):
+        return "it holds gzip-compressed data"
+    if head.startswith(b"\x80"):
+        return "it is a plain pickle, not a file written by torch.save"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "its content is not a PyTorch file (attn-mt checkpoints are zip archives)"
+    return "it is a text file"
+
+
+def _pickle_global(path: Path) -> str | None:
+    """The first importable name a whole (non-zip) pickle file refers to, read without
+    unpickling it; None for a pickle of plain data or a file that is no pickle at all."""
+    if zipfile.is_zipfile(path):
+        return None
+    strings: list[str] = []
+    found = None
+    try:
+        with open(path, "rb") as handle:
+            for opcode, arg, _ in pickletools.genops(handle):
+                if opcode.name in ("GLOBAL", "INST") and found is None:
+                    found = str(arg).replace(" ", ".")
+                elif opcode.name == "STACK_GLOBAL" and found is None and len(strings) >= 2:
+                    found = ".".join(strings[-2:])
+                elif isinstance(arg, str):
+                    strings.append(arg)
+    except Exception:  # not a pickle (text that happens to start like one), or a damaged one
+        return None
+    return found
 
 
 def _verify_checksums(path: Path) -> None:
@@ -184,10 +229,10 @@ def model_from(
     model = build_model(cfg, src_tok.vocab_size, tgt_tok.vocab_size)
     try:
         model.load_state_dict(state["model"])
-    except RuntimeError as err:
-        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()][1:3]
+    except (RuntimeError, TypeError, AttributeError) as err:  # wrong shapes, or not a dict
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
         raise CheckpointError(
-            f"{path}: its tensors do not fit its config ({'; '.join(lines)[:300]})"
+            f"{path}: its tensors do not fit its config ({'; '.join(lines[1:3] or lines)[:300]})"
         ) from None
     return model, cfg
 

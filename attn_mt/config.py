@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,11 +22,21 @@ from typing import Any, Literal, Union
 import yaml
 
 from attn_mt.errors import ConfigError
+from attn_mt.paths import os_reason
 
 NAMED_CORPORA = ("multi30k",)
 # YAML 1.1 reads `5e-4` (no dot) as a string; float fields accept such numbers anyway.
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _TAG = re.compile(r"<[A-Za-z0-9_-]+>")
+# Every integer key is passed to C code somewhere (torch, SentencePiece): it must fit in 32 bits.
+INT_LIMIT = 2**31
+# A config is three levels deep; far deeper YAML is a mistake (and recursed without end).
+MAX_DEPTH = 20
+# Above this many parameters the model cannot be held for training on any machine we support.
+MAX_PARAMETERS = 2**32
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxlist, _SHORT_REPR.maxdict = 2, 3, 3
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 60
 
 
 @dataclass
@@ -158,7 +170,7 @@ class TrainConfig:
     """The training loop: budget, optimiser, schedule, precision, validation, checkpoints."""
 
     out_dir: str = "runs/default"  # run folder (relative paths resolve against the working dir)
-    max_steps: int = 0  # stop after this many updates (0 = no limit)
+    max_steps: int = 0  # stop after this many updates (0 = no limit; -1 = run until stopped)
     max_minutes: float = 0  # stop after this much wall time (0 = no limit)
     max_epochs: int = 0  # stop after this many passes over the data (0 = no limit)
     seed: int = 1  # seeds parameter init, data order and dropout
@@ -180,6 +192,7 @@ class TrainConfig:
     eval_every: int = 1000  # validate every N updates
     log_every: int = 100  # print and log training figures every N updates
     eval_beam: int = 1  # beam size for validation BLEU (1 = greedy)
+    valid_max_sentences: int = 0  # validate on a fixed seeded subset of this many pairs (0 = all)
     select_metric: Literal["bleu", "chrf", "loss"] = "bleu"  # validation figure that picks best.pt
     patience: int = 0  # stop after N validations without a better select_metric (0 = never)
     max_nonfinite: int = 10  # stop after this many NaN/inf losses in a row
@@ -187,11 +200,18 @@ class TrainConfig:
     keep_checkpoints: int = 0  # also keep the last N validated checkpoints as step_N.pt
 
     def validate(self) -> None:
-        for key in ("max_steps", "max_minutes", "max_epochs", "warmup", "patience"):
+        _check_min("train.max_steps", self.max_steps, -1, "-1 = run until stopped")
+        for key in ("max_minutes", "max_epochs", "warmup", "patience"):
             _check_min(f"train.{key}", getattr(self, key), 0)
         for key in ("batch_tokens", "accumulate", "eval_every", "log_every", "eval_beam"):
             _check_min(f"train.{key}", getattr(self, key), 1)
-        for key in ("max_nonfinite", "threads", "samples", "keep_checkpoints"):
+        for key in (
+            "max_nonfinite",
+            "threads",
+            "samples",
+            "keep_checkpoints",
+            "valid_max_sentences",
+        ):
             _check_min(f"train.{key}", getattr(self, key), 0)
         if self.lr <= 0:
             _fail("train.lr", self.lr, "must be > 0")
@@ -202,8 +222,11 @@ class TrainConfig:
                 _fail(f"train.{key}", getattr(self, key), "must be in [0, 1)")
         for key in ("weight_decay", "clip_norm", "min_lr", "adam_eps"):
             _check_min(f"train.{key}", getattr(self, key), 0)
-        if self.schedule == "cosine" and self.max_steps == 0:
+        if self.schedule == "cosine" and self.max_steps <= 0:
             _fail("train.schedule", self.schedule, "needs train.max_steps > 0 to know its length")
+        _check_min("train.seed", self.seed, 0)
+        if not self.out_dir.strip():
+            _fail("train.out_dir", self.out_dir, "must name a folder for the run")
 
 
 @dataclass
@@ -239,6 +262,21 @@ class Config:
     def validate(self) -> None:
         for section in (self.data, self.tokenizer, self.model, self.train, self.decode):
             section.validate()
+        if (count := self.estimated_parameters()) > MAX_PARAMETERS:
+            raise ConfigError(
+                f"model: about {count:,} parameters with tokenizer.vocab_size "
+                f"{self.tokenizer.vocab_size}, more than can be allocated for training (limit "
+                f"{MAX_PARAMETERS:,}); lower model.d_model, model.d_ff, the layers or vocab_size"
+            )
+
+    def estimated_parameters(self) -> int:
+        """The model's parameter count, roughly, erring high (untied embeddings, learned table)."""
+        m, vocab = self.model, self.tokenizer.vocab_size
+        attention, feed_forward = 4 * m.d_model * (m.d_model + 1), 2 * m.d_model * m.d_ff
+        layers = m.encoder_layers * (attention + feed_forward) + m.decoder_layers * (
+            2 * attention + feed_forward
+        )
+        return 3 * vocab * m.d_model + 2 * m.max_positions * m.d_model + layers
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts, as written to `config.yaml` and stored in checkpoints."""
@@ -249,17 +287,69 @@ class Config:
 # Loading
 
 
+class _Refused(yaml.YAMLError):
+    """Well-formed YAML that is almost surely a mistake (a duplicate key, absurd nesting)."""
+
+    def __init__(self, line: int, problem: str):
+        super().__init__(problem)
+        self.line, self.problem = line, problem
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses duplicate mapping keys and nesting deeper than MAX_DEPTH."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise _Refused(line, f"nested more than {MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise _Refused(
+                    line, f"duplicate key {key!r} (first at line {seen[key]}); keep only one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text -> plain data, with the duplicate-key and depth checks of `_StrictLoader`."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except ValueError as err:  # an integer of more than 4300 digits
+        raise _Refused(1, f"a value cannot be read ({err})") from None
+
+
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config file, apply `key.path=value` overrides, and validate the result."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder; give the YAML config file")
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config ({os_reason(err)})") from None
+    except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: cannot read config ({err})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = parse_yaml(text)
+    except _Refused as err:
+        raise ConfigError(f"{path}:{err.line}: {err.problem}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -274,7 +364,9 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     for item in overrides:
         apply_override(raw, item)
     _resolve_data_paths(raw, Path.cwd())  # paths given with --set are relative to the shell
-    return config_from_dict(raw)
+    config = config_from_dict(raw)
+    _check_budget(config.train)
+    return config
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
@@ -295,7 +387,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         value: Any = None if text.strip() in ("null", "~") else text
     else:
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = parse_yaml(text) if text.strip() else None
         except yaml.YAMLError:
             raise ConfigError(f"--set {item}: cannot parse {text!r} as a value") from None
     node = raw
@@ -338,7 +430,24 @@ def config_keys(cls: type = Config, prefix: str = "") -> list[tuple[str, str, An
 
 
 def _fail(key: str, value: Any, rule: str) -> typing.NoReturn:
-    raise ConfigError(f"{key}: {value!r} is invalid; {rule}")
+    raise ConfigError(f"{key}: {_shown(value)} is invalid; {rule}")
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)`, cut short (a YAML alias bomb is a list of a billion items); a huge
+    integer is described by its size."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit integer"
+    return _SHORT_REPR.repr(value)
+
+
+def _check_budget(train: TrainConfig) -> None:
+    """Refuse a training config that would never stop by itself, unless it says so."""
+    if not (train.max_steps or train.max_minutes or train.max_epochs or train.patience):
+        raise ConfigError(
+            "train: no budget (max_steps, max_minutes, max_epochs and patience are all 0); "
+            "set one, e.g. --set train.max_minutes=60, or train.max_steps: -1 to run until stopped"
+        )
 
 
 def _check_min(key: str, value: float, low: float, why: str = "") -> None:
@@ -436,7 +545,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping of keys, got {_kind(raw)} {raw!r}")
+        raise ConfigError(f"{where}: expected a mapping of keys, got {_kind(raw)} {_shown(raw)}")
     hints = typing.get_type_hints(cls)
     for key in raw:
         if key not in hints:
@@ -469,25 +578,32 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if value not in choices:
             close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
             extra = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{key}: {value!r} is invalid; must be one of {list(choices)}{extra}")
+            _fail(key, value, f"must be one of {list(choices)}{extra}")
         return value
     if base is bool:
         if isinstance(value, bool):
             return value
     elif base is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -INT_LIMIT <= value < INT_LIMIT:
+                _fail(key, value, f"must be below {INT_LIMIT:,} in size")
             return value
     elif base is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
-            return float(value)
+            number = float(value) if abs(value) < 1e300 else math.inf
+        elif isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            number = float(value)
+        if number is not None:
+            if not math.isfinite(number):
+                _fail(key, value, "must be a finite number")
+            return number
     elif base is str:
         if isinstance(value, str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-    raise ConfigError(f"{key}: {value!r} is {_kind(value)}, expected {_type_name(hint)}")
+    raise ConfigError(f"{key}: {_shown(value)} is {_kind(value)}, expected {_type_name(hint)}")
 
 
 def _field_comments(cls: type) -> dict[str, str]:

@@ -12,9 +12,9 @@ import gzip
 import hashlib
 import itertools
 import os
-import tempfile
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ import torch
 
 from attn_mt.config import DataConfig, TrainCorpus
 from attn_mt.errors import DataError
+from attn_mt.paths import atomic_write, os_reason
 from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
@@ -108,14 +109,8 @@ def _download(url: str, target: Path, sha256: str) -> None:
     digest = hashlib.sha256(payload).hexdigest()
     if digest != sha256:
         raise DataError(f"{url}: sha256 {digest} does not match the expected {sha256}")
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(payload)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_write(target) as out:
+        out.write(payload)
 
 
 def fetch_corpus(name: str) -> list[Path]:
@@ -190,6 +185,8 @@ def read_lines(path: str | Path) -> list[str]:
 def iter_lines(path: str | Path) -> Iterator[str]:
     """The lines of a UTF-8 text file (plain or gzip), read as a stream: memory stays flat."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: is a folder, not a text file")
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     number = 0
@@ -200,8 +197,12 @@ def iter_lines(path: str | Path) -> Iterator[str]:
         with opener(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):  # noqa: B007 (used after the loop)
                 yield raw.removesuffix(b"\n").decode("utf-8").removesuffix("\r")
-    except (OSError, EOFError) as err:
-        raise DataError(f"{path}: cannot read ({err})") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # before OSError: BadGzipFile is one
+        raise DataError(
+            f"{path}: cannot read, damaged gzip data ({err}); download or compress it again"
+        ) from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({os_reason(err)})") from None
     except UnicodeDecodeError as err:
         raise DataError(
             f"{path}:{number}: invalid UTF-8 at byte {err.start}; convert the file to UTF-8 "

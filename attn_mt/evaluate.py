@@ -27,7 +27,7 @@ class Scores:
     def __str__(self) -> str:
         return (
             f"BLEU {self.bleu:.2f}  chrF {self.chrf:.2f}  ({self.sentences} sentences)\n"
-            f"  {self.bleu_signature}\n  {self.chrf_signature}"
+            f"BLEU signature: {self.bleu_signature}\nchrF signature: {self.chrf_signature}"
         )
 
 

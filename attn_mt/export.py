@@ -4,7 +4,8 @@
 `TransformerSpec` from our modules, and CTranslate2's own `convert` validates, quantizes and
 writes it. `export_ctranslate2` wraps it for `attn-mt export`: it checks the arguments, writes
 into a staging folder beside `--out` and moves it into place only when complete, with the
-SentencePiece models (`source.model`, `target.model`) and a README.txt beside the weights.
+SentencePiece models (`source.model`, `target.model`), the search settings as
+`translate_batch` keywords (`decode.json`) and a README.txt beside the weights.
 
 The mapping, module by module (D model width):
     Embedder               embeddings (x sqrt(D): `scale_embeddings`) + position_encodings
@@ -31,20 +32,24 @@ from torch import nn
 
 from attn_mt.attention import MultiHeadAttention
 from attn_mt.checkpoint import load_checkpoint, model_from, resolve_checkpoint, tokenizers_from
-from attn_mt.config import Config
+from attn_mt.config import Config, DecodeConfig
 from attn_mt.errors import UserError
 from attn_mt.model import Embedder, FeedForward, Transformer
+from attn_mt.paths import check_output_dir, umask
 from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID, Tokenizer
 
 try:
     import ctranslate2
     from ctranslate2.converters import Converter
     from ctranslate2.specs import common_spec, transformer_spec
+    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
 except ImportError:  # an optional extra: `export_ctranslate2` says how to install it
     ctranslate2 = None
     Converter = object
+    ACCEPTED_MODEL_TYPES = ()
 
-QUANTIZATIONS = {"none": None, "int8": "int8", "float16": "float16"}
+# "none" keeps the trained weights' type; the others are whatever this CTranslate2 accepts.
+QUANTIZATIONS = ("none", *ACCEPTED_MODEL_TYPES)
 # The config values CTranslate2's Transformer can express; anything else is refused by name.
 SUPPORTED = {
     "attention": ("dot",),
@@ -146,10 +151,32 @@ def check_exportable(config: Config) -> None:
             )
 
 
+def decode_options(decode: DecodeConfig, max_output_len: int | None) -> dict:
+    """`translate_batch` keywords that search as attn-mt does with `decode`.
+
+    CTranslate2 takes one output limit per call, so it gets the longest of ours (for a
+    source of `decode.max_input_len` tokens); beam search ranks with its own length penalty.
+    """
+    limit = int(decode.max_len_a * (decode.max_input_len + 1) + decode.max_len_b)
+    return {
+        "beam_size": decode.beam,
+        "length_penalty": decode.length_penalty,
+        "max_decoding_length": max(min(limit, max_output_len or limit) - 1, 1),
+        **DECODE_OPTIONS,
+    }
+
+
 def export_ctranslate2(
-    model: str | Path, out: str | Path, quantization: str = "none", force: bool = False
+    model: str | Path,
+    out: str | Path,
+    quantization: str = "none",
+    force: bool = False,
+    decode: DecodeConfig | None = None,
 ) -> Path:
-    """Write checkpoint `model` as a CTranslate2 model folder `out`; returns `out`."""
+    """Write checkpoint `model` as a CTranslate2 model folder `out`; returns `out`.
+
+    `decode` (default: the checkpoint's) becomes the folder's decode.json.
+    """
     if ctranslate2 is None:
         raise UserError(f"export needs the ctranslate2 package: {INSTALL_HINT}")
     if quantization not in QUANTIZATIONS:
@@ -165,10 +192,14 @@ def export_ctranslate2(
     # neither a half-written folder nor a damaged earlier one.
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        converter.convert(str(staging), quantization=QUANTIZATIONS[quantization], force=True)
+        staging.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide the model from the team
+        weights = None if quantization == "none" else quantization
+        converter.convert(str(staging), quantization=weights, force=True)
         (staging / "source.model").write_bytes(converter.src_tokenizer.model_bytes)
         (staging / "target.model").write_bytes(converter.tgt_tokenizer.model_bytes)
-        (staging / "README.txt").write_text(_readme(converter, out, quantization))
+        options = decode_options(decode or converter.config.decode, converter.model.max_positions)
+        (staging / "decode.json").write_text(json.dumps(options, indent=2) + "\n")
+        (staging / "README.txt").write_text(_readme(converter, out, quantization, options))
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
@@ -179,8 +210,7 @@ def export_ctranslate2(
 
 def _check_out_dir(out: Path, checkpoint: Path, force: bool) -> None:
     """`out` may be new or empty; a non-empty folder only with --force, never the run itself."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a folder")
+    check_output_dir(out)
     if checkpoint.resolve().is_relative_to(out.resolve()):
         raise UserError(f"--out {out}: holds the checkpoint being exported; choose another folder")
     if out.is_dir() and any(out.iterdir()) and not force:
@@ -248,34 +278,33 @@ def _layer_norm_epsilon(model: Transformer) -> float:
     return next(m.eps for m in model.modules() if isinstance(m, nn.LayerNorm))
 
 
-def _readme(converter: AttnMTConverter, out: Path, quantization: str) -> str:
+def _readme(converter: AttnMTConverter, out: Path, quantization: str, options: dict) -> str:
     """How to translate with the exported folder."""
     cfg = converter.config
     return f"""\
 CTranslate2 model exported by attn-mt from {converter.path}
 ({cfg.data.src_lang} -> {cfg.data.tgt_lang}, quantization {quantization}).
 Files: model.bin and the vocabularies (CTranslate2), source.model and target.model
-(SentencePiece). Install: pip install ctranslate2 sentencepiece
+(SentencePiece), decode.json (attn-mt's search settings as translate_batch keywords:
+beam_size {options["beam_size"]}, never <s> or <blank>, </s> may come first).
+Install: pip install ctranslate2 sentencepiece
 
-    import ctranslate2
-    import sentencepiece as spm
+    import json, ctranslate2, sentencepiece as spm
 
-    translator = ctranslate2.Translator("{out}", device="cpu")
-    source = spm.SentencePieceProcessor(model_file="{out}/source.model")
-    target = spm.SentencePieceProcessor(model_file="{out}/target.model")
+    model = "{out}"
+    translator = ctranslate2.Translator(model, device="cpu")
+    source = spm.SentencePieceProcessor(model_file=f"{{model}}/source.model")
+    target = spm.SentencePieceProcessor(model_file=f"{{model}}/target.model")
+    decode = json.load(open(f"{{model}}/decode.json"))
     lines = ["your sentence here"]
-    results = translator.translate_batch(
-        source.encode(lines, out_type=str),
-        beam_size={cfg.decode.beam},
-        suppress_sequences={json.dumps(DECODE_OPTIONS["suppress_sequences"])},  # as attn-mt:
-        min_decoding_length=0,  # never <s> or <blank>, and </s> may come first
-    )
+    results = translator.translate_batch(source.encode(lines, out_type=str), **decode)
     print([target.decode(r.hypotheses[0]) for r in results])
 
 The source gets its </s> from the model's config: do not add <s> or </s> yourself.
-With beam_size=1 this is greedy search, as `attn-mt translate --beam 1`. Differences: attn-mt
-caps each output at {cfg.decode.max_len_a} x source tokens + {cfg.decode.max_len_b}, \
-CTranslate2 at max_decoding_length
-(default 256) per call; beam search ranks by score / length^length_penalty in CTranslate2 and
-by GNMT's score / ((5 + length) / 6)^alpha in attn-mt, so beam outputs may differ slightly.
+With beam_size 1 this is greedy search, as `attn-mt translate --beam 1`
+(`attn-mt export --beam 1` writes that). Differences: attn-mt caps each output at
+{cfg.decode.max_len_a} x source tokens + {cfg.decode.max_len_b}, CTranslate2 at one \
+max_decoding_length per call ({options["max_decoding_length"]} here); beam search ranks by
+score / length^length_penalty in CTranslate2 and by GNMT's score / ((5 + length) / 6)^alpha in
+attn-mt, so beam outputs may differ slightly.
 """

@@ -1,5 +1,6 @@
 """What a training run writes as it goes: the human log (train.log), TensorBoard events,
-metrics.jsonl, and the one-line progress display on a terminal.
+metrics.jsonl, the training line they share, and the `Monitor` a front end follows the run
+through (the CLI draws it on a terminal; this module never writes control characters).
 
 `RunLog` opens all of them together and closes them together (a context manager); on ranks
 other than 0 it writes nothing.
@@ -11,13 +12,13 @@ import contextlib
 import json
 import logging
 import math
-import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attn_mt.config import Config
+from attn_mt.config import Config, TrainConfig
 
 log = logging.getLogger("attn_mt")
 
@@ -47,9 +48,9 @@ class RunLog:
         if self.resume_step is not None and metrics.exists():
             kept = [
                 ln
-                for ln in metrics.read_text().splitlines()
-                if ln.strip() and json.loads(ln)["step"] <= self.resume_step
-            ]
+                for ln in metrics.read_text(errors="replace").splitlines()
+                if (step := _logged_step(ln)) is not None and step <= self.resume_step
+            ]  # a line a crash cut short is dropped too
             metrics.write_text("".join(ln + "\n" for ln in kept))
         self.jsonl = open(metrics, "a", encoding="utf-8")  # noqa: SIM115 (closed in __exit__)
         purge = self.resume_step + 1 if self.resume_step is not None else None
@@ -104,6 +105,15 @@ class RunLog:
                 self.tb.file_writer.add_summary(summary)
 
 
+def _logged_step(line: str) -> int | None:
+    """The step of a metrics.jsonl line, or None for a line that is not a whole record."""
+    try:
+        step = json.loads(line)["step"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return step if isinstance(step, int) else None
+
+
 @dataclass
 class TrainWindow:
     """Running sums of the training figures between two log lines."""
@@ -140,29 +150,60 @@ class TrainWindow:
         }
 
 
-class Progress:
-    """A one-line progress display on a terminal; nothing otherwise (the log has the lines)."""
+class Monitor:
+    """Follows a run as it goes; does nothing here (the CLI draws it on a terminal)."""
 
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled = total, enabled and sys.stderr.isatty()
-        self.last = 0.0
+    def training(self, line: str) -> None:
+        """After each update: the training line, as the log writes it every log_every steps."""
 
-    def update(self, step: int, window: TrainWindow, lr: float) -> None:
-        """Redraw the line, at most twice a second."""
-        now = time.monotonic()
-        if not self.enabled or now - self.last < 0.5:
-            return
-        self.last = now
-        figures = window.metrics(lr, 0)
-        total = f"/{self.total}" if self.total else ""
-        sys.stderr.write(
-            f"\r\033[Kstep {step}{total}  loss {figures['loss']:.3f}  lr {lr:.2e}  "
-            f"{figures['tokens_per_sec']:,.0f} tok/s"
-        )
-        sys.stderr.flush()
+    def validating(self, done: int, total: int) -> None:
+        """Validation has translated `done` of its `total` sentences."""
 
-    def clear(self) -> None:
-        """Erase the line before a log line is printed."""
-        if self.enabled:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+
+def train_line(
+    step: int, metrics: dict[str, float], t: TrainConfig, elapsed: float, epochs: float
+) -> str:
+    """The training line: train.log's every log_every steps and the live display's after
+    every update (one format, so their labels agree). `elapsed` counts the whole run."""
+    total = f"/{t.max_steps}" if t.max_steps > 0 else ""
+    eta = remaining_seconds(t, step, elapsed, epochs)
+    return (
+        f"step {step}{total}  elapsed {clock(elapsed)}  ETA {clock(eta)}  "
+        f"epoch {metrics['epoch']}  loss {metrics['loss']:.3f}  ppl {metrics['ppl']:.2f}  "
+        f"lr {metrics['lr']:.2e}  grad {metrics['grad_norm']:.2f}  "
+        f"{metrics['tokens_per_sec']:,.0f} tgt tok/s"
+    )
+
+
+def remaining_seconds(t: TrainConfig, step: int, elapsed: float, epochs: float) -> float | None:
+    """Seconds left until the first of max_steps, max_minutes and max_epochs ends the run, at
+    the pace so far (`epochs` may be fractional); None without such a budget."""
+    left = []
+    if t.max_minutes:
+        left.append(t.max_minutes * 60 - elapsed)
+    if t.max_steps > 0 and step:
+        left.append((t.max_steps - step) * elapsed / step)
+    if t.max_epochs and epochs:
+        left.append((t.max_epochs - epochs) * elapsed / epochs)
+    return max(min(left), 0.0) if left else None
+
+
+def clock(seconds: float | None) -> str:
+    """h:mm:ss (m:ss under an hour); '?' for None."""
+    if seconds is None:
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+@contextlib.contextmanager
+def stage(name: str, announce: bool = True) -> Iterator[None]:
+    """Log a start-up stage as it begins, and its time when it took more than a second."""
+    if announce:
+        log.info("%s ...", name)
+    begin = time.monotonic()
+    yield
+    seconds = time.monotonic() - begin
+    if seconds > 1:
+        log.info("%s: %.1f s", name, seconds)

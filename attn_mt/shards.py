@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +32,6 @@ from attn_mt.data import Batch, epoch_order, padding_fraction
 from attn_mt.distributed import World
 from attn_mt.errors import DataError
 from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-
-log = logging.getLogger("attn_mt")
 
 FORMAT = "attn-mt-shards/1"
 MANIFEST = "manifest.json"
@@ -193,6 +190,7 @@ class ShardSource:
         counts = np.bincount(shards.corpus, minlength=len(self.weights))
         self.starts = np.concatenate([[0], np.cumsum(counts)])  # corpora are stored in order
         self.epoch, self.index = 0, 0  # the position
+        self.rescaled = ""  # how a position saved by another process count was mapped
         self._order: tuple[int, list[np.ndarray]] | None = None  # (epoch, its batches)
 
     @classmethod
@@ -239,6 +237,11 @@ class ShardSource:
         """Whole epochs consumed so far."""
         return self.epoch + (1 if self.index >= len(self.batches) else 0)
 
+    @property
+    def epochs_run(self) -> float:
+        """Epochs consumed so far, the current one's share included (for the ETA)."""
+        return self.epoch + self.index / len(self.batches)
+
     def next(self) -> Batch:
         """The next batch of this rank, moving to the next epoch at the end of one."""
         if self.index >= len(self.batches):
@@ -256,12 +259,9 @@ class ShardSource:
         index, saved_world = state["index"], state.get("world_size", 1)
         if saved_world != self.world.size:
             index = -(-index * saved_world // self.world.size)
-            log.info(
-                "resuming a %d-process run with %d processes: epoch %d continues at batch %d",
-                saved_world,
-                self.world.size,
-                state["epoch"],
-                index,
+            self.rescaled = (
+                f"resuming a {saved_world}-process run with {self.world.size} processes: "
+                f"epoch {state['epoch']} continues at batch {index}"
             )
         self.epoch, self.index = state["epoch"], index
 
@@ -270,4 +270,5 @@ class ShardSource:
         sample = [self.shards.collate(rows) for rows in self.batches[:50]]
         per = " per process" if self.world.size > 1 else ""
         padding = 100 * padding_fraction(sample)
-        return f"{len(self.batches)} batches per epoch{per}, padding {padding:.1f}%"
+        line = f"{len(self.batches)} batches per epoch{per}, padding {padding:.1f}%"
+        return f"{line}; {self.rescaled}" if self.rescaled else line

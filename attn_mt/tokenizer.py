@@ -4,11 +4,12 @@ from bytes, encode and decode. The special ids are defined here and nowhere else
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
+import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,10 @@ from typing import Any
 import sentencepiece as spm
 
 from attn_mt.config import TokenizerConfig
-from attn_mt.errors import ConfigError
+from attn_mt.errors import ConfigError, UserError
+from attn_mt.paths import atomic_write, os_reason, writable_dir
+
+log = logging.getLogger("attn_mt")
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
@@ -72,8 +76,24 @@ def train_tokenizer(
     for line in lines:
         digest.update(line.encode("utf-8") + b"\n")
     cached = cache / f"{digest.hexdigest()[:32]}.model"
-    if cached.is_file():
-        return Tokenizer(cached.read_bytes())
+    try:
+        if cached.is_file():
+            tokenizer = Tokenizer(cached.read_bytes())
+            log.info("SentencePiece: found in the cache (%s)", cached)
+            return tokenizer
+        cache.mkdir(parents=True, exist_ok=True)
+        if not writable_dir(cache):  # known before SentencePiece trains, not after
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except RuntimeError:
+        pass  # a damaged cache entry: train again and replace it
+    except OSError as err:
+        raise _cache_error(cache, err) from None
+    log.info(
+        "SentencePiece: training a %d-piece %s model on %s lines ...",
+        cfg.vocab_size,
+        cfg.model_type,
+        f"{len(lines):,}",
+    )
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -101,12 +121,19 @@ def train_tokenizer(
             f"tokenizer: SentencePiece could not train with vocab_size {cfg.vocab_size} "
             f"({reason}){hint}"
         ) from None
-    cache.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache, prefix=".spm.")
-    with os.fdopen(fd, "wb") as out:
-        out.write(model.getvalue())
-    os.replace(tmp, cached)
+    try:
+        with atomic_write(cached) as out:
+            out.write(model.getvalue())
+    except OSError as err:
+        raise _cache_error(cache, err) from None
     return Tokenizer(model.getvalue())
+
+
+def _cache_error(cache: Path, err: OSError) -> UserError:
+    return UserError(
+        f"{cache}: cannot use the SentencePiece cache ({os_reason(err)}); make it writable "
+        "or set ATTN_MT_CACHE to another folder"
+    )
 
 
 def build_tokenizers(

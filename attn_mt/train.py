@@ -25,8 +25,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed, viz
-from attn_mt.batches import make_source, prepare_data
+from attn_mt.batches import make_source, prepare_data, valid_subset
 from attn_mt.checkpoint import (
+    checkpoint_config,
     config_differences,
     load_checkpoint,
     make_checkpoint,
@@ -40,7 +41,8 @@ from attn_mt.evaluate import score
 from attn_mt.loss import label_smoothed_loss
 from attn_mt.model import Transformer, build_model
 from attn_mt.precision import DTYPES, autocast_context, resolve_device, resolve_precision
-from attn_mt.runlog import Progress, RunLog, TrainWindow
+from attn_mt.runfolder import lock_run_folder
+from attn_mt.runlog import Monitor, RunLog, TrainWindow, stage, train_line
 from attn_mt.schedule import learning_rate
 from attn_mt.translator import Translator
 
@@ -110,10 +112,15 @@ class TrainResult:
     stop_signal: str | None = None  # SIGINT or SIGTERM when stopped_by is "signal"
 
 
-def train(cfg: Config, resume: bool = False, device: str = "auto") -> TrainResult:
-    """Train a model as `cfg` describes, in this process or as one rank under torchrun."""
+def train(
+    cfg: Config, resume: bool = False, device: str = "auto", monitor: Monitor | None = None
+) -> TrainResult:
+    """Train a model as `cfg` describes, in this process or as one rank under torchrun;
+    rank 0 holds the run folder's lock for the whole run, `monitor` follows it as it goes."""
     with distributed.process_group(resolve_device(device)) as (world, torch_device):
-        return Trainer(cfg, world, torch_device, resume).run()
+        lock = lock_run_folder(cfg.train.out_dir) if world.is_main else contextlib.nullcontext()
+        with lock:
+            return Trainer(cfg, world, torch_device, resume, monitor).run()
 
 
 class Trainer:
@@ -126,8 +133,10 @@ class Trainer:
         world: distributed.World = distributed.World(),
         device: torch.device = torch.device("cpu"),
         resume: bool = False,
+        monitor: Monitor | None = None,
     ):
         self.cfg, self.world, self.device = cfg, world, device
+        self.monitor = monitor or Monitor()
         self.out = Path(cfg.train.out_dir)
         self.ckpt_dir = self.out / "checkpoints"
         # Rank 0 alone looks at the run folder and sends last.pt on: no rank can see a folder
@@ -138,14 +147,16 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
-        self.src_tok, self.tgt_tok, self.corpus = prepare_data(
+        self.src_tok, self.tgt_tok, corpus = prepare_data(
             cfg, tokenizers_from(state) if state else None, world
         )
-        if world.is_main:  # created only once the config and data are known to be good
-            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, self.out / "config.yaml")
-        self.model: Transformer = build_model(cfg, self.src_tok.vocab_size, self.tgt_tok.vocab_size)
-        self.model.to(device)
+        self.valid_total = len(corpus.valid_src)
+        self.corpus = valid_subset(corpus, cfg.train.valid_max_sentences, cfg.train.seed)
+        with stage("building the model"):
+            self.model: Transformer = build_model(
+                cfg, self.src_tok.vocab_size, self.tgt_tok.vocab_size
+            )
+            self.model.to(device)
         self.optimizer = make_optimizer(self.model, cfg.train)
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         self.source = make_source(cfg, self.corpus, world)
@@ -153,6 +164,9 @@ class Trainer:
         self.resumed = state is not None
         if state:
             self._restore(state)
+        if world.is_main:  # created only once the config, data and last.pt are known to be good
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.out / "config.yaml")
         self.train_model = self._wrap(self.model)
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
@@ -175,7 +189,6 @@ class Trainer:
         t = self.cfg.train
         with self._session():
             self._log_start()
-            progress = Progress(t.max_steps, self.world.is_main)
             start = time.monotonic() - self.progress.elapsed
             window = TrainWindow()
             while not (stopped_by := self._stop_reason(start)):
@@ -186,18 +199,15 @@ class Trainer:
                     continue
                 self.progress.step = step
                 window.add(update.loss, update.nll, update.tokens, update.grad_norm)
-                progress.update(step, window, lr)
+                self.monitor.training(self._train_line(step, window, lr, start)[0])
                 if step % t.log_every == 0:
-                    progress.clear()
-                    self._log_train(step, window.metrics(lr, self.source.epoch))
+                    self._log_train(step, *self._train_line(step, window, lr, start))
                     window = TrainWindow()
                 if step % t.eval_every == 0:
-                    progress.clear()
                     began = time.monotonic()
                     self.progress.elapsed = began - start
                     self._validate_and_save()
                     window.pause(time.monotonic() - began)  # tokens/s counts training only
-            progress.clear()
             self.progress.elapsed = time.monotonic() - start
             self._finish(stopped_by)
         return TrainResult(
@@ -233,7 +243,7 @@ class Trainer:
         rules = {
             "early stopping": bool(t.patience) and self.progress.bad_evals >= t.patience,
             "signal": self.stop_signal is not None,
-            "max_steps": bool(t.max_steps) and self.progress.step >= t.max_steps,
+            "max_steps": t.max_steps > 0 and self.progress.step >= t.max_steps,
             "max_minutes": bool(t.max_minutes) and time.monotonic() - start >= t.max_minutes * 60,
             "max_epochs": bool(t.max_epochs) and self.source.epochs_done >= t.max_epochs,
         }
@@ -334,11 +344,12 @@ class Trainer:
             )
         best = self.progress.best_score
         log.info(
-            "finished at step %d (%s); best valid %s %s",
+            "finished at step %d (%s); best valid %s %s%s",
             step,
             stopped_by,
             self.cfg.train.select_metric,
             "-" if best is None else f"{best:.2f}",
+            self._valid_share(),
         )
 
     # -- validation and checkpoints -------------------------------------------------------------
@@ -362,7 +373,16 @@ class Trainer:
                 )
                 loss, nll = loss + float(batch_loss), nll + float(batch_nll)
                 tokens += batch.num_tgt_tokens
-        hyps = self._translator(self.dtype).translate(c.valid_src, beam=t.eval_beam)
+        done = 0
+
+        def advance(count: int) -> None:
+            nonlocal done
+            done += count
+            self.monitor.validating(done, len(c.valid_src))
+
+        hyps = self._translator(self.dtype).translate(
+            c.valid_src, beam=t.eval_beam, on_batch=advance
+        )
         scores = score(hyps, c.valid_ref)
         self.model.train()
         metrics = {
@@ -370,6 +390,7 @@ class Trainer:
             "ppl": math.exp(min(nll / max(tokens, 1), 50)),
             "bleu": scores.bleu,
             "chrf": scores.chrf,
+            "sentences": len(c.valid_src),
         }
         samples = list(zip(c.valid_src, hyps, c.valid_ref, strict=True))[: t.samples]
         return Validation(metrics, samples)
@@ -432,7 +453,18 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Read back what `_save` wrote into last.pt: weights, optimizer, scaler, RNG states,
-        the data position and the training progress."""
+        the data position and the training progress; a damaged state is one UserError."""
+        try:
+            self._restore_parts(state)
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            reason = "; ".join([type(err).__name__, *lines[:2]])[:200]
+            raise UserError(
+                f"{self.ckpt_dir / 'last.pt'}: its training state is damaged ({reason}); "
+                "resume from a copy of the run or start a new train.out_dir"
+            ) from None
+
+    def _restore_parts(self, state: dict[str, Any]) -> None:
         ts = state["train_state"]
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(ts["optimizer"])
@@ -493,24 +525,31 @@ class Trainer:
             )
         self.runlog.hparams(cfg, params)
 
-    def _log_train(self, step: int, metrics: dict[str, float]) -> None:
-        log.info(
-            "step %d  epoch %d  loss %.3f  ppl %.2f  lr %.2e  grad %.2f  %s tgt tok/s",
-            step,
-            metrics["epoch"],
-            metrics["loss"],
-            metrics["ppl"],
-            metrics["lr"],
-            metrics["grad_norm"],
-            f"{metrics['tokens_per_sec']:,.0f}",
-        )
+    def _train_line(
+        self, step: int, window: TrainWindow, lr: float, start: float
+    ) -> tuple[str, dict[str, float]]:
+        """The training line of the updates in `window`, and its figures."""
+        metrics = window.metrics(lr, self.source.epoch)
+        elapsed = time.monotonic() - start
+        return train_line(step, metrics, self.cfg.train, elapsed, self.source.epochs_run), metrics
+
+    def _log_train(self, step: int, line: str, metrics: dict[str, float]) -> None:
+        log.info("%s", line)
         self.runlog.scalars(step, "train", metrics)
+
+    def _valid_share(self) -> str:
+        """' (on N of M validation sentences)' when validating on a subset, else ''."""
+        n = len(self.corpus.valid_src)
+        return (
+            f" (on {n} of {self.valid_total} validation sentences)" if n < self.valid_total else ""
+        )
 
     def _log_validation(self, step: int, result: Validation, improved: bool) -> None:
         m, metric = result.metrics, self.cfg.train.select_metric
         log.info(
-            "valid step %d: loss %.3f  ppl %.2f  BLEU %.2f  chrF %.2f%s",
+            "valid step %d%s: loss %.3f  ppl %.2f  BLEU %.2f  chrF %.2f%s",
             step,
+            self._valid_share(),
             m["loss"],
             m["ppl"],
             m["bleu"],
@@ -580,12 +619,10 @@ def check_run_folder(out: Path, cfg: Config, resume: bool) -> dict[str, Any] | N
             f"{out}: nothing to resume (no checkpoints/last.pt); start without --resume"
         )
     state = load_checkpoint(last)
-    if not {"progress", "data", "rng"} <= set(state.get("train_state") or {}):
-        raise UserError(
-            f"{last}: holds no training state this version of attn-mt can resume; start a new "
-            "train.out_dir (its weights can still translate)"
-        )
-    if diff := config_differences(state["config"], cfg.to_dict(), RESUME_KEYS):
+    if not isinstance(state.get("train_state"), dict):
+        raise UserError(f"{last}: holds no training state, so it cannot be resumed")
+    old = checkpoint_config(state, last).to_dict()  # validated like a config file
+    if diff := config_differences(old, cfg.to_dict(), RESUME_KEYS):
         raise UserError(
             f"{out}: cannot resume with a changed config ({', '.join(diff)} differ "
             "from the checkpoint); restore them or start a new train.out_dir"

@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from attn_mt.model import Transformer
 from attn_mt.precision import autocast_context, resolve_device
 from attn_mt.search import beam_search, greedy_search, max_output_lengths
 from attn_mt.tokenizer import EOS_ID, PAD_ID, Tokenizer
+
+_LINE_BREAKS = re.compile(r"[\r\n]+")
 
 
 @dataclass
@@ -46,11 +49,13 @@ class Translator:
         self.model = model.to(self.device).eval()
         self.config, self.src_tokenizer, self.tgt_tokenizer = config, src_tokenizer, tgt_tokenizer
         self.dtype = dtype  # autocast dtype, None = float32
-        positions = model.max_positions
-        limit = config.decode.max_input_len
-        # Source and output ids must fit the positional table (source gets one <eos>).
-        self.max_input_len = min(limit, positions - 1) if positions else limit
-        self.max_output_len = positions if positions else None
+        self.max_output_len = model.max_positions or None
+
+    @property
+    def max_input_len(self) -> int:
+        """decode.max_input_len, within the positional table (the source gets one <eos>)."""
+        limit, positions = self.config.decode.max_input_len, self.model.max_positions
+        return min(limit, positions - 1) if positions else limit
 
     def translate(self, lines: Sequence[str], beam: int | None = None, **options) -> list[str]:
         """One translation per input line, in order; empty lines give empty strings."""
@@ -65,11 +70,18 @@ class Translator:
         use_cache: bool = True,
         batch_tokens: int | None = None,
         first_line: int = 1,
+        on_batch: Callable[[int], None] | None = None,
     ) -> list[list[Translation]]:
         """The `nbest` best translations of every line (best first), in input order.
 
-        `first_line` is the number of `lines[0]` in the user's input, for warnings.
+        `first_line` is the number of `lines[0]` in the user's input, for warnings;
+        `on_batch(n)` is called after each batch with the number of lines it finished.
         """
+        if isinstance(lines, (str, bytes)):
+            raise TypeError("translate: give a list of sentences (e.g. [text]), not one str")
+        lines = list(lines)
+        if not all(isinstance(line, str) for line in lines):
+            raise TypeError("translate: every sentence must be a str")
         cfg = self.config.decode
         beam = cfg.beam if beam is None else beam
         if beam < 1 or not 1 <= nbest <= beam:
@@ -77,8 +89,11 @@ class Translator:
         alpha = cfg.length_penalty if length_penalty is None else length_penalty
         budget = batch_tokens or cfg.batch_tokens
         ids = self._encode(lines, first_line)
-        results: list[list[Translation]] = [[Translation("", 0.0, [])] for _ in lines]
-        todo = [i for i, seq in enumerate(ids) if seq]  # blank lines stay ""
+        # Blank lines stay "": `nbest` empty entries, as many as any other line gets.
+        results = [[Translation("", 0.0, []) for _ in range(nbest)] for _ in lines]
+        todo = [i for i, seq in enumerate(ids) if seq]
+        if on_batch is not None and len(todo) < len(lines):
+            on_batch(len(lines) - len(todo))
         lengths = [(len(seq) + 1,) for seq in ids]  # + <eos>
         for rows in length_batches(lengths, max(budget // beam, 1), order=todo):
             src = pad_sequences([ids[i] + [EOS_ID] for i in rows], PAD_ID).to(self.device)
@@ -91,9 +106,11 @@ class Translator:
             for row, row_hyps in zip(rows, hyps, strict=True):
                 texts = self.tgt_tokenizer.decode([h.tokens for h in row_hyps])
                 results[row] = [
-                    Translation(text, h.score, h.tokens)
+                    Translation(_one_line(text), h.score, h.tokens)
                     for text, h in zip(texts, row_hyps, strict=True)
                 ]
+            if on_batch is not None:
+                on_batch(len(rows))
         return results
 
     def _encode(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:
@@ -108,6 +125,12 @@ class Translator:
                 )
                 del seq[self.max_input_len :]
         return ids
+
+
+def _one_line(text: str) -> str:
+    """`text` without line breaks: a model may emit pieces that decode to \\n or \\r, and the
+    output must keep one line per input line."""
+    return _LINE_BREAKS.sub(" ", text)
 
 
 def load(

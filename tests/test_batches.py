@@ -71,3 +71,15 @@ def test_another_process_count_keeps_the_share_of_the_epoch_seen() -> None:
 def test_describe_is_one_line_with_batches_and_padding() -> None:
     line = ShardSource(corpus(), [1.0], 200, seed=1).describe()
     assert "\n" not in line and "batches per epoch" in line and "padding" in line
+
+
+def test_describe_says_how_another_process_count_was_mapped() -> None:
+    data = corpus()
+    two = ShardSource(data, [1.0], 200, 7, World(0, 0, 2))
+    take(two, 3)
+    single = ShardSource(data, [1.0], 200, 7)
+    assert "resuming" not in single.describe()
+    single.load_state_dict(two.state_dict())
+    line = single.describe()
+    assert "\n" not in line
+    assert "resuming a 2-process run with 1 processes: epoch 0 continues at batch 6" in line

@@ -121,3 +121,111 @@ def test_data_fetch(multi30k_env: Path):
     paths = [Path(line) for line in result.output.splitlines()]
     assert len(paths) == 12
     assert all(p.is_file() and p.parent == multi30k_env / "multi30k" for p in paths)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast help, --version, choices
+
+
+def test_help_does_not_import_torch():
+    """Every help screen in one fresh process: no torch (help takes ~0.15 s, not ~2 s)."""
+    script = f"""
+import sys
+from attn_mt.cli import main
+for args in {[["--help"], ["-h"], ["--version"], *([c, "--help"] for c in COMMANDS)]!r}:
+    sys.argv = ["attn-mt", *args]
+    try:
+        main()
+    except SystemExit as exit:
+        assert exit.code in (0, None), (args, exit.code)
+print("torch" in sys.modules, file=sys.stderr)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "False"
+    assert "attn-mt 0.1.0" in done.stdout
+
+
+def test_version_and_short_help():
+    import attn_mt
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output == f"attn-mt {attn_mt.__version__}\n"
+    for args in (["-h"], ["translate", "-h"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0 and result.output.startswith("Usage: ")
+        assert "-h, --help" in result.output
+
+
+def test_python_api_still_loads_lazily():
+    import attn_mt
+    from attn_mt.translator import Translator, load
+
+    assert attn_mt.load is load and attn_mt.Translator is Translator
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        attn_mt.nothing  # noqa: B018
+
+
+def test_fixed_sets_are_listed_in_help():
+    ctranslate2_specs = pytest.importorskip("ctranslate2.specs.model_spec")
+    export_help = CliRunner().invoke(app, ["export", "--help"]).output
+    types = ["none", *ctranslate2_specs.ACCEPTED_MODEL_TYPES]
+    assert f"--quantization <{'|'.join(types)}>" in export_help
+    assert "--kind <cross|encoder|decoder>" in CliRunner().invoke(app, ["attention", "-h"]).output
+    translate_help = CliRunner().invoke(app, ["translate", "-h"]).output
+    assert "--device auto|cpu|cuda|cuda:N" in translate_help
+    assert "--nbest-format <tsv|marian>" in translate_help
+    assert "--split <valid|test>" in CliRunner().invoke(app, ["evaluate", "-h"]).output
+
+
+def test_a_value_outside_a_fixed_set_is_refused():
+    result = CliRunner().invoke(app, ["attention", "--kind", "self", "--out", "x.png", "--pe"])
+    assert result.exit_code == 2 and "'self' is not one of 'cross', 'encoder'" in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# train --resume RUN_DIR
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["runs/x"], "train: runs/x given without --resume; continue that run with"),
+        (["--resume", "runs/x", "--config", "c.yaml"], "give --config FILE [--resume] or --resume"),
+        (["--resume"], "train: give --config FILE (or --resume RUN_DIR to continue a run)"),
+        ([], "train: give --config FILE (or --resume RUN_DIR to continue a run)"),
+    ],
+)
+def test_train_misuse_is_one_clear_line(args: list[str], message: str):
+    result = CliRunner().invoke(app, ["train", *args])
+    assert result.exit_code == 1 and message in str(result.exception), result.output
+    assert "\n" not in str(result.exception)
+
+
+def test_resume_a_folder_that_is_not_a_run(tmp_path: Path):
+    result = run_cli("train", "--resume", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"attn-mt: error: --resume {tmp_path}: not a run folder (no config.yaml); "
+        "give the train.out_dir of an earlier run"
+    ]
+
+
+def test_resume_by_folder_continues_that_folder(trained_run: Path, tmp_path: Path):
+    """A copied run folder resumes in place (its config.yaml still names the original)."""
+    import shutil
+
+    import torch
+
+    copy = tmp_path / "moved"
+    shutil.copytree(trained_run, copy)
+    before = (trained_run / "checkpoints" / "last.pt").read_bytes()
+    result = CliRunner().invoke(
+        app,
+        ["train", "--resume", str(copy), "--set", "train.max_steps=402", "--device", "cpu"],
+    )
+    assert result.exit_code == 0, result.output
+    assert torch.load(copy / "checkpoints" / "last.pt", weights_only=True)["step"] == 402
+    assert (trained_run / "checkpoints" / "last.pt").read_bytes() == before

@@ -356,7 +356,7 @@ CHECKPOINT_CASES = [
     Case(
         "checkpoint-text-file",
         lambda ws: translate_args(ws.file("notes.pt", "hello, not a checkpoint\n")),
-        ["notes.pt: not a readable checkpoint"],
+        ["notes.pt: not a checkpoint; it is a text file"],
     ),
     Case(
         "checkpoint-plain-tensor",

@@ -207,7 +207,8 @@ def test_relative_data_paths_resolve_against_config_folder(
         "data": {
             "train": {"src": "corpus/train.de", "tgt": "/abs/train.en"},
             "valid": {"src": "../valid.de", "tgt": "valid.en"},
-        }
+        },
+        "train": {"max_steps": 10},
     }
     config = load_config(write_yaml(folder / "c.yaml", raw), ["data.test.src=mine/test.de"])
     assert config.data.train.src == str(folder / "corpus" / "train.de")
@@ -241,3 +242,26 @@ def test_toy_config_round_trips_with_every_key(toy_raw, tmp_path: Path):
 def test_every_key_has_a_meaning():
     for key, _type, _default, meaning in config_keys():
         assert meaning, f"{key} has no comment in config.py"
+
+
+# ---------------------------------------------------------------------------------------------
+# A training budget
+
+
+@pytest.mark.parametrize("budget", ["max_steps", "max_minutes", "max_epochs", "patience"])
+def test_a_config_without_budget_is_refused(toy_raw: dict, tmp_path: Path, budget: str):
+    toy_raw["train"]["max_steps"] = 0
+    path = write_yaml(tmp_path / "endless.yaml", toy_raw)
+    with pytest.raises(ConfigError, match="no budget") as info:
+        load_config(path)
+    assert "--set train.max_minutes=60" in str(info.value)
+    assert "train.max_steps: -1" in str(info.value) and "\n" not in str(info.value)
+    assert getattr(load_config(path, [f"train.{budget}=2"]).train, budget) == 2  # any one will do
+
+
+def test_max_steps_minus_one_runs_until_stopped(toy_raw: dict, tmp_path: Path):
+    toy_raw["train"]["max_steps"] = -1
+    assert load_config(write_yaml(tmp_path / "until-stopped.yaml", toy_raw)).train.max_steps == -1
+    toy_raw["train"]["max_steps"] = -2
+    with pytest.raises(ConfigError, match=r"train\.max_steps: -2 is invalid; must be >= -1"):
+        config_from_dict(toy_raw)

@@ -52,7 +52,7 @@ def test_json_bleu_is_sacrebleu_of_the_written_hypotheses(run_copy: Path) -> Non
     done = run_cli("evaluate", "--model", run_copy, "--split", "test", "--json", "--device", "cpu")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    hyp_file = run_copy / "checkpoints" / "best.test.hyp.txt"
+    hyp_file = run_copy / "checkpoints" / "best.test.beam3.hyp.txt"
     assert Path(result["hypotheses"]) == hyp_file
     translator = attn_mt.load(run_copy, device="cpu")
     sources = read_lines(translator.config.data.test.src)
@@ -88,13 +88,37 @@ def test_text_mode_prints_the_signatures(run_copy: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("BLEU ")
     bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
-    hypotheses = read_lines(run_copy / "checkpoints" / "best.test.hyp.txt")
+    hypotheses = read_lines(run_copy / "checkpoints" / "best.test.beam3.hyp.txt")
     references = read_lines(attn_mt.load(run_copy, device="cpu").config.data.test.tgt)
     assert f"BLEU {bleu.corpus_score(hypotheses, [references]).score:.2f}" in done.stdout
     assert f"chrF {chrf.corpus_score(hypotheses, [references]).score:.2f}" in done.stdout
-    assert str(bleu.get_signature()) in done.stdout
-    assert str(chrf.get_signature()) in done.stdout
+    assert f"BLEU signature: {bleu.get_signature()}" in done.stdout.splitlines()
+    assert f"chrF signature: {chrf.get_signature()}" in done.stdout.splitlines()
     assert "hypotheses:" in done.stderr
+
+
+def test_search_options_as_translate_and_one_file_per_beam(run_copy: Path) -> None:
+    """evaluate takes translate's search options; each beam writes its own file."""
+    from typer.testing import CliRunner
+
+    from attn_mt.cli import app
+
+    translator = attn_mt.load(run_copy, device="cpu")
+    sources = read_lines(translator.config.data.valid.src)
+    folder = run_copy / "checkpoints"
+    for options in (["--beam", "1"], ["--length-penalty", "0", "--set", "decode.max_len_a=2"]):
+        result = CliRunner().invoke(
+            app, ["evaluate", "--model", str(run_copy), "--split", "valid", "--json", *options]
+        )
+        assert result.exit_code == 0, result.output
+    beam1, beam3 = folder / "best.valid.beam1.hyp.txt", folder / "best.valid.beam3.hyp.txt"
+    assert read_lines(beam1) == translator.translate(sources, beam=1)
+    translator.config.decode.max_len_a = 2.0
+    assert read_lines(beam3) == translator.translate(sources, beam=3, length_penalty=0.0)
+    result = CliRunner().invoke(
+        app, ["evaluate", "--model", str(run_copy), "--set", "decode.beam=0"]
+    )
+    assert "decode.beam: 0 is invalid" in str(result.exception)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ value, must give the same log-probabilities for a forced target.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -127,7 +128,45 @@ def test_forced_scores_match(exported: Path, trained_run: Path, toy_data):
         assert a == pytest.approx(b, abs=1e-2) and abs(a - b) / n < 1e-3
 
 
-@pytest.mark.parametrize("quantization", ["int8", "float16"])
+def test_quantizations_come_from_ctranslate2() -> None:
+    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
+
+    from attn_mt.cli import Quantization
+    from attn_mt.export import QUANTIZATIONS
+
+    assert ("none", *ACCEPTED_MODEL_TYPES) == QUANTIZATIONS
+    assert [q.value for q in Quantization] == list(QUANTIZATIONS)  # the help lists them all
+    assert {"int8_float16", "bfloat16", "int16"} <= set(QUANTIZATIONS)
+
+
+def test_readme_example_with_exported_defaults_is_translate_beam_1(
+    trained_run: Path, toy_data, tmp_path: Path, capsys
+) -> None:
+    """The folder's README example, as written (decode.json from `export --beam 1`), prints
+    what `attn-mt translate --beam 1` writes."""
+    folder, hyps = tmp_path / "ct2", tmp_path / "hyps.txt"
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["export", "--model", str(trained_run), "--out", str(folder), "--beam", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((folder / "decode.json").read_text())["beam_size"] == 1
+    result = runner.invoke(
+        app,
+        ["translate", "--model", str(trained_run), "--beam", "1", "--device", "cpu",
+         "--input", str(toy_data["test.src"]), "--output", str(hyps)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = read_lines(toy_data["test.src"])
+    readme = (folder / "README.txt").read_text()
+    code = "\n".join(line[4:] for line in readme.splitlines() if line.startswith("    "))
+    capsys.readouterr()
+    exec(code.replace('["your sentence here"]', repr(lines)), {})
+    printed = eval(capsys.readouterr().out)  # the example prints a list of str
+    assert printed == read_lines(hyps)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "float16", "int8_float32", "bfloat16"])
 def test_quantized_export_translates(quantization: str, trained_run: Path, tmp_path, toy_data):
     src, refs = read_lines(toy_data["test.src"])[:50], read_lines(toy_data["test.tgt"])[:50]
     folder = export_ctranslate2(trained_run, tmp_path / "ct2", quantization=quantization)

@@ -166,3 +166,102 @@ def test_output_is_flushed_line_by_line(trained_run: Path, translator) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# --input / --output, --set decode.*, n-best formats
+
+
+def invoke(*args: str | Path):
+    """`attn-mt ARGS` in this process (no terminal: no progress display)."""
+    from typer.testing import CliRunner
+
+    from attn_mt.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_input_output_files_give_what_stdin_gives(trained_run: Path, translator, tmp_path):
+    lines = ["qb qc qd", "", "qz qf", "qh qj qk"]
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in lines))
+    out = tmp_path / "out.txt"
+    result = invoke("translate", "--model", trained_run, "--input", source, "--output", out,
+                    "--device", "cpu")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output == ""
+    assert out.read_text().splitlines() == translator.translate(lines)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+
+
+def test_output_is_whole_or_untouched(trained_run: Path, tmp_path: Path, monkeypatch) -> None:
+    """A failure after the first chunk leaves the old --output as it was, and no temp file."""
+    source, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("qb qc\n" * 1500)  # two chunks of input
+    out.write_text("old\n")
+    calls = []
+    real = attn_mt.Translator.translate_nbest
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("disk on fire")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(attn_mt.Translator, "translate_nbest", failing)
+    result = invoke("translate", "--model", trained_run, "--input", source, "--output", out,
+                    "--device", "cpu")  # fmt: skip
+    assert isinstance(result.exception, RuntimeError) and len(calls) == 2
+    assert out.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+    result = invoke("translate", "--model", trained_run, "--input", tmp_path / "missing.txt",
+                    "--output", out)  # fmt: skip
+    assert isinstance(result.exception, UserError) and "--input" in str(result.exception)
+    assert out.read_text() == "old\n"
+
+
+def test_set_decode_keys_reach_the_search(trained_run: Path, tmp_path: Path) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("qb qc qd\nqz qf\n")
+    out = tmp_path / "out.txt"
+    base = ["translate", "--model", trained_run, "--input", source, "--output", out]
+    assert invoke(*base).exit_code == 0
+    assert all(out.read_text().splitlines())
+    # An output limit of 0 x source + 1 token leaves room for <eos> only: empty lines.
+    result = invoke(*base, "--set", "decode.max_len_a=0", "--set", "decode.max_len_b=1")
+    assert result.exit_code == 0, result.output
+    assert out.read_text() == "\n\n"
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--set", "decode.beam=0"], "decode.beam: 0 is invalid; must be >= 1"),
+        (["--beam", "0"], "decode.beam: 0 is invalid; must be >= 1"),
+        (["--set", "decode.max_len_b=x"], "decode.max_len_b: 'x' is a string, expected int"),
+        (["--set", "decode.bem=3"], "decode.bem: unknown key; did you mean decode.beam?"),
+        (["--set", "train.lr=1"], "--set train.lr=1: only decode.* keys can be set here"),
+    ],
+)
+def test_bad_decode_settings_are_config_errors(trained_run: Path, option, message) -> None:
+    result = invoke("translate", "--model", trained_run, *option)
+    assert isinstance(result.exception, UserError), result.output
+    assert message in str(result.exception)
+
+
+def test_nbest_marian_format_and_empty_lines(trained_run: Path, translator, tmp_path) -> None:
+    lines = ["qb qc qd", "", "qz qf"]
+    source, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("".join(line + "\n" for line in lines))
+    base = ["translate", "--model", trained_run, "--input", source, "--output", out]
+    result = invoke(*base, "--nbest", "2", "--nbest-format", "marian")
+    assert result.exit_code == 0, result.output
+    rows = [line.split(" ||| ") for line in out.read_text().splitlines()]
+    assert [int(i) for i, _, _ in rows] == [0, 0, 1, 1, 2, 2]
+    expected = translator.translate_nbest(lines, beam=3, nbest=2)
+    assert [text for _, text, _ in rows] == [e.text for entries in expected for e in entries]
+    assert [text for _, text, _ in rows[2:4]] == ["", ""]  # the empty line: 2 entries too
+    scores = [float(score) for _, _, score in rows]
+    assert scores == pytest.approx([e.score for entries in expected for e in entries], abs=1e-4)
+    assert invoke(*base, "--nbest", "2").exit_code == 0  # tsv: a block of 2 per line
+    assert [len(b.splitlines()) for b in out.read_text().split("\n\n")] == [2, 2, 2, 0]

@@ -1,0 +1,118 @@
+"""Progress displays on a terminal (with `rich`), nothing when stderr is a pipe or a file.
+
+Used by `cli.py` only (and imported inside its commands, so that help stays fast): the library
+reports progress through plain callbacks and log lines and never writes control characters.
+Off a terminal these displays print nothing, so CI logs, pipes and `2> file` get exactly the
+plain lines they always got.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+
+def on_terminal() -> bool:
+    """Whether stderr is an interactive terminal (where a live display belongs)."""
+    return sys.stderr.isatty()
+
+
+class RateColumn(ProgressColumn):
+    """The task's speed as `12.3 UNIT` (`? UNIT` until it is known)."""
+
+    def __init__(self, unit: str):
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.1f} {self.unit}" if speed else f"? {self.unit}")
+
+
+def _sentence_columns(label: str) -> tuple[ProgressColumn, ...]:
+    """LABEL, a bar, done/total sentences, sentences/s, elapsed time and ETA."""
+    return (
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("sentences"),
+        RateColumn("sent/s"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+
+
+@contextlib.contextmanager
+def sentences(total: int | None, label: str) -> Iterator[Callable[[int], None]]:
+    """Yield `advance(n)`; on a terminal, a bar of sentences done, sentences/s and ETA.
+
+    `total` None (e.g. endless stdin) shows nothing, as does a stderr that is not a terminal.
+    """
+    if total is None or not on_terminal():
+        yield lambda n: None
+        return
+    columns = _sentence_columns(label)
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+class TrainingDisplay:
+    """Training's live line (the log line's figures after every update) and, while it
+    validates, a bar of sentences translated. Log lines print above it."""
+
+    def __init__(self, console: Console):
+        self.line = Text("")
+        self.bar = Progress(*_sentence_columns("validating"), console=console, auto_refresh=False)
+        self.task: TaskID | None = None
+        self.live = Live(
+            console=console, transient=True, redirect_stderr=True, get_renderable=self._render
+        )
+
+    def _render(self) -> RenderableType:
+        return self.line if self.task is None else Group(self.line, self.bar)
+
+    def training(self, line: str) -> None:
+        """Show the training line `line` (drawn at the next refresh, a few times a second)."""
+        first = not self.line
+        self.line = Text(line, no_wrap=True, overflow="ellipsis")
+        if first:
+            self.live.refresh()
+
+    def validating(self, done: int, total: int) -> None:
+        """Validation has translated `done` of `total` sentences; the bar goes when done."""
+        if self.task is None:
+            self.task = self.bar.add_task("validating", total=total)
+            self.live.refresh()  # shown at least once, however quick the validation
+        self.bar.update(self.task, completed=done, total=total)
+        if done >= total:
+            self.bar.remove_task(self.task)
+            self.task = None
+
+
+@contextlib.contextmanager
+def training(enabled: bool = True) -> Iterator[TrainingDisplay | None]:
+    """A live training display on a terminal; None elsewhere (the log lines say it all)."""
+    if not (enabled and on_terminal()):
+        yield None
+        return
+    display = TrainingDisplay(Console(stderr=True))
+    with display.live:
+        yield display
