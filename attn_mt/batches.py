@@ -1,5 +1,8 @@
-"""Training data as the loop sees it: the encoded corpus, and a batch source that hands out
+"""Training data as the loop sees it: the prepared corpus, and a batch source that hands out
 this process's batches epoch after epoch and alone holds the position in the data.
+
+The training pairs are token shards (`attn_mt.prepare`, `attn_mt.shards`): prepared once per
+corpus and settings, memory-mapped by every process, sliced into a batch when it is used.
 
 The loop needs five things from a source (`BatchSource`): the next batch, the epochs done, the
 position as a `state_dict()` and back, and a line for the start-up log. The batch order is a
@@ -14,76 +17,76 @@ import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from attn_mt import distributed
 from attn_mt.config import Config
-from attn_mt.data import (
-    Batch,
-    FilterStats,
-    cache_dir,
-    clean_pairs,
-    collate,
-    epoch_batches,
-    padding_fraction,
-    read_parallel,
-    split_files,
-)
+from attn_mt.data import Batch, FilterStats, read_parallel, split_files
 from attn_mt.errors import DataError
+from attn_mt.prepare import prepare_for
 from attn_mt.runlog import stage
-from attn_mt.tokenizer import Tokenizer, build_tokenizers
+from attn_mt.shards import Shards, ShardSource, TokenView, corpus_lines
+from attn_mt.tokenizer import Tokenizer
 
 
 @dataclass
 class Corpus:
-    """Encoded training pairs (filtered) and the validation split."""
+    """The training pairs (memory-mapped token shards) and the validation split (in memory)."""
 
-    src_ids: list[list[int]]
-    tgt_ids: list[list[int]]
-    lengths: list[tuple[int, int]]  # (source + <eos>, target + <eos>) per kept pair
-    stats: FilterStats
+    shards: Shards
+    weights: list[float]  # of each training corpus, for the start-up log
     valid_src: list[str]
     valid_ref: list[str]
     valid_src_ids: list[list[int]]
     valid_tgt_ids: list[list[int]]
 
+    @property
+    def src_ids(self) -> TokenView:
+        """Source ids of each kept training pair (without <eos>), read from the map."""
+        return self.shards.src
+
+    @property
+    def tgt_ids(self) -> TokenView:
+        """Target ids of each kept training pair (without <eos>), read from the map."""
+        return self.shards.tgt
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(N, 2): source + <eos> and target + <eos> tokens of each kept pair."""
+        return self.shards.lengths + 1
+
+    @property
+    def stats(self) -> FilterStats:
+        """What cleaning kept and dropped, over all training corpora."""
+        total = FilterStats()
+        for entry in self.shards.manifest["corpora"]:
+            total.add(FilterStats(*(entry[k] for k in ("kept", "empty", "too_long", "bad_ratio"))))
+        return total
+
+    def describe(self) -> list[str]:
+        """One line per training corpus: pairs kept, weight, tag and share of an epoch."""
+        return corpus_lines(self.shards.manifest["corpora"], self.weights)
+
 
 def prepare_data(
     cfg: Config, tokenizers: tuple[Tokenizer, Tokenizer] | None, world: distributed.World
 ) -> tuple[Tokenizer, Tokenizer, Corpus]:
-    """Read the corpus, train (or reuse) SentencePiece, encode and filter the training pairs."""
-    train_files = split_files(cfg.data, "train")
+    """Prepare (or reuse) the training shards, then read and encode the validation split.
+
+    tokenizers: a resumed run's SentencePiece models; None trains (or reuses) them, on rank 0,
+    whose models every process then uses (machines of a multi-node run need not share a cache).
+    """
     valid_files = split_files(cfg.data, "valid")
-    with stage("reading the corpus"):
-        train_src, train_tgt = read_parallel(*train_files)
+    with stage("reading the validation split"):  # checked before the training data's work
         valid_src, valid_ref = read_parallel(*valid_files)
-    for name, files, src, tgt in (
-        ("training", train_files, train_src, train_tgt),
-        ("validation", valid_files, valid_src, valid_ref),
-    ):
-        if not any(s.strip() and t.strip() for s, t in zip(src, tgt, strict=True)):
-            raise DataError(f"{files[0]}: the {name} corpus has no non-empty pairs")
-    if tokenizers is None:
-        # Rank 0 trains SentencePiece and sends the models: every process must use the same
-        # pieces, and machines of a multi-node run need not share a cache folder.
-        with stage("SentencePiece", announce=False):  # it says whether it trains or reuses
-            tokenizers = distributed.from_main(
-                lambda: build_tokenizers(cfg.tokenizer, train_src, train_tgt, cache_dir() / "spm"),
-                world,
-            )
-    src_tok, tgt_tok = tokenizers
-    with stage("encoding the corpus"):
-        src_ids, tgt_ids = src_tok.encode(train_src), tgt_tok.encode(train_tgt)
-        keep, stats = clean_pairs(src_ids, tgt_ids, cfg.data.max_len)
-    if not keep:
-        raise DataError(
-            f"every training pair was filtered out ({stats.empty} empty, {stats.too_long} longer "
-            f"than data.max_len={cfg.data.max_len} tokens); raise data.max_len"
-        )
-    src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
+    if not any(s.strip() and t.strip() for s, t in zip(valid_src, valid_ref, strict=True)):
+        raise DataError(f"{valid_files[0]}: the validation corpus has no non-empty pairs")
+    with stage("preparing the training data"):
+        shards = prepare_for(cfg, tokenizers, world)
+    src_tok, tgt_tok = tokenizers or shards.tokenizers()
     corpus = Corpus(
-        src_ids=src_ids,
-        tgt_ids=tgt_ids,
-        lengths=[(len(s) + 1, len(t) + 1) for s, t in zip(src_ids, tgt_ids, strict=True)],
-        stats=stats,
+        shards=shards,
+        weights=cfg.data.weights(),
         valid_src=valid_src,
         valid_ref=valid_ref,
         valid_src_ids=src_tok.encode(valid_src),
@@ -140,74 +143,6 @@ class BatchSource(Protocol):
         ...
 
 
-class CorpusSource:
-    """Token-budget batches of an in-memory `Corpus`; rank r takes every world-size-th batch."""
-
-    def __init__(self, corpus: Corpus, batch_tokens: int, seed: int, world: distributed.World):
-        self.corpus, self.batch_tokens, self.seed, self.world = corpus, batch_tokens, seed, world
-        self.epoch, self.index = 0, 0
-        self.batches = self._epoch_batches(0)
-        self.rescaled = ""  # how a position saved by another process count was mapped
-
-    def _epoch_batches(self, epoch: int) -> list[list[int]]:
-        batches = epoch_batches(
-            self.corpus.lengths,
-            self.batch_tokens,
-            self.seed,
-            epoch,
-            self.world.rank,
-            self.world.size,
-        )
-        if not batches:
-            raise DataError(
-                f"the training data makes fewer batches than the {self.world.size} processes; "
-                "lower train.batch_tokens or use fewer processes"
-            )
-        return batches
-
-    @property
-    def epochs_done(self) -> int:
-        return self.epoch + (1 if self.index >= len(self.batches) else 0)
-
-    @property
-    def epochs_run(self) -> float:
-        return self.epoch + self.index / len(self.batches)
-
-    def next(self) -> Batch:
-        if self.index >= len(self.batches):
-            self.epoch, self.index = self.epoch + 1, 0
-            self.batches = self._epoch_batches(self.epoch)
-        rows = self.batches[self.index]
-        self.index += 1
-        return self._collate(rows)
-
-    def _collate(self, rows: list[int]) -> Batch:
-        return collate(self.corpus.src_ids, self.corpus.tgt_ids, rows)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "index": self.index, "world_size": self.world.size}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        index, saved_world = state["index"], state["world_size"]
-        if saved_world != self.world.size:
-            # The index counts one process's batches; keep the share of the epoch's global
-            # order already seen (rounded up: a few batches may be skipped, none repeated).
-            index = -(-index * saved_world // self.world.size)
-            self.rescaled = (
-                f"resuming a {saved_world}-process run with {self.world.size} processes: "
-                f"epoch {state['epoch']} continues at batch {index}"
-            )
-        self.epoch, self.index = state["epoch"], index
-        self.batches = self._epoch_batches(self.epoch)
-
-    def describe(self) -> str:
-        sample = [self._collate(rows) for rows in self.batches[:50]]
-        per = " per process" if self.world.distributed else ""
-        padding = 100 * padding_fraction(sample)
-        line = f"{len(self.batches)} batches per epoch{per}, padding {padding:.1f}%"
-        return f"{line}; {self.rescaled}" if self.rescaled else line
-
-
 def make_source(cfg: Config, corpus: Corpus, world: distributed.World) -> BatchSource:
-    """The batch source of a training run."""
-    return CorpusSource(corpus, cfg.train.batch_tokens, cfg.train.seed, world)
+    """The batch source of a training run: batches sliced from the memory-mapped shards."""
+    return ShardSource.from_config(cfg, corpus.shards, world)

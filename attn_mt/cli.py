@@ -243,6 +243,24 @@ def train(
 
 
 @app.command()
+def prepare(
+    config: Annotated[Path, typer.Option("--config", help="The YAML config file.")],
+    workers: Annotated[
+        int, typer.Option("--workers", help="Encoding processes (0 = every core).", min=0)
+    ] = 0,
+) -> None:
+    """Encode the training corpora once into token shards (train does it too when needed)."""
+    from attn_mt.config import load_config
+    from attn_mt.prepare import prepare as prepare_shards
+    from attn_mt.prepare import prepared_corpus_lines
+
+    cfg = load_config(config)
+    prepare_shards(cfg, workers=workers, repair=True)
+    for line in prepared_corpus_lines(cfg):
+        print(line)
+
+
+@app.command()
 def translate(
     model: ModelOption,
     input_: Annotated[
@@ -615,12 +633,23 @@ def data_fetch(name: Annotated[str, typer.Argument(help="Corpus name: multi30k."
 
 
 @data_app.command("info")
-def data_info() -> None:
+def data_info(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="Also show this config's training corpora and shares."),
+    ] = None,  # noqa: UP045
+) -> None:
     """Show where named corpora are looked for and which files are present."""
     from attn_mt.data import corpus_info
 
     for line in corpus_info():
         print(line)
+    if config is not None:
+        from attn_mt.config import load_config
+        from attn_mt.prepare import prepared_corpus_lines
+
+        for line in prepared_corpus_lines(load_config(config)):
+            print(line)
 
 
 def main() -> None:

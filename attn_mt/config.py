@@ -27,6 +27,7 @@ from attn_mt.paths import os_reason
 NAMED_CORPORA = ("multi30k",)
 # YAML 1.1 reads `5e-4` (no dot) as a string; float fields accept such numbers anyway.
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_TAG = re.compile(r"<[A-Za-z0-9_-]+>")
 # Every integer key is passed to C code somewhere (torch, SentencePiece): it must fit in 32 bits.
 INT_LIMIT = 2**31
 # A config is three levels deep; far deeper YAML is a mistake (and recursed without end).
@@ -47,22 +48,49 @@ class SplitFiles:
 
 
 @dataclass
+class TrainCorpus:
+    """One corpus of a training mix (`data.train` given as a list of these)."""
+
+    src: str | None = None  # path to the source-language file
+    tgt: str | None = None  # path to the target-language file
+    weight: float = 1.0  # passes per epoch: 2 = twice, 0.5 = a seeded half drawn anew each epoch
+    tag: str | None = None  # a token like <bt> put before each source sentence of this corpus
+
+    def validate(self, where: str) -> None:
+        for side in ("src", "tgt"):
+            if getattr(self, side) is None:
+                raise ConfigError(f"{where}.{side}: missing; every corpus needs src and tgt files")
+        if self.weight <= 0:
+            _fail(f"{where}.weight", self.weight, "must be > 0")
+        if self.tag is not None and not _TAG.fullmatch(self.tag):
+            _fail(f"{where}.tag", self.tag, "must look like <name> (letters, digits, _ or -)")
+
+
+@dataclass
 class DataConfig:
     """Where the parallel text comes from and which pairs are kept for training."""
 
     dataset: str | None = None  # a named corpus (multi30k) or null to use the files below
     src_lang: str = "de"  # source language code
     tgt_lang: str = "en"  # target language code
-    train: SplitFiles = field(default_factory=SplitFiles)  # training files
+    # training files, or a list of corpora {src, tgt, weight, tag} mixed by weight
+    train: SplitFiles | list[TrainCorpus] = field(default_factory=SplitFiles)
     valid: SplitFiles = field(default_factory=SplitFiles)  # validation files (BLEU, early stop)
     test: SplitFiles = field(default_factory=SplitFiles)  # test files (`evaluate --split test`)
     max_len: int = 128  # training pairs with more subword tokens on either side are dropped
+    max_len_ratio: float = 0  # drop pairs whose longer side has over N times the tokens (0 = off)
+    prepared_dir: str | None = None  # token shards go under it (null = the user cache folder)
 
     def validate(self) -> None:
         if self.dataset is not None and self.dataset not in NAMED_CORPORA:
             _fail("data.dataset", self.dataset, f"must be one of {list(NAMED_CORPORA)} or null")
+        if isinstance(self.train, list):
+            if not self.train:
+                raise ConfigError("data.train: an empty list; give at least one corpus")
+            for i, corpus in enumerate(self.train):
+                corpus.validate(f"data.train[{i}]")
         if self.dataset is None:
-            for split in ("train", "valid"):
+            for split in ("train", "valid") if isinstance(self.train, SplitFiles) else ("valid",):
                 files = getattr(self, split)
                 for side in ("src", "tgt"):
                     if getattr(files, side) is None:
@@ -73,6 +101,17 @@ class DataConfig:
         if self.src_lang == self.tgt_lang:
             _fail("data.tgt_lang", self.tgt_lang, "must differ from data.src_lang")
         _check_min("data.max_len", self.max_len, 1)
+        if self.max_len_ratio and self.max_len_ratio < 1:
+            _fail("data.max_len_ratio", self.max_len_ratio, "must be 0 (off) or >= 1")
+
+    def weights(self) -> list[float]:
+        """Each training corpus's weight (one corpus of weight 1 when `train` is a mapping)."""
+        return [c.weight for c in self.train] if isinstance(self.train, list) else [1.0]
+
+    def tags(self) -> list[str]:
+        """The distinct corpus tags, in order of first use (reserved tokenizer pieces)."""
+        corpora = self.train if isinstance(self.train, list) else []
+        return list(dict.fromkeys(c.tag for c in corpora if c.tag))
 
 
 @dataclass
@@ -352,8 +391,13 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         except yaml.YAMLError:
             raise ConfigError(f"--set {item}: cannot parse {text!r} as a value") from None
     node = raw
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
         child = node.get(part)
+        if isinstance(child, list):
+            raise ConfigError(
+                f"--set {item}: {'.'.join(parts[: i + 1])} is a list of corpora in the config; "
+                "edit the file instead"
+            )
         if not isinstance(child, dict):
             child = {}
             node[part] = child
@@ -372,7 +416,7 @@ def config_keys(cls: type = Config, prefix: str = "") -> list[tuple[str, str, An
     comments = _field_comments(cls)
     for f in dataclasses.fields(cls):
         path = f"{prefix}{f.name}"
-        hint = typing.get_type_hints(cls)[f.name]
+        hint = _mapping_shape(typing.get_type_hints(cls)[f.name])
         if dataclasses.is_dataclass(hint):
             rows.extend(config_keys(hint, path + "."))
             continue
@@ -422,16 +466,35 @@ def _resolve_data_paths(raw: dict[str, Any], base: Path) -> None:
     data = raw.get("data")
     if not isinstance(data, dict):
         return
+    entries = [data] if isinstance(data.get("prepared_dir"), str) else []
     for split in ("train", "valid", "test"):
         files = data.get(split)
-        if not isinstance(files, dict):
+        entries += files if isinstance(files, list) else [files]
+    for entry in entries:
+        if not isinstance(entry, dict):
             continue
-        for side in ("src", "tgt"):
-            value = files.get(side)
+        for key in ("src", "tgt", "prepared_dir"):
+            value = entry.get(key)
             if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
-                files[side] = str((base / value).resolve())
+                entry[key] = str((base / value).resolve())
             elif isinstance(value, str):
-                files[side] = str(Path(value).expanduser())
+                entry[key] = str(Path(value).expanduser())
+
+
+def _mapping_shape(hint: Any) -> Any:
+    """`Files | list[Corpus]` -> Files (a mapping is the shape `--set` and the docs use)."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        shapes = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)]
+        return shapes[0] if shapes else hint
+    return hint
+
+
+def _list_item(hint: Any) -> Any:
+    """`Files | list[Corpus]` -> Corpus; None when a list is not allowed."""
+    for arg in typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else ():
+        if typing.get_origin(arg) is list:
+            return typing.get_args(arg)[0]
+    return None
 
 
 def _base_type(hint: Any) -> Any:
@@ -457,7 +520,7 @@ def _field_type(parts: list[str]) -> Any:
         hints = typing.get_type_hints(cls)
         if part not in hints:
             _unknown(".".join(parts[:i]), part, list(hints))
-        cls = hints[part]
+        cls = _mapping_shape(hints[part])
         if i < len(parts) - 1 and not dataclasses.is_dataclass(cls):
             raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
     if dataclasses.is_dataclass(cls):
@@ -491,8 +554,13 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     for name, hint in hints.items():
         if name not in raw:
             continue
-        if dataclasses.is_dataclass(hint):
-            values[name] = _build(hint, raw[name], f"{prefix}{name}.")
+        item = _list_item(hint)
+        if item is not None and isinstance(raw[name], list):
+            values[name] = [
+                _build(item, entry, f"{prefix}{name}[{i}].") for i, entry in enumerate(raw[name])
+            ]
+        elif dataclasses.is_dataclass(_mapping_shape(hint)):
+            values[name] = _build(_mapping_shape(hint), raw[name], f"{prefix}{name}.")
         else:
             values[name] = _coerce(f"{prefix}{name}", raw[name], hint)
     return cls(**values)

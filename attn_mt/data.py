@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import os
 import urllib.error
 import urllib.request
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
+import numpy as np
 import torch
 
-from attn_mt.config import DataConfig
+from attn_mt.config import DataConfig, TrainCorpus
 from attn_mt.errors import DataError
 from attn_mt.paths import atomic_write, os_reason
 from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -143,6 +146,8 @@ def corpus_info() -> list[str]:
 def split_files(cfg: DataConfig, split: str) -> tuple[Path, Path] | None:
     """The (source, target) paths of `split` (train/valid/test), or None if not configured."""
     files = getattr(cfg, split)
+    if isinstance(files, list):
+        raise DataError("data.train: a list of corpora is read through `attn-mt prepare`")
     if files.src and files.tgt:
         return Path(files.src), Path(files.tgt)
     if files.src or files.tgt:
@@ -160,51 +165,75 @@ def split_files(cfg: DataConfig, split: str) -> tuple[Path, Path] | None:
     )
 
 
+def train_corpora(cfg: DataConfig) -> list[TrainCorpus]:
+    """The training corpora of a mix, each with existing src/tgt paths (one when not a list)."""
+    if isinstance(cfg.train, list):
+        return list(cfg.train)
+    src, tgt = split_files(cfg, "train")  # type: ignore[misc]  # validate() ensures both
+    return [TrainCorpus(src=str(src), tgt=str(tgt))]
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading text
 
 
 def read_lines(path: str | Path) -> list[str]:
     """All lines of a UTF-8 text file (plain or gzip), without line endings (LF or CRLF)."""
+    return list(iter_lines(path))
+
+
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file (plain or gzip), read as a stream: memory stays flat."""
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path}: is a folder, not a text file")
     if not path.is_file():
         raise DataError(f"{path}: file not found")
+    number = 0
     try:
         with open(path, "rb") as handle:
             gzipped = handle.read(2) == b"\x1f\x8b"
         opener = gzip.open if gzipped else open
         with opener(path, "rb") as handle:
-            raw_lines = handle.read().split(b"\n")
+            for number, raw in enumerate(handle, start=1):  # noqa: B007 (used after the loop)
+                yield raw.removesuffix(b"\n").decode("utf-8").removesuffix("\r")
     except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # before OSError: BadGzipFile is one
         raise DataError(
             f"{path}: cannot read, damaged gzip data ({err}); download or compress it again"
         ) from None
     except OSError as err:
         raise DataError(f"{path}: cannot read ({os_reason(err)})") from None
-    if raw_lines and raw_lines[-1] == b"":
-        raw_lines.pop()
-    lines = []
-    for number, raw in enumerate(raw_lines, start=1):
-        try:
-            lines.append(raw.decode("utf-8").removesuffix("\r"))
-        except UnicodeDecodeError as err:
-            raise DataError(
-                f"{path}:{number}: invalid UTF-8 at byte {err.start}; convert the file to UTF-8 "
-                "(e.g. iconv -f latin1 -t utf-8)"
-            ) from None
-    return lines
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path}:{number}: invalid UTF-8 at byte {err.start}; convert the file to UTF-8 "
+            "(e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+
+
+def iter_parallel(src: str | Path, tgt: str | Path) -> Iterator[tuple[str, str]]:
+    """(source, target) line pairs of a parallel corpus, streamed; the counts must match."""
+    src_lines, tgt_lines = iter_lines(src), iter_lines(tgt)
+    count = 0
+    for count, pair in enumerate(itertools.zip_longest(src_lines, tgt_lines), start=1):
+        if None in pair:
+            extra_src = sum(1 for _ in src_lines) + (pair[0] is not None)
+            extra_tgt = sum(1 for _ in tgt_lines) + (pair[1] is not None)
+            _mismatch(src, count - 1 + extra_src, tgt, count - 1 + extra_tgt)
+        yield pair
+
+
+def _mismatch(src: str | Path, src_count: int, tgt: str | Path, tgt_count: int) -> NoReturn:
+    raise DataError(
+        f"{src} has {src_count} lines but {tgt} has {tgt_count}; "
+        "a parallel corpus needs one target line per source line"
+    )
 
 
 def read_parallel(src: str | Path, tgt: str | Path) -> tuple[list[str], list[str]]:
     """Source and target lines of a parallel corpus; their counts must match."""
     src_lines, tgt_lines = read_lines(src), read_lines(tgt)
     if len(src_lines) != len(tgt_lines):
-        raise DataError(
-            f"{src} has {len(src_lines)} lines but {tgt} has {len(tgt_lines)}; "
-            "a parallel corpus needs one target line per source line"
-        )
+        _mismatch(src, len(src_lines), tgt, len(tgt_lines))
     return src_lines, tgt_lines
 
 
@@ -215,18 +244,30 @@ class FilterStats:
     kept: int = 0
     empty: int = 0
     too_long: int = 0
+    bad_ratio: int = 0  # one side over data.max_len_ratio times longer than the other
+
+    def add(self, other: FilterStats) -> None:
+        """Count `other`'s pairs too."""
+        for name in ("kept", "empty", "too_long", "bad_ratio"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def clean_pairs(
-    src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]], max_len: int
+    src_ids: Sequence[list[int]],
+    tgt_ids: Sequence[list[int]],
+    max_len: int,
+    max_ratio: float = 0,
 ) -> tuple[list[int], FilterStats]:
-    """Indices of pairs to train on: drop empty pairs and pairs over `max_len` tokens."""
+    """Indices of pairs to train on: drop empty pairs, pairs over `max_len` tokens, and (when
+    `max_ratio` > 0) pairs whose longer side has more than `max_ratio` times the tokens."""
     keep, stats = [], FilterStats()
     for i, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True)):
         if not s or not t:
             stats.empty += 1
         elif len(s) > max_len or len(t) > max_len:
             stats.too_long += 1
+        elif max_ratio and max(len(s), len(t)) > max_ratio * min(len(s), len(t)):
+            stats.bad_ratio += 1
         else:
             keep.append(i)
     stats.kept = len(keep)
@@ -282,50 +323,85 @@ def collate(
 
 
 def length_batches(
-    lengths: Sequence[tuple[int, int]],
+    lengths: Sequence[tuple[int, int]] | np.ndarray,
     batch_tokens: int,
-    order: Sequence[int] | None = None,
+    order: Sequence[int] | np.ndarray | None = None,
 ) -> list[list[int]]:
+    """`bucket_batches` as lists of row indices."""
+    return [rows.tolist() for rows in bucket_batches(lengths, batch_tokens, order)]
+
+
+def bucket_batches(
+    lengths: Sequence[tuple[int, int]] | np.ndarray,
+    batch_tokens: int,
+    order: Sequence[int] | np.ndarray | None = None,
+) -> list[np.ndarray]:
     """Group row indices into batches whose padded size `rows * longest side` fits the budget.
 
     Rows are sorted by their longest side (what the budget counts), then by (source, target)
     length, ties kept in `order`, then cut greedily, so rows of one batch have near-equal
     lengths and padding stays small. A single row longer than the budget still forms its own
-    batch.
+    batch. `lengths` is (N, K): e.g. (source, target) tokens per row.
     """
-    order = range(len(lengths)) if order is None else order
-    ranked = sorted(order, key=lambda i: (max(lengths[i]), lengths[i]))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in ranked:
-        size = max(lengths[i])
-        if current and max(longest, size) * (len(current) + 1) > batch_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, size)
-    if current:
-        batches.append(current)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = lengths.reshape(len(lengths), -1) if lengths.size else lengths.reshape(0, 1)
+    order = np.arange(len(lengths)) if order is None else np.asarray(order, dtype=np.int64)
+    columns = lengths[order].T  # (K, N): e.g. source and target length
+    keys = [columns.max(axis=0, initial=0), *columns]  # longest side first, then each side
+    base = int(lengths.max(initial=0)) + 1
+    if base ** len(keys) < 2**62:  # one int64 key sorts faster than a lexsort
+        composite = np.zeros(len(order), dtype=np.int64)
+        for key in keys:
+            composite = composite * base + key
+        by_length = np.argsort(composite, kind="stable")  # ties keep `order`
+    else:
+        by_length = np.lexsort(keys[::-1])  # also stable
+    ranked, sizes = order[by_length], keys[0][by_length]  # sizes non-decreasing
+    batches: list[np.ndarray] = []
+    start = 0
+    while start < len(ranked):
+        # Sizes only grow, so a batch's longest row is its last: rows start..j fit while
+        # sizes[j] * (j - start + 1) <= budget, and that product only grows with j.
+        room = max(batch_tokens // max(int(sizes[start]), 1), 1)
+        window = sizes[start : start + room + 1]
+        over = window * np.arange(1, len(window) + 1) > batch_tokens
+        over[0] = False  # a row longer than the budget still forms its own batch
+        count = int(np.argmax(over)) if over.any() else len(window)
+        batches.append(ranked[start : start + count])
+        start += count
     return batches
 
 
 def epoch_batches(
-    lengths: Sequence[tuple[int, int]],
+    lengths: Sequence[tuple[int, int]] | np.ndarray,
     batch_tokens: int,
     seed: int,
     epoch: int,
     rank: int = 0,
     world_size: int = 1,
 ) -> list[list[int]]:
+    """`epoch_order` as lists of row indices."""
+    return [
+        rows.tolist() for rows in epoch_order(lengths, batch_tokens, seed, epoch, rank, world_size)
+    ]
+
+
+def epoch_order(
+    lengths: Sequence[tuple[int, int]] | np.ndarray,
+    batch_tokens: int,
+    seed: int,
+    epoch: int,
+    rank: int = 0,
+    world_size: int = 1,
+) -> list[np.ndarray]:
     """This rank's batches of one epoch, in a shuffled order fixed by (seed, epoch).
 
     Every rank computes the same global list and takes every `world_size`-th batch; the list is
     cut to a multiple of `world_size` so all ranks do the same number of steps (no deadlock).
     """
     gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
-    tie_order = torch.randperm(len(lengths), generator=gen).tolist()
-    batches = length_batches(lengths, batch_tokens, tie_order)
+    tie_order = torch.randperm(len(lengths), generator=gen).numpy()
+    batches = bucket_batches(lengths, batch_tokens, tie_order)
     shuffled = [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
     usable = len(shuffled) - len(shuffled) % world_size
     return shuffled[rank:usable:world_size]

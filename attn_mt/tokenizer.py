@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
@@ -55,15 +56,22 @@ class Tokenizer:
         return [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
 
 
-def train_tokenizer(cfg: TokenizerConfig, lines: Sequence[str], cache: Path) -> Tokenizer:
-    """Train (or fetch from `cache`) a SentencePiece model on `lines` with `cfg`'s settings."""
-    settings = {
+def train_tokenizer(
+    cfg: TokenizerConfig, lines: Sequence[str], cache: Path, symbols: Sequence[str] = ()
+) -> Tokenizer:
+    """Train (or fetch from `cache`) a SentencePiece model on `lines` with `cfg`'s settings.
+
+    `symbols` (corpus tags such as <bt>) become pieces of their own, never split.
+    """
+    settings: dict[str, Any] = {
         "vocab_size": cfg.vocab_size,
         "model_type": cfg.model_type,
         "character_coverage": cfg.character_coverage,
         "byte_fallback": cfg.byte_fallback,
         "input_sentence_size": cfg.max_sentences,
     }
+    if symbols:  # only then: the cache key of a model without tags stays what it was
+        settings["user_defined_symbols"] = list(symbols)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     for line in lines:
         digest.update(line.encode("utf-8") + b"\n")
@@ -129,10 +137,20 @@ def _cache_error(cache: Path, err: OSError) -> UserError:
 
 
 def build_tokenizers(
-    cfg: TokenizerConfig, src_lines: Sequence[str], tgt_lines: Sequence[str], cache: Path
+    cfg: TokenizerConfig,
+    src_lines: Sequence[str],
+    tgt_lines: Sequence[str],
+    cache: Path,
+    src_symbols: Sequence[str] = (),
 ) -> tuple[Tokenizer, Tokenizer]:
-    """(source, target) tokenizers: the same object when the vocabulary is joint."""
+    """(source, target) tokenizers: the same object when the vocabulary is joint.
+
+    `src_symbols` (corpus tags) are reserved pieces of the source vocabulary.
+    """
     if cfg.joint:
-        joint = train_tokenizer(cfg, list(src_lines) + list(tgt_lines), cache)
+        joint = train_tokenizer(cfg, list(src_lines) + list(tgt_lines), cache, src_symbols)
         return joint, joint
-    return train_tokenizer(cfg, src_lines, cache), train_tokenizer(cfg, tgt_lines, cache)
+    return (
+        train_tokenizer(cfg, src_lines, cache, src_symbols),
+        train_tokenizer(cfg, tgt_lines, cache),
+    )

@@ -496,14 +496,17 @@ class Trainer:
             self.world.size,
         )
         log.info(
-            "data: %d training pairs kept, %d empty dropped, %d longer than %d tokens dropped; "
-            "%d validation pairs",
+            "data: %d training pairs kept, %d empty dropped, %d longer than %d tokens dropped, "
+            "%d over the length ratio dropped; %d validation pairs",
             c.stats.kept,
             c.stats.empty,
             c.stats.too_long,
             cfg.data.max_len,
+            c.stats.bad_ratio,
             len(c.valid_src),
         )
+        for line in c.describe():  # each training corpus, its share of an epoch
+            log.info("data: %s", line)
         log.info(
             "vocabulary: %s SentencePiece %s, %d / %d pieces; %s",
             "joint" if self.src_tok is self.tgt_tok else "separate",

@@ -67,7 +67,7 @@ def main() -> None:
             "world_size": trainer.world.size,
             "params": trainer.model.state_dict(),
             "rows": rows,
-            "lengths": trainer.corpus.lengths,
+            "lengths": trainer.corpus.lengths.tolist(),
         },
         args.out / f"rank{trainer.world.rank}.pt",
     )

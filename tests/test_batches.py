@@ -3,33 +3,41 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
-from attn_mt.batches import Corpus, CorpusSource
-from attn_mt.data import FilterStats
+import numpy as np
+
 from attn_mt.distributed import World
+from attn_mt.shards import Shards, ShardSource, TokenView
 
 
-def corpus(pairs: int = 300, seed: int = 0) -> Corpus:
+def corpus(pairs: int = 300, seed: int = 0) -> Shards:
+    """Shards held in memory (no folder): random lengths of 1-20 tokens a side."""
     rng = random.Random(seed)
-    src = [[5] * rng.randint(1, 20) for _ in range(pairs)]
-    tgt = [[6] * rng.randint(1, 20) for _ in range(pairs)]
-    lengths = [(len(s) + 1, len(t) + 1) for s, t in zip(src, tgt, strict=True)]
-    return Corpus(src, tgt, lengths, FilterStats(kept=pairs), [], [], [], [])
+    lengths = np.array([(rng.randint(1, 20), rng.randint(1, 20)) for _ in range(pairs)])
+    offsets = np.zeros((pairs + 1, 2), dtype=np.int64)
+    offsets[1:] = np.cumsum(lengths, axis=0)
+    src = np.full(int(offsets[-1, 0]), 5, dtype=np.uint16)
+    tgt = np.full(int(offsets[-1, 1]), 6, dtype=np.uint16)
+    return Shards(
+        Path("."), {}, TokenView(src, offsets[:, 0]), TokenView(tgt, offsets[:, 1]), lengths,
+        np.zeros(pairs, dtype=np.int16),
+    )  # fmt: skip
 
 
-def take(source: CorpusSource, count: int) -> list[tuple[int, list[int]]]:
+def take(source: ShardSource, count: int) -> list[tuple[int, list[int]]]:
     return [(source.epoch, source.next().ids) for _ in range(count)]
 
 
 def test_a_restored_position_continues_exactly() -> None:
     """Saved mid-epoch 1 and loaded into a new source: the same batches follow."""
     data = corpus()
-    straight = CorpusSource(data, 200, seed=3, world=World())
+    straight = ShardSource(data, [1.0], 200, seed=3)
     per_epoch = len(straight.batches)
     first = take(straight, per_epoch + 5)
     state = straight.state_dict()
     assert state == {"epoch": 1, "index": 5, "world_size": 1}
-    resumed = CorpusSource(data, 200, seed=3, world=World())
+    resumed = ShardSource(data, [1.0], 200, seed=3)
     resumed.load_state_dict(state)
     assert take(resumed, 2 * per_epoch) == take(straight, 2 * per_epoch)
     assert first[0][0] == 0 and first[-1][0] == 1
@@ -37,7 +45,7 @@ def test_a_restored_position_continues_exactly() -> None:
 
 
 def test_epochs_done_counts_a_finished_epoch_before_the_next_batch() -> None:
-    source = CorpusSource(corpus(), 400, seed=1, world=World())
+    source = ShardSource(corpus(), [1.0], 400, seed=1)
     take(source, len(source.batches) - 1)
     assert source.epochs_done == 0
     take(source, 1)
@@ -48,28 +56,28 @@ def test_another_process_count_keeps_the_share_of_the_epoch_seen() -> None:
     """Two processes that each took 3 batches saw 6 of the epoch's global order; one process
     resumes at global batch 6 (rounded up: a batch may be skipped, none is repeated)."""
     data = corpus()
-    ranks = [CorpusSource(data, 200, 7, World(rank, rank, 2)) for rank in (0, 1)]
+    ranks = [ShardSource(data, [1.0], 200, 7, World(rank, rank, 2)) for rank in (0, 1)]
     seen = [ids for rank in ranks for _, ids in take(rank, 3)]
-    single = CorpusSource(data, 200, 7, World())
+    single = ShardSource(data, [1.0], 200, 7)
     single.load_state_dict(ranks[0].state_dict())
     assert single.state_dict() == {"epoch": 0, "index": 6, "world_size": 1}
     rest = [ids for _, ids in take(single, len(single.batches) - 6)]
     assert not {tuple(b) for b in rest} & {tuple(b) for b in seen}
-    three = CorpusSource(data, 200, 7, World(0, 0, 3))
+    three = ShardSource(data, [1.0], 200, 7, World(0, 0, 3))
     three.load_state_dict(ranks[0].state_dict())
     assert three.state_dict()["index"] == 2  # ceil(3 * 2 / 3)
 
 
 def test_describe_is_one_line_with_batches_and_padding() -> None:
-    line = CorpusSource(corpus(), 200, seed=1, world=World()).describe()
+    line = ShardSource(corpus(), [1.0], 200, seed=1).describe()
     assert "\n" not in line and "batches per epoch" in line and "padding" in line
 
 
 def test_describe_says_how_another_process_count_was_mapped() -> None:
     data = corpus()
-    two = CorpusSource(data, 200, 7, World(0, 0, 2))
+    two = ShardSource(data, [1.0], 200, 7, World(0, 0, 2))
     take(two, 3)
-    single = CorpusSource(data, 200, 7, World())
+    single = ShardSource(data, [1.0], 200, 7)
     assert "resuming" not in single.describe()
     single.load_state_dict(two.state_dict())
     line = single.describe()
