@@ -182,13 +182,18 @@ def read_lines(path: str | Path) -> list[str]:
     return list(iter_lines(path))
 
 
-def iter_lines(path: str | Path) -> Iterator[str]:
-    """The lines of a UTF-8 text file (plain or gzip), read as a stream: memory stays flat."""
-    path = Path(path)
+def check_text_file(path: Path) -> None:
+    """A DataError unless `path` names a file (not a folder, not missing)."""
     if path.is_dir():
         raise DataError(f"{path}: is a folder, not a text file")
     if not path.is_file():
         raise DataError(f"{path}: file not found")
+
+
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file (plain or gzip), read as a stream: memory stays flat."""
+    path = Path(path)
+    check_text_file(path)
     number = 0
     try:
         with open(path, "rb") as handle:

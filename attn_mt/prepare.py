@@ -32,8 +32,16 @@ import numpy as np
 
 from attn_mt import distributed
 from attn_mt.config import Config, DataConfig, TrainCorpus
-from attn_mt.data import FilterStats, cache_dir, clean_pairs, iter_parallel, train_corpora
+from attn_mt.data import (
+    FilterStats,
+    cache_dir,
+    check_text_file,
+    clean_pairs,
+    iter_parallel,
+    train_corpora,
+)
 from attn_mt.errors import DataError, UserError
+from attn_mt.paths import os_reason
 from attn_mt.shards import (
     FORMAT,
     MANIFEST,
@@ -79,10 +87,13 @@ def plan(cfg: Config) -> Plan:
 
 
 def _digest(path: str | None) -> dict[str, Any]:
+    """The size and sha256 of an input file: what says it changed."""
     file = Path(str(path))
-    if not file.is_file():
-        raise DataError(f"{file}: file not found")
-    return {"bytes": file.stat().st_size, "sha256": sha256_file(file)}
+    check_text_file(file)
+    try:
+        return {"bytes": file.stat().st_size, "sha256": sha256_file(file)}
+    except OSError as err:
+        raise DataError(f"{file}: cannot read ({os_reason(err)})") from None
 
 
 def prepare(

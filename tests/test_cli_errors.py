@@ -305,7 +305,7 @@ DATA_CASES = [
     Case(
         "data-named-corpus-offline",
         offline_corpus,
-        ["multi30k: train.de.gz not found", "data/multi30k", "no download: ATTN_MT_OFFLINE is set"],
+        ["multi30k: val.de.gz not found", "data/multi30k", "no download: ATTN_MT_OFFLINE is set"],
     ),
 ]
 

@@ -996,7 +996,7 @@ def test_run_folder_and_cache_files_follow_the_umask(world: World, tmp_path: Pat
 
 def test_a_damaged_sentencepiece_cache_entry_is_trained_again(world: World, tmp_path: Path) -> None:
     cache = Path(shutil.copytree(world.cache, tmp_path / "cache"))
-    (entry,) = cache.rglob("*.model")
+    (entry,) = (cache / "spm").rglob("*.model")  # the SentencePiece cache, not the shards
     entry.write_bytes(b"half a model")
     cfg = config_from_dict(tiny_config(world.corpus, tmp_path / "run"))
     lines = world.corpus["train.src"].read_text().splitlines()
