@@ -70,13 +70,24 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the run in train.out_dir.")
     ] = False,
+    init_from: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--init-from",
+            help="Start a new run from a run folder (its best.pt) or .pt file: its weights and "
+            "SentencePiece models (sets train.init_from).",
+        ),
+    ] = None,
     device: DeviceOption = "auto",
 ) -> None:
     """Train a model: SentencePiece, Transformer, validation BLEU, checkpoints, TensorBoard."""
     from attn_mt.config import load_config
     from attn_mt.train import train as run_training
 
-    cfg = load_config(config, set_ or [])
+    if init_from is not None and resume:
+        raise UserError("--init-from starts a new run and --resume continues one; give only one")
+    overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
+    cfg = load_config(config, overrides)
     result = run_training(cfg, resume=resume, device=device)
     if result.stop_signal is not None:  # the shell convention: 128 + the signal number
         raise typer.Exit(128 + signal.Signals[result.stop_signal].value)

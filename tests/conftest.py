@@ -52,6 +52,7 @@ def resumable_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
         "optimizer": ts["optimizer"],
         "rng": ts["rng"],
         "data": ts["data"],
+        "ema": checkpoint.get("ema"),  # the weight average, when train.ema_decay > 0
     }
 
 
