@@ -12,7 +12,8 @@ import os
 # 6x slower than the copy itself. torch reads this variable at its first large allocation.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
+from attn_mt.search import Sampling
 from attn_mt.translator import Translation, Translator, load
 
-__all__ = ["Translation", "Translator", "load"]
+__all__ = ["Sampling", "Translation", "Translator", "load"]
 __version__ = "0.1.0"

@@ -139,7 +139,7 @@ class Sampling:
 
     def pick(self, log_probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
         """One token per row of log_probs (N, V) by inverse transform sampling: in order of
-        probability, the first token at which the kept tokens' cumulative probability exceeds
+        probability, the first token at which the kept tokens' cumulative probability reaches
         uniform (N,) times their total; (N,)."""
         scaled, order = (log_probs / self.temperature).sort(dim=-1, descending=True, stable=True)
         probs = scaled.softmax(dim=-1)  # (N, V), most probable first; masked tokens get 0

@@ -10,17 +10,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_identical, load_raw, resumable_state
-from test_train import resume_config, run
+from conftest import assert_identical, load_raw, resumable_state, script_validation
+from test_train import make_config, run
 
 import attn_mt
 from attn_mt.checkpoint import average_checkpoints
-from attn_mt.config import config_from_dict
+from attn_mt.config import Config, config_from_dict
 from attn_mt.ema import WeightEMA
 from attn_mt.errors import ConfigError
 from attn_mt.train import Trainer
 
-DECAY = 0.9  # strong enough to move visibly in the 6 updates of the resume run
+DECAY = 0.9  # strong enough to move visibly in 6 updates
+
+
+def ema_config(toy_data: dict[str, Path], out: Path, **train) -> Config:
+    """6 updates with dropout (so an exact resume needs the RNG), validation at 3 and 6."""
+    settings = {"max_steps": 6, "eval_every": 3, "log_every": 2, "warmup": 4, **train}
+    return make_config(toy_data, out, {"dropout": 0.1}, **settings)
 
 
 def test_the_average_follows_its_formula() -> None:
@@ -49,7 +55,7 @@ def test_the_average_follows_its_formula() -> None:
 
 @pytest.mark.parametrize("decay", [-0.1, 1.0, 1.5])
 def test_decay_outside_0_1_is_refused(toy_data: dict[str, Path], tmp_path: Path, decay) -> None:
-    cfg = resume_config(toy_data, tmp_path / "run", "fp32").to_dict()
+    cfg = ema_config(toy_data, tmp_path / "run").to_dict()
     cfg["train"]["ema_decay"] = decay
     with pytest.raises(ConfigError, match=r"train\.ema_decay"):
         config_from_dict(cfg)
@@ -57,30 +63,30 @@ def test_decay_outside_0_1_is_refused(toy_data: dict[str, Path], tmp_path: Path,
 
 @pytest.fixture(scope="module")
 def runs(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The 6-update resume run (dropout, accumulation, an epoch boundary, validation at 3 and
-    6) without EMA, with ema_decay 0 written out, and with ema_decay DECAY: last.pt folders."""
+    """`ema_config` runs (validations scored BLEU 1 then 2, so best.pt is step 6) with
+    ema_decay 0 and DECAY: their checkpoint folders."""
     folders = {}
-    for name, extra in (("none", {}), ("zero", {"ema_decay": 0.0}), ("ema", {"ema_decay": DECAY})):
+    for name, decay in (("zero", 0.0), ("ema", DECAY)):
         out = tmp_path_factory.mktemp(f"ema-{name}") / "run"
-        result = run(resume_config(toy_data, out, "fp32", **extra))
+        with pytest.MonkeyPatch.context() as patch:
+            script_validation(patch, (1.0, 2.0))
+            result = run(ema_config(toy_data, out, ema_decay=decay))
         assert (result.step, result.stopped_by) == (6, "max_steps")
         folders[name] = out / "checkpoints"
     return folders
 
 
 def test_decay_0_is_no_ema_bit_for_bit(runs: dict[str, Path]) -> None:
-    for name in ("last.pt", "best.pt"):
-        none, zero = load_raw(runs["none"] / name), load_raw(runs["zero"] / name)
-        assert "ema" not in zero
-        assert_identical(zero["model"], none["model"], name)
-    none, zero = load_raw(runs["none"] / "last.pt"), load_raw(runs["zero"] / "last.pt")
-    assert_identical(resumable_state(zero), resumable_state(none))
+    """No `ema` key, and best.pt (the validated weights) is last.pt's raw weights."""
+    last, best = load_raw(runs["zero"] / "last.pt"), load_raw(runs["zero"] / "best.pt")
+    assert "ema" not in last and "ema" not in best and best["step"] == 6
+    assert_identical(best["model"], last["model"])
 
 
 def test_the_ema_changes_no_training_bit(runs: dict[str, Path]) -> None:
-    """Raw weights, optimizer, RNG and data position are those of the run without EMA."""
+    """Raw weights, optimizer, RNG and data position are those of the run with decay 0."""
     with_ema = resumable_state(load_raw(runs["ema"] / "last.pt"))
-    without = resumable_state(load_raw(runs["none"] / "last.pt"))
+    without = resumable_state(load_raw(runs["zero"] / "last.pt"))
     assert with_ema["ema"] is not None and without["ema"] is None
     assert_identical({**with_ema, "ema": None}, without)
     assert any(not torch.equal(with_ema["ema"][k], with_ema["model"][k]) for k in with_ema["model"])
@@ -89,9 +95,8 @@ def test_the_ema_changes_no_training_bit(runs: dict[str, Path]) -> None:
 def test_best_pt_and_translation_use_the_average(runs: dict[str, Path]) -> None:
     folder = runs["ema"]
     last, best = load_raw(folder / "last.pt"), load_raw(folder / "best.pt")
-    assert "ema" not in best
-    if best["step"] == last["step"]:
-        assert_identical(best["model"], last["ema"])
+    assert "ema" not in best and best["step"] == last["step"] == 6
+    assert_identical(best["model"], last["ema"])
     for path, weights in ((folder / "last.pt", last["ema"]), (folder / "best.pt", best["model"])):
         loaded = attn_mt.load(path, device="cpu").model.state_dict()
         assert_identical(loaded, weights, str(path))
@@ -102,12 +107,13 @@ def test_best_pt_and_translation_use_the_average(runs: dict[str, Path]) -> None:
 
 
 def test_straight_equals_resumed_with_the_ema(
-    toy_data: dict[str, Path], tmp_path: Path, runs: dict[str, Path]
+    toy_data: dict[str, Path], tmp_path: Path, runs: dict[str, Path], scripted_validation
 ) -> None:
+    scripted_validation()
     out = tmp_path / "run"
-    first = run(resume_config(toy_data, out, "fp32", max_steps=3, ema_decay=DECAY))
+    first = run(ema_config(toy_data, out, max_steps=3, ema_decay=DECAY))
     assert first.step == 3
-    run(resume_config(toy_data, out, "fp32", ema_decay=DECAY), resume=True)
+    run(ema_config(toy_data, out, ema_decay=DECAY), resume=True)
     assert_identical(
         resumable_state(load_raw(out / "checkpoints" / "last.pt")),
         resumable_state(load_raw(runs["ema"] / "last.pt")),
@@ -115,10 +121,14 @@ def test_straight_equals_resumed_with_the_ema(
 
 
 def test_resuming_a_run_without_ema_starts_the_average_at_its_weights(
-    toy_data: dict[str, Path], tmp_path: Path
+    toy_data: dict[str, Path], tmp_path: Path, scripted_validation
 ) -> None:
+    """...and validation translates with the average (the loss half reads `eval_model` too)."""
+    scripted_validation()
     out = tmp_path / "run"
-    run(resume_config(toy_data, out, "fp32", max_steps=3))
+    run(ema_config(toy_data, out, max_steps=1))
     before = load_raw(out / "checkpoints" / "last.pt")["model"]
-    trainer = Trainer(resume_config(toy_data, out, "fp32", ema_decay=DECAY), resume=True)
+    trainer = Trainer(ema_config(toy_data, out, ema_decay=DECAY), resume=True)
     assert_identical(trainer.ema.state_dict(), before)
+    assert trainer.eval_model is trainer.ema.model is trainer._translator().model
+    assert trainer.ema.model is not trainer.model

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import toy_config_dict
+from conftest import script_validation, toy_config_dict
 from test_search import random_model, random_sources, teacher_forced_logprob
 
 import attn_mt
@@ -104,7 +104,9 @@ def checkpoints(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     for name, seed, vocab in (("a", 1, 60), ("b", 2, 60), ("other_vocab", 1, 50)):
         raw = toy_config_dict(toy_data, folder / name, max_steps=2, seed=seed)
         raw["tokenizer"]["vocab_size"] = vocab
-        Trainer(config_from_dict(raw)).run()
+        with pytest.MonkeyPatch.context() as patch:
+            script_validation(patch)
+            Trainer(config_from_dict(raw)).run()
         paths[name] = folder / name / "checkpoints" / "best.pt"
     return paths
 

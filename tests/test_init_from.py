@@ -6,19 +6,18 @@ before anything is written; config.yaml records the checkpoint, also after a res
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from clirun import assert_user_error, attn_mt, write_yaml
-from conftest import assert_identical, load_raw, toy_config_dict
+from clirun import assert_user_error, attn_mt, config_dict, write_yaml
+from conftest import assert_identical, load_raw, script_validation, toy_config_dict
 
 from attn_mt.checkpoint import translation_weights
 from attn_mt.config import Config, config_from_dict
 from attn_mt.errors import CheckpointError, UserError
-from attn_mt.train import Trainer, Validation
+from attn_mt.train import Trainer
 
 
 def config(toy_data: dict[str, Path], out: Path, model=None, tokenizer=None, **train) -> Config:
@@ -33,25 +32,18 @@ def base(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
     """A finished 4-update toy run with an EMA (so best.pt and last.pt translate with
     different weights from last.pt's raw ones): the run folder."""
     out = tmp_path_factory.mktemp("base") / "run"
-    result = Trainer(config(toy_data, out, max_steps=4, eval_every=2, ema_decay=0.5)).run()
+    with pytest.MonkeyPatch.context() as patch:
+        script_validation(patch, (30.0, 20.0))  # best.pt at step 2, last.pt at step 4
+        result = Trainer(config(toy_data, out, max_steps=4, eval_every=2, ema_decay=0.5)).run()
     assert result.step == 4
     return out
 
 
-@pytest.fixture
-def fast_validation(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Validation scores a constant BLEU of 1 (below the base run's best, whatever it was)."""
-
-    def validate(self: Trainer) -> Validation:
-        return Validation({"loss": 1.0, "ppl": math.e, "bleu": 1.0, "chrf": 1.0}, [])
-
-    monkeypatch.setattr(Trainer, "validate", validate)
-
-
 @pytest.mark.parametrize("start", ["folder", "last.pt"])
 def test_a_new_run_from_the_weights_with_fresh_state(
-    start: str, base: Path, toy_data: dict[str, Path], tmp_path: Path, fast_validation
+    start: str, base: Path, toy_data: dict[str, Path], tmp_path: Path, scripted_validation
 ) -> None:
+    scripted_validation((1.0,))  # below the base run's best: the new run keeps its own
     path = base if start == "folder" else base / "checkpoints" / "last.pt"
     source = load_raw(base / "checkpoints" / ("best.pt" if start == "folder" else "last.pt"))
     out = tmp_path / "tuned"
@@ -76,8 +68,9 @@ def test_a_new_run_from_the_weights_with_fresh_state(
 
 
 def test_resume_keeps_the_record_of_the_start(
-    base: Path, toy_data: dict[str, Path], tmp_path: Path, fast_validation
+    base: Path, toy_data: dict[str, Path], tmp_path: Path, scripted_validation
 ) -> None:
+    scripted_validation()
     out = tmp_path / "tuned"
     Trainer(config(toy_data, out, init_from=str(base), max_steps=2)).run()
     resumed = Trainer(config(toy_data, out, max_steps=3), resume=True)  # no init_from given
@@ -115,9 +108,9 @@ def test_a_missing_checkpoint_is_refused(toy_data: dict[str, Path], tmp_path: Pa
 
 
 def test_cli_init_from_and_its_refusal_with_resume(
-    base: Path, toy_data: dict[str, Path], tmp_path: Path
+    base: Path, corpus: dict[str, Path], tmp_path: Path
 ) -> None:
-    raw = toy_config_dict(toy_data, tmp_path / "tuned", max_steps=1, eval_every=1)
+    raw = config_dict(corpus, tmp_path / "tuned", max_steps=1)  # 10 validation pairs, dropout
     config_file = write_yaml(tmp_path / "tuned.yaml", raw)
     refused = attn_mt(
         "train", "--config", config_file, "--init-from", base, "--resume", cwd=tmp_path
