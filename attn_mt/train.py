@@ -150,9 +150,9 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
-        given = state or (init[1] if init else None)
+        checkpoint = state or (init[1] if init else None)  # its SentencePiece models are kept
         self.src_tok, self.tgt_tok, self.corpus = prepare_data(
-            cfg, tokenizers_from(given) if given else None, world
+            cfg, tokenizers_from(checkpoint) if checkpoint else None, world
         )
         if world.is_main:  # created only once the config and data are known to be good
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
