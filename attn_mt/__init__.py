@@ -16,14 +16,19 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 if TYPE_CHECKING:
+    from attn_mt.search import Sampling
     from attn_mt.translator import Translation, Translator, load
 
-__all__ = ["Translation", "Translator", "load"]
+__all__ = ["Sampling", "Translation", "Translator", "load"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
     """Import the translation API (and torch) on first use, so `attn-mt --help` stays fast."""
+    if name == "Sampling":
+        from attn_mt.search import Sampling
+
+        return Sampling
     if name in __all__:
         from attn_mt import translator
 

@@ -2,13 +2,17 @@
 
 A checkpoint is a plain dict of tensors and Python data:
     format      "attn-mt/1"
-    model       the model's state_dict
+    model       the model's state_dict: the weights that translate, except in last.pt of a run
+                with train.ema_decay > 0, where it holds the raw trained weights (for resume)
+    ema         (last.pt of a run with train.ema_decay > 0 only) the exponential moving average
+                of the weights, which translates; best.pt and step_N.pt hold it as `model`
     config      the resolved config as nested dicts
     step, epoch updates done, and the epoch they are in
     tokenizers  {"src": bytes, "tgt": bytes}: SentencePiece models (the same bytes when joint)
-    metrics     the latest validation figures
+    metrics     the latest validation figures (of the averaged weights when there is an ema)
     train_state (last.pt only) optimizer, scaler, RNG states, data position, early-stop state
-so a checkpoint alone is enough to translate, and `last.pt` alone is enough to resume.
+so a checkpoint alone is enough to translate (`translation_weights`), and `last.pt` alone is
+enough to resume.
 """
 
 from __future__ import annotations
@@ -220,20 +224,32 @@ def tokenizers_from(
     return src, tgt
 
 
-def model_from(
-    state: dict[str, Any], path: str | Path = "checkpoint"
-) -> tuple[Transformer, Config]:
-    """Rebuild the model a checkpoint describes and load its weights (strictly)."""
-    cfg = checkpoint_config(state, path)
-    src_tok, tgt_tok = tokenizers_from(state, path)
-    model = build_model(cfg, src_tok.vocab_size, tgt_tok.vocab_size)
+def translation_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The weights a checkpoint translates with: last.pt's `ema` when its run kept one."""
+    return state["ema"] if state.get("ema") is not None else state["model"]
+
+
+def load_weights(
+    model: Transformer, weights: dict[str, torch.Tensor], path: str | Path = "checkpoint"
+) -> None:
+    """Load a state_dict into `model` strictly; tensors that do not fit are a CheckpointError."""
     try:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(weights)
     except (RuntimeError, TypeError, AttributeError) as err:  # wrong shapes, or not a dict
         lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
         raise CheckpointError(
             f"{path}: its tensors do not fit its config ({'; '.join(lines[1:3] or lines)[:300]})"
         ) from None
+
+
+def model_from(
+    state: dict[str, Any], path: str | Path = "checkpoint"
+) -> tuple[Transformer, Config]:
+    """Rebuild the model a checkpoint describes, with the weights it translates with."""
+    cfg = checkpoint_config(state, path)
+    src_tok, tgt_tok = tokenizers_from(state, path)
+    model = build_model(cfg, src_tok.vocab_size, tgt_tok.vocab_size)
+    load_weights(model, translation_weights(state), path)
     return model, cfg
 
 
@@ -258,28 +274,30 @@ def _average_mismatch(first: dict[str, Any], other: dict[str, Any]) -> str | Non
     if other["tokenizers"] != first["tokenizers"]:
         keys = config_differences(first["config"], other["config"], ["tokenizer"])
         return f"tokenizer keys differ: {', '.join(keys)}" if keys else "their tokenizers differ"
-    shapes = {k: v.shape for k, v in first["model"].items()}
-    if {k: v.shape for k, v in other["model"].items()} != shapes:
+    shapes = {k: v.shape for k, v in translation_weights(first).items()}
+    if {k: v.shape for k, v in translation_weights(other).items()} != shapes:
         return "their tensors differ in names or shapes"
     return None
 
 
 def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
-    """Element-wise mean of the parameters of checkpoints of one model; the rest from the last."""
+    """Element-wise mean of the weights that checkpoints of one model translate with; the rest
+    from the last."""
     if len(paths) < 2:
         raise CheckpointError("average: give at least two checkpoints")
     states = [load_checkpoint(p) for p in paths]
     for state, path in zip(states[1:], paths[1:], strict=True):
         if why := _average_mismatch(states[0], state):
             raise CheckpointError(f"average: {path} does not match {paths[0]} ({why})")
+    weights = [translation_weights(s) for s in states]
     averaged = {}
-    for key, tensor in states[0]["model"].items():
+    for key, tensor in weights[0].items():
         if tensor.is_floating_point():
-            stacked = torch.stack([s["model"][key].double() for s in states])
+            stacked = torch.stack([w[key].double() for w in weights])
             averaged[key] = stacked.mean(dim=0).to(tensor.dtype)
         else:
             averaged[key] = tensor
-    result = {k: v for k, v in states[-1].items() if k != "train_state"}
+    result = {k: v for k, v in states[-1].items() if k not in ("train_state", "ema")}
     result["model"] = averaged
     result["averaged_from"] = [str(p) for p in paths]
     return result

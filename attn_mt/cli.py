@@ -211,6 +211,14 @@ def train(
             "(`attn-mt train --resume RUN_DIR` reads RUN_DIR/config.yaml).",
         ),
     ] = False,
+    init_from: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--init-from",
+            help="Start a new run from a run folder (its best.pt) or .pt file: its weights and "
+            "SentencePiece models (sets train.init_from).",
+        ),
+    ] = None,
     device: DeviceOption = "auto",
 ) -> None:
     """Train a model: SentencePiece, Transformer, validation BLEU, checkpoints, TensorBoard."""
@@ -218,6 +226,8 @@ def train(
     from attn_mt.config import load_config
     from attn_mt.train import train as run_training
 
+    if init_from is not None and resume:
+        raise UserError("--init-from starts a new run and --resume continues one; give only one")
     if run_dir is not None and not resume:
         raise UserError(
             f"train: {run_dir} given without --resume; continue that run with "
@@ -235,7 +245,8 @@ def train(
             )
         # The folder is the run, wherever it was started from: its out_dir is RUN_DIR itself.
         config, set_ = run_dir / "config.yaml", [f"train.out_dir={run_dir}", *(set_ or [])]
-    cfg = load_config(config, set_ or [])
+    overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
+    cfg = load_config(config, overrides)
     with progress.training(enabled=os.environ.get("RANK", "0") == "0") as display:
         result = run_training(cfg, resume=resume, device=device, monitor=display)
     if result.stop_signal is not None:  # the shell convention: 128 + the signal number

@@ -174,6 +174,7 @@ class TrainConfig:
     max_minutes: float = 0  # stop after this much wall time (0 = no limit)
     max_epochs: int = 0  # stop after this many passes over the data (0 = no limit)
     seed: int = 1  # seeds parameter init, data order and dropout
+    init_from: str | None = None  # run folder or .pt whose weights and SentencePiece start the run
     lr: float = 7e-4  # peak learning rate
     schedule: Literal["inverse_sqrt", "cosine", "constant"] = "inverse_sqrt"  # lr schedule
     warmup: int = 4000  # linear warm-up steps
@@ -184,6 +185,7 @@ class TrainConfig:
     adam_eps: float = 1e-9  # AdamW epsilon
     clip_norm: float = 1.0  # gradient-norm clipping (0 = off)
     label_smoothing: float = 0.1  # label-smoothing epsilon of the cross-entropy
+    ema_decay: float = 0.0  # weight EMA for validation, best.pt, translation (0 = off; e.g. 0.999)
     batch_tokens: int = 4096  # tokens per batch: rows x longest side, padding included
     accumulate: int = 1  # batches per update (gradient accumulation)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # autocast dtype
@@ -215,8 +217,9 @@ class TrainConfig:
             _check_min(f"train.{key}", getattr(self, key), 0)
         if self.lr <= 0:
             _fail("train.lr", self.lr, "must be > 0")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            _fail("train.label_smoothing", self.label_smoothing, "must be in [0, 1)")
+        for key in ("label_smoothing", "ema_decay"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                _fail(f"train.{key}", getattr(self, key), "must be in [0, 1)")
         for key in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 _fail(f"train.{key}", getattr(self, key), "must be in [0, 1)")

@@ -1,21 +1,31 @@
-"""Greedy and beam search over `Transformer.encode` / `decode`, batched over sentences.
+"""Greedy search, beam search and sampling over `Transformer.encode` / `decode`, batched over
+sentences, for one model or an ensemble.
 
 The encoder runs once; the decoder runs one step at a time, with the key/value cache (or, for
 checking, recomputing the whole prefix). Sentences that finish leave the batch, and the search
-ends as soon as every sentence is done.
+ends as soon as every sentence is done. An ensemble's next-token log-probabilities are the mean
+of its models' log-probabilities (not renormalised, so a hypothesis scores the mean of the
+models' log P(y | x)); each model keeps its own encoder output and KV cache.
 
-Shape legend: B sentences still searching, K beam size, N = B * K rows, V vocabulary, t step.
+Shape legend: B sentences still searching, K beam size (or samples per sentence), N = B * K
+rows, V vocabulary, t step.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from attn_mt.attention import padding_mask
+from attn_mt.errors import UserError
 from attn_mt.model import Transformer
 from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+# One model, or an ensemble of models of one vocabulary whose log-probabilities are averaged.
+Models = Transformer | Sequence[Transformer]
 
 
 @dataclass
@@ -40,36 +50,44 @@ def max_output_lengths(src: torch.Tensor, a: float, b: int, cap: int | None = No
 
 
 class _StepDecoder:
-    """Next-token log-probabilities for a batch of prefixes, with or without a KV cache."""
+    """Next-token log-probabilities for a batch of prefixes, with or without a KV cache: of one
+    model, or the mean over an ensemble's models, each with its own memory and cache."""
 
-    def __init__(self, model: Transformer, src: torch.Tensor, use_cache: bool, repeat: int = 1):
-        self.model, self.use_cache = model, use_cache
-        self.src_mask = padding_mask(src, PAD_ID).repeat_interleave(repeat, dim=0)  # (N,1,1,S)
-        memory = model.encode(src, padding_mask(src, PAD_ID))  # (B, S, D)
-        self.memory = memory.repeat_interleave(repeat, dim=0)  # (N, S, D)
-        self.cache = model.new_cache() if use_cache else None
+    def __init__(self, models: Models, src: torch.Tensor, use_cache: bool, repeat: int = 1):
+        self.models = [models] if isinstance(models, Transformer) else list(models)
+        self.use_cache = use_cache
+        src_mask = padding_mask(src, PAD_ID)  # (B, 1, 1, S)
+        self.src_mask = src_mask.repeat_interleave(repeat, dim=0)  # (N, 1, 1, S)
+        self.memories = [  # per model (N, S, D)
+            model.encode(src, src_mask).repeat_interleave(repeat, dim=0) for model in self.models
+        ]
+        self.caches = [model.new_cache() if use_cache else None for model in self.models]
 
     def log_probs(self, prefix: torch.Tensor) -> torch.Tensor:
         """prefix (N, t) -> log P(next token | prefix, source) (N, V), in float32."""
         step_input = prefix[:, -1:] if self.use_cache else prefix
-        logits = self.model.decode(step_input, self.memory, self.src_mask, self.cache)[:, -1]
-        # Mask after the softmax, so that scores are the model's own log-probabilities.
-        log_probs = logits.float().log_softmax(dim=-1)  # (N, V)
+        per_model = [
+            # Mask after the softmax, so that scores are the models' own log-probabilities.
+            model.decode(step_input, memory, self.src_mask, cache)[:, -1].float().log_softmax(-1)
+            for model, memory, cache in zip(self.models, self.memories, self.caches, strict=True)
+        ]  # each (N, V)
+        log_probs = torch.stack(per_model).mean(dim=0) if len(per_model) > 1 else per_model[0]
         log_probs[:, [PAD_ID, BOS_ID]] = float("-inf")  # never generated
         return log_probs
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep rows `rows` (reordered beams, or the sentences still searching)."""
-        self.memory = self.memory.index_select(0, rows)
+        self.memories = [memory.index_select(0, rows) for memory in self.memories]
         self.src_mask = self.src_mask.index_select(0, rows)
-        for self_cache, cross_cache in self.cache or ():
-            self_cache.select(rows)
-            cross_cache.select(rows)
+        for cache in self.caches:
+            for self_cache, cross_cache in cache or ():
+                self_cache.select(rows)
+                cross_cache.select(rows)
 
 
 @torch.no_grad()
 def greedy_search(
-    model: Transformer,
+    model: Models,
     src: torch.Tensor,
     max_lengths: torch.Tensor,
     alpha: float = 0.0,
@@ -81,20 +99,124 @@ def greedy_search(
         src: (B, S) source ids, right-padded.  max_lengths: (B,) output limits in tokens.
         alpha: length-penalty exponent, used only for the reported score.
     """
-    decoder = _StepDecoder(model, src, use_cache)
-    batch = src.size(0)
-    alive = torch.arange(batch, device=src.device)  # original row of each live row
-    prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=src.device)  # (B, 1)
-    logprob = torch.zeros(batch, device=src.device)
-    results: list[Hypothesis | None] = [None] * batch
+    return _one_path_search(
+        model,
+        src,
+        max_lengths,
+        alpha,
+        use_cache,
+        lambda log_probs, rows, step: log_probs.argmax(-1),
+    )
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Draw each output token at random instead of searching (e.g. for back-translation): from
+    the model's distribution at `temperature`, cut to the `top_k` most probable tokens (0 = no
+    cut) and to the nucleus, the fewest most probable tokens whose probability reaches `top_p`
+    (1 = no cut). The draws of a source line come from its own random stream, seeded from
+    (`seed`, the line's number, the sample's number): the same line number gives the same
+    samples whatever else is in its batch."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise UserError(f"temperature {self.temperature}: must be > 0")
+        if self.top_k < 0:
+            raise UserError(f"top-k {self.top_k}: must be >= 0 (0 = no cut)")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"top-p {self.top_p}: must be in (0, 1] (1 = no cut)")
+
+    def uniforms(self, line: int, sample: int, steps: int) -> torch.Tensor:
+        """The uniform draws in [0, 1) of one output, one per step; (steps,), on the CPU."""
+        key = hashlib.blake2b(f"{self.seed}/{line}/{sample}".encode(), digest_size=8).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(key, "little"))
+        return torch.rand(steps, generator=generator)
+
+    def pick(self, log_probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+        """One token per row of log_probs (N, V) by inverse transform sampling: in order of
+        probability, the first token at which the kept tokens' cumulative probability reaches
+        uniform (N,) times their total; (N,)."""
+        scaled, order = (log_probs / self.temperature).sort(dim=-1, descending=True, stable=True)
+        probs = scaled.softmax(dim=-1)  # (N, V), most probable first; masked tokens get 0
+        keep = torch.ones_like(probs, dtype=torch.bool)
+        if self.top_k:
+            keep[:, self.top_k :] = False
+        if self.top_p < 1:
+            keep &= probs.cumsum(dim=-1) - probs < self.top_p  # the mass before it < top_p
+        cdf = (probs * keep).cumsum(dim=-1)  # (N, V)
+        rank = (cdf < uniform[:, None] * cdf[:, -1:]).sum(dim=-1).clamp(max=cdf.size(1) - 1)
+        return order.gather(1, rank[:, None]).squeeze(1)
+
+
+@torch.no_grad()
+def sample(
+    model: Models,
+    src: torch.Tensor,
+    max_lengths: torch.Tensor,
+    sampling: Sampling,
+    lines: Sequence[int],
+    samples: int = 1,
+    alpha: float = 0.0,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """`samples` random outputs of every source row, in the order drawn.
+
+    Args:
+        src: (B, S) source ids, right-padded.  max_lengths: (B,) output limits in tokens.
+        lines: (B,) the number of each row in the user's input; it seeds the row's draws.
+        alpha: length-penalty exponent, used only for the reported score.
+    """
+    limits = max_lengths.repeat_interleave(samples)  # (N,)
+    uniforms = torch.zeros(limits.numel(), int(limits.max()))  # (N, longest)
+    for row, (line, j) in enumerate((line, j) for line in lines for j in range(samples)):
+        uniforms[row, : int(limits[row])] = sampling.uniforms(line, j, int(limits[row]))
+    uniforms = uniforms.to(src.device)
+    hyps = _one_path_search(
+        model,
+        src,
+        limits,
+        alpha,
+        use_cache,
+        lambda log_probs, rows, step: sampling.pick(log_probs, uniforms[rows, step]),
+        repeat=samples,
+    )
+    return [hyps[i : i + samples] for i in range(0, len(hyps), samples)]
+
+
+# (log_probs (N, V), the original rows of those N, step) -> the next token of each row (N,)
+TokenChoice = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def _one_path_search(
+    model: Models,
+    src: torch.Tensor,
+    max_lengths: torch.Tensor,
+    alpha: float,
+    use_cache: bool,
+    choose: TokenChoice,
+    repeat: int = 1,
+) -> list[Hypothesis]:
+    """Extend one prefix per row by the token `choose` picks until it picks <eos>; `repeat`
+    rows per source row, with max_lengths (B * repeat,)."""
+    decoder = _StepDecoder(model, src, use_cache, repeat)
+    rows = src.size(0) * repeat
+    alive = torch.arange(rows, device=src.device)  # original row of each live row
+    prefix = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=src.device)  # (N, 1)
+    logprob = torch.zeros(rows, device=src.device)
+    results: list[Hypothesis | None] = [None] * rows
     for step in range(int(max_lengths.max())):
-        log_probs = decoder.log_probs(prefix)  # (B, V)
+        log_probs = decoder.log_probs(prefix)  # (N, V)
         at_limit = step + 1 >= max_lengths[alive]  # the last allowed token must be <eos>
         log_probs[at_limit, :EOS_ID] = float("-inf")
         log_probs[at_limit, EOS_ID + 1 :] = float("-inf")
-        best_logprob, token = log_probs.max(dim=-1)  # (B,), (B,)
-        logprob += best_logprob
-        prefix = torch.cat([prefix, token[:, None]], dim=1)  # (B, t + 1)
+        token = choose(log_probs, alive, step)  # (N,)
+        logprob += log_probs.gather(1, token[:, None]).squeeze(1)
+        prefix = torch.cat([prefix, token[:, None]], dim=1)  # (N, t + 1)
         done = token == EOS_ID
         for row in done.nonzero().flatten().tolist():
             tokens = prefix[row, 1:-1].tolist()
@@ -113,7 +235,7 @@ def greedy_search(
 
 @torch.no_grad()
 def beam_search(
-    model: Transformer,
+    model: Models,
     src: torch.Tensor,
     max_lengths: torch.Tensor,
     beam_size: int,

@@ -12,6 +12,7 @@ state; validation runs under `torch.random.fork_rng`, so it never moves the trai
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import signal
@@ -30,12 +31,16 @@ from attn_mt.checkpoint import (
     checkpoint_config,
     config_differences,
     load_checkpoint,
+    load_weights,
     make_checkpoint,
+    resolve_checkpoint,
     save_checkpoint,
     tokenizers_from,
+    translation_weights,
 )
 from attn_mt.config import Config, TrainConfig, save_config
 from attn_mt.data import collate, length_batches
+from attn_mt.ema import WeightEMA
 from attn_mt.errors import UserError
 from attn_mt.evaluate import score
 from attn_mt.loss import label_smoothed_loss
@@ -52,6 +57,8 @@ log = logging.getLogger("attn_mt")
 HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False}
 # Config keys a resumed run must share with its checkpoint (the rest may change).
 RESUME_KEYS = ("model", "tokenizer", "data.src_lang", "data.tgt_lang")
+# Model keys a run started from a checkpoint (train.init_from) may change: none shapes a weight.
+INIT_FREE_KEYS = ("model.dropout", "model.attention_dropout", "model.fused_attention")
 
 
 class TrainingDiverged(UserError):
@@ -142,13 +149,19 @@ class Trainer:
         # Rank 0 alone looks at the run folder and sends last.pt on: no rank can see a folder
         # rank 0 has begun to write, and other machines need not share it to resume.
         state = distributed.from_main(lambda: check_run_folder(self.out, cfg, resume), world)
+        # A new run may start from a checkpoint's weights; a resumed one keeps its own record.
+        init = None if state else distributed.from_main(lambda: init_checkpoint(cfg), world)
+        if state or init:
+            started_from = init[0] if init else state["config"]["train"].get("init_from")
+            cfg = self.cfg = with_init_from(cfg, started_from)
         self.precision = resolve_precision(cfg.train.precision, device)
         self.dtype = DTYPES[self.precision]
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
+        checkpoint = state or (init[1] if init else None)  # its SentencePiece models are kept
         self.src_tok, self.tgt_tok, corpus = prepare_data(
-            cfg, tokenizers_from(state) if state else None, world
+            cfg, tokenizers_from(checkpoint) if checkpoint else None, world
         )
         self.valid_total = len(corpus.valid_src)
         self.corpus = valid_subset(corpus, cfg.train.valid_max_sentences, cfg.train.seed)
@@ -157,6 +170,9 @@ class Trainer:
                 cfg, self.src_tok.vocab_size, self.tgt_tok.vocab_size
             )
             self.model.to(device)
+        if init:
+            load_weights(self.model, translation_weights(init[1]), init[0])
+        self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         self.optimizer = make_optimizer(self.model, cfg.train)
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
         self.source = make_source(cfg, self.corpus, world)
@@ -198,6 +214,8 @@ class Trainer:
                 if not self._accept(update, step):
                     continue
                 self.progress.step = step
+                if self.ema:
+                    self.ema.update()
                 window.add(update.loss, update.nll, update.tokens, update.grad_norm)
                 self.monitor.training(self._train_line(step, window, lr, start)[0])
                 if step % t.log_every == 0:
@@ -358,7 +376,8 @@ class Trainer:
     def validate(self) -> Validation:
         """Validation loss/perplexity (teacher forcing) and BLEU/chrF of search output."""
         c, t = self.corpus, self.cfg.train
-        self.model.eval()
+        model = self.eval_model
+        model.eval()
         loss = nll = 0.0
         tokens = 0
         lengths = [
@@ -367,7 +386,7 @@ class Trainer:
         with autocast_context(self.device, self.dtype):
             for rows in length_batches(lengths, t.batch_tokens):
                 batch = collate(c.valid_src_ids, c.valid_tgt_ids, rows).to(self.device)
-                logits = self.model(batch.src, batch.tgt_in)
+                logits = model(batch.src, batch.tgt_in)
                 batch_loss, batch_nll = label_smoothed_loss(
                     logits, batch.tgt_out, t.label_smoothing
                 )
@@ -395,8 +414,13 @@ class Trainer:
         samples = list(zip(c.valid_src, hyps, c.valid_ref, strict=True))[: t.samples]
         return Validation(metrics, samples)
 
+    @property
+    def eval_model(self) -> Transformer:
+        """The weights that validate, go into best.pt and translate: the EMA when kept."""
+        return self.ema.model if self.ema else self.model
+
     def _translator(self, dtype: torch.dtype | None = None) -> Translator:
-        return Translator(self.model, self.cfg, self.src_tok, self.tgt_tok, self.device, dtype)
+        return Translator(self.eval_model, self.cfg, self.src_tok, self.tgt_tok, self.device, dtype)
 
     def _validate_and_save(self) -> None:
         """Validate on rank 0, log it, and write the checkpoints (best.pt if it improved)."""
@@ -426,7 +450,7 @@ class Trainer:
         if not self.world.is_main:
             return
         state = make_checkpoint(
-            self.model,
+            self.eval_model,
             self.cfg,
             self.progress.step,
             self.source.epoch,
@@ -442,6 +466,8 @@ class Trainer:
             self.progress.kept_checkpoints.append(name)
             while len(self.progress.kept_checkpoints) > keep:
                 (self.ckpt_dir / self.progress.kept_checkpoints.pop(0)).unlink(missing_ok=True)
+        if self.ema:  # last.pt resumes from the raw weights; the average translates
+            state["model"], state["ema"] = self.model.state_dict(), state["model"]
         state["train_state"] = {
             "progress": asdict(self.progress),
             "data": self.source.state_dict(),
@@ -467,6 +493,8 @@ class Trainer:
     def _restore_parts(self, state: dict[str, Any]) -> None:
         ts = state["train_state"]
         self.model.load_state_dict(state["model"])
+        if self.ema:  # a run that kept no average starts one from its weights
+            self.ema.load_state_dict(translation_weights(state))
         self.optimizer.load_state_dict(ts["optimizer"])
         if self.scaler is not None and ts["scaler"]:
             self.scaler.load_state_dict(ts["scaler"])
@@ -515,6 +543,10 @@ class Trainer:
             self.tgt_tok.vocab_size,
             self.source.describe(),
         )
+        if cfg.train.init_from and not self.resumed:
+            log.info("weights and SentencePiece models from %s; a new run", cfg.train.init_from)
+        if self.ema:
+            log.info("weight EMA, decay %g: validation and best.pt use the average", self.ema.decay)
         if self.resumed:
             position = self.source.state_dict()
             log.info(
@@ -594,6 +626,36 @@ def make_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimi
     return torch.optim.AdamW(
         groups, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, fused=True
     )
+
+
+def init_checkpoint(cfg: Config) -> tuple[str, dict[str, Any]] | None:
+    """The checkpoint `train.init_from` names (its absolute path and contents), once its model
+    and tokenizer keys are known to equal `cfg`'s (but for INIT_FREE_KEYS); None without one."""
+    if cfg.train.init_from is None:
+        return None
+    path = resolve_checkpoint(cfg.train.init_from).resolve()
+    state = load_checkpoint(path)
+    old, new = state["config"], cfg.to_dict()
+    differ = config_differences(old, new, ("model", "tokenizer"))
+    if keys := [key for key in differ if key not in INIT_FREE_KEYS]:
+        values = ", ".join(f"{k} ({_value(new, k)!r} here, {_value(old, k)!r} there)" for k in keys)
+        raise UserError(
+            f"{path}: cannot start from this checkpoint, the config differs in {values}; a run "
+            "started from it keeps its model and SentencePiece models (only model.dropout, "
+            "model.attention_dropout and train.* may change)"
+        )
+    return str(path), state
+
+
+def _value(config: dict[str, Any], key: str) -> Any:
+    """The value of a dotted `section.key` in a plain config (None when missing)."""
+    section, name = key.split(".")
+    return config.get(section, {}).get(name)
+
+
+def with_init_from(cfg: Config, init_from: str | None) -> Config:
+    """`cfg` with train.init_from set: config.yaml records the checkpoint a run started from."""
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=init_from))
 
 
 def check_run_folder(out: Path, cfg: Config, resume: bool) -> dict[str, Any] | None:

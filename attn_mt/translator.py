@@ -1,5 +1,6 @@
-"""The translation API: `attn_mt.load(PATH)` -> Translator; the CLI's `translate` and
-`evaluate` are thin wrappers over it, so a notebook gets exactly what the command line gets.
+"""The translation API: `attn_mt.load(PATH)` -> Translator, `attn_mt.load([PATH, PATH])` -> a
+Translator over the ensemble; the CLI's `translate` and `evaluate` are thin wrappers over it, so
+a notebook gets exactly what the command line gets.
 """
 
 from __future__ import annotations
@@ -12,16 +13,17 @@ from pathlib import Path
 
 import torch
 
-from attn_mt.checkpoint import load_checkpoint, model_from, tokenizers_from
+from attn_mt.checkpoint import config_differences, load_checkpoint, model_from, tokenizers_from
 from attn_mt.config import Config
 from attn_mt.data import length_batches, pad_sequences
 from attn_mt.errors import UserError
 from attn_mt.model import Transformer
 from attn_mt.precision import autocast_context, resolve_device
-from attn_mt.search import beam_search, greedy_search, max_output_lengths
+from attn_mt.search import Models, Sampling, beam_search, greedy_search, max_output_lengths, sample
 from attn_mt.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
 _LINE_BREAKS = re.compile(r"[\r\n]+")
+LANGUAGE_KEYS = ("data.src_lang", "data.tgt_lang")
 
 
 @dataclass
@@ -34,11 +36,12 @@ class Translation:
 
 
 class Translator:
-    """Translate lists of sentences with a trained model (greedy or beam search)."""
+    """Translate lists of sentences with a trained model or an ensemble of models of one
+    vocabulary (greedy search, beam search or sampling)."""
 
     def __init__(
         self,
-        model: Transformer,
+        model: Models,
         config: Config,
         src_tokenizer: Tokenizer,
         tgt_tokenizer: Tokenizer,
@@ -46,15 +49,18 @@ class Translator:
         dtype: torch.dtype | None = None,
     ):
         self.device = torch.device(device) if isinstance(device, str) else device
-        self.model = model.to(self.device).eval()
+        models = [model] if isinstance(model, Transformer) else list(model)
+        self.models = [m.to(self.device).eval() for m in models]
+        self.model = self.models[0]  # the one model (an ensemble's first, for attention plots)
         self.config, self.src_tokenizer, self.tgt_tokenizer = config, src_tokenizer, tgt_tokenizer
         self.dtype = dtype  # autocast dtype, None = float32
-        self.max_output_len = model.max_positions or None
+        bounded = [m.max_positions for m in self.models if m.max_positions]
+        self.max_output_len = min(bounded) if bounded else None  # every model's table fits
 
     @property
     def max_input_len(self) -> int:
         """decode.max_input_len, within the positional table (the source gets one <eos>)."""
-        limit, positions = self.config.decode.max_input_len, self.model.max_positions
+        limit, positions = self.config.decode.max_input_len, self.max_output_len
         return min(limit, positions - 1) if positions else limit
 
     def translate(self, lines: Sequence[str], beam: int | None = None, **options) -> list[str]:
@@ -71,10 +77,13 @@ class Translator:
         batch_tokens: int | None = None,
         first_line: int = 1,
         on_batch: Callable[[int], None] | None = None,
+        sampling: Sampling | None = None,
     ) -> list[list[Translation]]:
-        """The `nbest` best translations of every line (best first), in input order.
+        """The `nbest` best translations of every line (best first), in input order; with
+        `sampling`, `nbest` samples of every line instead, in the order drawn (no beam).
 
-        `first_line` is the number of `lines[0]` in the user's input, for warnings;
+        `first_line` is the number of `lines[0]` in the user's input, for warnings and for
+        the samples' random streams (so a line samples the same in any chunk of the input);
         `on_batch(n)` is called after each batch with the number of lines it finished.
         """
         if isinstance(lines, (str, bytes)):
@@ -83,10 +92,19 @@ class Translator:
         if not all(isinstance(line, str) for line in lines):
             raise TypeError("translate: every sentence must be a str")
         cfg = self.config.decode
-        beam = cfg.beam if beam is None else beam
-        if beam < 1 or not 1 <= nbest <= beam:
-            raise UserError(f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam")
+        if sampling is not None:
+            if beam is not None:
+                raise UserError(f"--beam {beam}: sampling searches no beam; leave --beam out")
+            if nbest < 1:
+                raise UserError(f"--nbest {nbest}: need at least 1 sample per line")
+        else:
+            beam = cfg.beam if beam is None else beam
+            if beam < 1 or not 1 <= nbest <= beam:
+                raise UserError(
+                    f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam"
+                )
         alpha = cfg.length_penalty if length_penalty is None else length_penalty
+        rows_per_line = nbest if sampling is not None else beam
         budget = batch_tokens or cfg.batch_tokens
         ids = self._encode(lines, first_line)
         # Blank lines stay "": `nbest` empty entries, as many as any other line gets.
@@ -95,14 +113,19 @@ class Translator:
         if on_batch is not None and len(todo) < len(lines):
             on_batch(len(lines) - len(todo))
         lengths = [(len(seq) + 1,) for seq in ids]  # + <eos>
-        for rows in length_batches(lengths, max(budget // beam, 1), order=todo):
+        for rows in length_batches(lengths, max(budget // rows_per_line, 1), order=todo):
             src = pad_sequences([ids[i] + [EOS_ID] for i in rows], PAD_ID).to(self.device)
             limits = max_output_lengths(src, cfg.max_len_a, cfg.max_len_b, self.max_output_len)
             with autocast_context(self.device, self.dtype):
-                if beam == 1:
-                    hyps = [[h] for h in greedy_search(self.model, src, limits, alpha, use_cache)]
+                if sampling is not None:
+                    numbers = [first_line + i for i in rows]
+                    hyps = sample(
+                        self.models, src, limits, sampling, numbers, nbest, alpha, use_cache
+                    )
+                elif beam == 1:
+                    hyps = [[h] for h in greedy_search(self.models, src, limits, alpha, use_cache)]
                 else:
-                    hyps = beam_search(self.model, src, limits, beam, alpha, nbest, use_cache)
+                    hyps = beam_search(self.models, src, limits, beam, alpha, nbest, use_cache)
             for row, row_hyps in zip(rows, hyps, strict=True):
                 texts = self.tgt_tokenizer.decode([h.tokens for h in row_hyps])
                 results[row] = [
@@ -134,11 +157,33 @@ def _one_line(text: str) -> str:
 
 
 def load(
-    path: str | Path, device: str | torch.device = "auto", dtype: torch.dtype | None = None
+    path: str | Path | Sequence[str | Path],
+    device: str | torch.device = "auto",
+    dtype: torch.dtype | None = None,
 ) -> Translator:
-    """Load a run folder (its checkpoints/best.pt) or a .pt file as a Translator."""
+    """Load a run folder (its checkpoints/best.pt) or a .pt file as a Translator; a list of them
+    as one Translator over the ensemble, which averages the models' log-probabilities at every
+    step (they must share the SentencePiece models and language pair; decode settings are the
+    first one's)."""
     device = resolve_device(device) if isinstance(device, str) else device
-    state = load_checkpoint(path)
-    model, cfg = model_from(state, path)
-    src_tok, tgt_tok = tokenizers_from(state, path)
-    return Translator(model, cfg, src_tok, tgt_tok, device, dtype)
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    if not paths:
+        raise UserError("load: give at least one checkpoint")
+    states = [load_checkpoint(p) for p in paths]
+    for other, state in zip(paths[1:], states[1:], strict=True):
+        if why := _ensemble_mismatch(states[0], state):
+            raise UserError(f"{other} cannot join an ensemble with {paths[0]}: {why}")
+    models, configs = zip(
+        *(model_from(s, p) for s, p in zip(states, paths, strict=True)), strict=True
+    )
+    src_tok, tgt_tok = tokenizers_from(states[0], paths[0])
+    return Translator(list(models), configs[0], src_tok, tgt_tok, device, dtype)
+
+
+def _ensemble_mismatch(first: dict, other: dict) -> str | None:
+    """Why the checkpoint `other` cannot decode together with `first`, or None."""
+    if other["tokenizers"] != first["tokenizers"]:
+        return "their SentencePiece models differ (an ensemble needs one vocabulary)"
+    if keys := config_differences(first["config"], other["config"], LANGUAGE_KEYS):
+        return f"they translate different languages ({', '.join(keys)} differ)"
+    return None

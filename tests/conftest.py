@@ -52,6 +52,7 @@ def resumable_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
         "optimizer": ts["optimizer"],
         "rng": ts["rng"],
         "data": ts["data"],
+        "ema": checkpoint.get("ema"),  # the weight average, when train.ema_decay > 0
     }
 
 
@@ -145,18 +146,24 @@ def toy_config(toy_data: dict[str, Path], tmp_path: Path):
     return make
 
 
+def script_validation(monkeypatch: pytest.MonkeyPatch, bleus: tuple[float, ...] = ()) -> None:
+    """Replace validation with a scripted BLEU sequence (then 0.0): fast, and it drives early
+    stopping. Module fixtures call it inside `pytest.MonkeyPatch.context()`."""
+    sequence = iter(bleus)
+
+    def validate(self: Trainer) -> Validation:
+        bleu = next(sequence, 0.0)
+        return Validation({"loss": 1.0, "ppl": math.e, "bleu": bleu, "chrf": 0.0}, [])
+
+    monkeypatch.setattr(Trainer, "validate", validate)
+
+
 @pytest.fixture
 def scripted_validation(monkeypatch: pytest.MonkeyPatch):
-    """Replace validation with a scripted BLEU sequence: fast, and it drives early stopping."""
+    """scripted_validation(bleus) installs `script_validation` for one test."""
 
     def install(bleus: tuple[float, ...] = ()) -> None:
-        sequence = iter(bleus)
-
-        def validate(self: Trainer) -> Validation:
-            bleu = next(sequence, 0.0)
-            return Validation({"loss": 1.0, "ppl": math.e, "bleu": bleu, "chrf": 0.0}, [])
-
-        monkeypatch.setattr(Trainer, "validate", validate)
+        script_validation(monkeypatch, bleus)
 
     return install
 
