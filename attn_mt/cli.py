@@ -105,6 +105,15 @@ ModelOption = Annotated[
         help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint.",
     ),
 ]
+ModelsOption = Annotated[
+    list[Path],
+    typer.Option(
+        "--model",
+        metavar="PATH",
+        help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint; give it more than "
+        "once to decode with the ensemble (models of one vocabulary, log-probabilities averaged).",
+    ),
+]
 # The search options `translate`, `evaluate` and `export` share (see `_load_translator`).
 BeamOption = Annotated[
     Optional[int],  # noqa: UP045 (typer needs Optional here)
@@ -273,7 +282,7 @@ def prepare(
 
 @app.command()
 def translate(
-    model: ModelOption,
+    model: ModelsOption,
     input_: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option("--input", metavar="FILE", help="Translate FILE instead of stdin."),
@@ -305,16 +314,41 @@ def translate(
     ] = NbestFormat.tsv,
     length_penalty: LengthPenaltyOption = None,
     set_: DecodeSetOption = None,
+    sample: Annotated[
+        bool,
+        typer.Option(
+            "--sample",
+            help="Sample instead of searching (back-translation): --nbest samples per line, "
+            "reproducible for a --seed, whatever the batch.",
+        ),
+    ] = False,
+    top_k: Annotated[
+        int, typer.Option("--top-k", metavar="K", help="With --sample: the K likeliest (0 = all).")
+    ] = 0,
+    top_p: Annotated[
+        float,
+        typer.Option(
+            "--top-p", metavar="P", help="With --sample: the nucleus of mass P (1 = all)."
+        ),
+    ] = 1.0,
+    temperature: Annotated[
+        float, typer.Option("--temperature", metavar="T", help="With --sample: divide logits by T.")
+    ] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", metavar="S", help="With --sample: the seed.")] = 1,
     device: DeviceOption = "auto",
 ) -> None:
     """Translate stdin to stdout (or --input to --output), one line per input line, in order."""
     from attn_mt import progress
+    from attn_mt.search import Sampling
 
     translator = _load_translator(model, device, beam, length_penalty, set_)
+    sampling = Sampling(temperature, top_k, top_p, seed) if sample else None
     beam_size = translator.config.decode.beam
     if beam is None:
         beam_size = max(beam_size, nbest)
-    if nbest > beam_size or beam_size < 1 or nbest < 1:
+    if sampling is not None:
+        beam_size = beam  # sampling searches no beam; the translator refuses one
+    elif nbest > beam_size or beam_size < 1 or nbest < 1:
         raise UserError(f"--nbest {nbest} --beam {beam_size}: need 1 <= nbest <= beam")
     try:
         with (
@@ -325,7 +359,12 @@ def translate(
             first_line = 1
             for chunk in _line_chunks(stream, str(input_) if input_ else "stdin"):
                 found = translator.translate_nbest(
-                    chunk, beam_size, nbest, first_line=first_line, on_batch=advance
+                    chunk,
+                    beam_size,
+                    nbest,
+                    first_line=first_line,
+                    on_batch=advance,
+                    sampling=sampling,
                 )
                 for number, entries in enumerate(found, start=first_line):
                     out.write(_format_entries(number - 1, entries, nbest, nbest_format))
@@ -337,14 +376,15 @@ def translate(
 
 
 def _load_translator(
-    model: Path,
+    models: list[Path],
     device: str,
     beam: int | None = None,
     length_penalty: float | None = None,
     sets: list[str] | None = None,
 ) -> Translator:
-    """Load `model` with the search options applied to its decode config, which checks them
-    as it checks a config file (`--beam 0` fails as `decode.beam: 0 is invalid`)."""
+    """Load `models` (one, or an ensemble) with the search options applied to the decode
+    config, which checks them as it checks a config file (`--beam 0` fails as
+    `decode.beam: 0 is invalid`)."""
     import attn_mt
     from attn_mt.config import apply_override, config_from_dict
 
@@ -359,7 +399,7 @@ def _load_translator(
         overrides.append(f"decode.beam={beam}")
     if length_penalty is not None:
         overrides.append(f"decode.length_penalty={length_penalty}")
-    translator = attn_mt.load(model, device=device)
+    translator = attn_mt.load(models[0] if len(models) == 1 else models, device=device)
     raw = translator.config.to_dict()
     for item in overrides:
         apply_override(raw, item)
@@ -469,7 +509,7 @@ def _line_chunks(stream: BinaryIO, name: str, max_lines: int = 1000) -> Iterator
 
 @app.command()
 def evaluate(
-    model: ModelOption,
+    model: ModelsOption,
     split: Annotated[
         Optional[Split],  # noqa: UP045
         typer.Option("--split", help="A split of the run's corpus (default test)."),
@@ -513,8 +553,8 @@ def evaluate(
         raise UserError("evaluate: give both --src and --ref, or neither (then --split is used)")
     if src is not None and split is not None:
         raise UserError("evaluate: give either --split or --src/--ref, not both")
-    checkpoint = resolve_checkpoint(model)
-    translator = _load_translator(checkpoint, device, beam, length_penalty, set_)
+    checkpoint = resolve_checkpoint(model[0])  # the hypotheses are written beside the first
+    translator = _load_translator([checkpoint, *model[1:]], device, beam, length_penalty, set_)
     if src is None:
         split = split or Split.test
         files = split_files(translator.config.data, split.value)
@@ -627,7 +667,7 @@ def export(
     """
     from attn_mt.export import export_ctranslate2
 
-    translator = _load_translator(model, "cpu", beam, length_penalty, set_)
+    translator = _load_translator([model], "cpu", beam, length_penalty, set_)
     export_ctranslate2(
         model, out, quantization=quantization.value, force=force, decode=translator.config.decode
     )

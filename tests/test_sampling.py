@@ -182,3 +182,28 @@ def test_sampling_with_a_beam_is_refused(translator: Translator) -> None:
         translator.translate_nbest(["qb"], beam=4, sampling=Sampling())
     with pytest.raises(UserError, match="--nbest"):
         translator.translate_nbest(["qb"], nbest=0, sampling=Sampling())
+
+
+def test_cli_sample_and_ensemble_flags(trained_run: Path, tmp_path: Path) -> None:
+    """`translate --sample` gives --nbest reproducible samples per line; `--model` twice decodes
+    the ensemble, which for a model with itself is the model's own output."""
+    from typer.testing import CliRunner
+
+    from attn_mt.cli import app
+
+    runner = CliRunner()
+    source = tmp_path / "in.txt"
+    source.write_text("qb qc qd\n\nqz qf\n")
+    model = str(trained_run)
+    args = ["translate", "--model", model, "--input", str(source), "--device", "cpu"]
+    sample = [*args, "--sample", "--top-k", "5", "--temperature", "1.5", "--seed", "4"]
+    first = runner.invoke(app, [*sample, "--nbest", "2", "--nbest-format", "marian"])
+    again = runner.invoke(app, [*sample, "--nbest", "2", "--nbest-format", "marian"])
+    assert first.exit_code == 0, first.output
+    assert first.stdout == again.stdout
+    assert [line.split(" ||| ")[0] for line in first.stdout.splitlines()] == list("001122")
+    alone = runner.invoke(app, [*args, "--beam", "2"])
+    pair = runner.invoke(app, [*args, "--beam", "2", "--model", model])
+    assert alone.exit_code == pair.exit_code == 0 and pair.stdout == alone.stdout
+    refused = runner.invoke(app, [*sample, "--beam", "3"])
+    assert refused.exit_code != 0
