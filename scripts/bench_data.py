@@ -4,7 +4,8 @@ The corpora are Multi30k de-en repeated and shuffled to each size (plain text). 
 - prepare: wall seconds of `attn-mt prepare` (SentencePiece + encoding, cold), sentences/s, the
   shards' size on disk, and the seconds of a second `prepare` that finds them up to date;
 - train: seconds from the command to its first update (the `step 1` line of train.log) and the
-  peak RSS of the process (`os.wait4`), for a short `attn-mt train` (2 updates, d=256);
+  peak RSS of the process (measured from a small wrapper), for a short `attn-mt train`
+  (2 updates, d=256);
 - batches: how many batches/s the shard reader produces against how many a d=256 model consumes
   (forward + backward), in this process.
 `--baseline-src DIR` also runs the train measurement with PYTHONPATH=DIR, a checkout of the old
@@ -27,6 +28,7 @@ import json
 import os
 import platform
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -97,16 +99,32 @@ def write_config(folder: Path, pairs: int, name: str) -> Path:
     return path
 
 
+# Run a command (argv[1:]) and print its peak RSS in KiB. A child's peak RSS counts the
+# process it was forked from, so it is measured from this small process, not from the
+# benchmark (torch loaded, a model trained), whose size would otherwise be reported.
+WITH_PEAK_RSS = (
+    "import resource, subprocess, sys\n"
+    "code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    "sys.exit(code)\n"
+)
+
+
 def run(args: list[str], pythonpath: Path, cache: Path) -> tuple[float, float]:
     """Run a command to its end: (wall seconds, peak RSS in MiB of that process)."""
     env = {**os.environ, "PYTHONPATH": str(pythonpath), "ATTN_MT_CACHE": str(cache)}
     start = time.time()
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    # cwd: `python -m attn_mt` imports the package of the working folder before PYTHONPATH.
+    proc = subprocess.run(
+        [sys.executable, "-c", WITH_PEAK_RSS, *args],
+        env=env,
+        cwd=pythonpath,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
-        sys.exit(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.read().decode()}")
-    return time.time() - start, usage.ru_maxrss / 1024
+        sys.exit(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
+    return time.time() - start, int(proc.stdout.split()[-1]) / 1024
 
 
 def first_update(config: Path, pythonpath: Path, cache: Path) -> dict[str, float]:
@@ -116,7 +134,8 @@ def first_update(config: Path, pythonpath: Path, cache: Path) -> dict[str, float
         subprocess.run(["rm", "-rf", str(out)], check=True)
     start = time.time()
     _, rss = run([*ATTN_MT, "train", "--config", str(config)], pythonpath, cache)
-    line = next(ln for ln in (out / "train.log").read_text().splitlines() if " step 1 " in ln)
+    lines = (out / "train.log").read_text().splitlines()
+    line = next(ln for ln in lines if re.search(r" step 1(/\d+)? ", ln))  # new and old format
     stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
     return {"first_update_s": round(stamp - start, 2), "peak_rss_mib": round(rss)}
 
