@@ -377,20 +377,6 @@ def bucket_batches(
     return batches
 
 
-def epoch_batches(
-    lengths: Sequence[tuple[int, int]] | np.ndarray,
-    batch_tokens: int,
-    seed: int,
-    epoch: int,
-    rank: int = 0,
-    world_size: int = 1,
-) -> list[list[int]]:
-    """`epoch_order` as lists of row indices."""
-    return [
-        rows.tolist() for rows in epoch_order(lengths, batch_tokens, seed, epoch, rank, world_size)
-    ]
-
-
 def epoch_order(
     lengths: Sequence[tuple[int, int]] | np.ndarray,
     batch_tokens: int,

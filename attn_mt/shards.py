@@ -174,7 +174,7 @@ class ShardSource:
 
     An epoch takes each corpus `weight` times: whole passes, plus for a fractional weight a
     subset drawn anew each epoch (seeded by seed, epoch and corpus). With every weight 1 the
-    epoch is the corpus itself and the batches are `data.epoch_batches` of its lengths.
+    epoch is the corpus itself and the batches are `data.epoch_order` of its lengths.
     """
 
     def __init__(

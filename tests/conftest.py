@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from attn_mt.config import Config, config_from_dict
+from attn_mt.data import epoch_order
 from attn_mt.train import Trainer, Validation
 
 # The fixtures of the end-to-end command-line tests (a toy corpus and a finished run).
@@ -74,6 +75,11 @@ def assert_identical(a: Any, b: Any, where: str = "state") -> None:
             assert_identical(x, y, f"{where}[{i}]")
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def epoch_lists(*args, **kwargs) -> list[list[int]]:
+    """`data.epoch_order` as lists of row indices, to compare with recorded batches."""
+    return [rows.tolist() for rows in epoch_order(*args, **kwargs)]
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:

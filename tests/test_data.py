@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import epoch_lists
 
 from attn_mt import data
 from attn_mt.config import DataConfig, TokenizerConfig, load_config
@@ -21,7 +22,6 @@ from attn_mt.data import (
     clean_pairs,
     collate,
     corpus_file,
-    epoch_batches,
     fetch_corpus,
     length_batches,
     padding_fraction,
@@ -238,7 +238,7 @@ def random_lengths(count: int, seed: int, long_rows: int = 0) -> list[tuple[int,
 
 def test_batches_respect_the_token_budget_and_cover_every_row():
     lengths = random_lengths(500, seed=0, long_rows=2)
-    batches = epoch_batches(lengths, batch_tokens=64, seed=1, epoch=0)
+    batches = epoch_lists(lengths, batch_tokens=64, seed=1, epoch=0)
     for rows in batches:
         longest = max(max(lengths[i]) for i in rows)
         assert len(rows) * longest <= 64 or len(rows) == 1
@@ -248,19 +248,19 @@ def test_batches_respect_the_token_budget_and_cover_every_row():
 
 def test_batch_order_is_a_function_of_seed_and_epoch():
     lengths = random_lengths(300, seed=1)
-    first = epoch_batches(lengths, 128, seed=1, epoch=0)
-    assert epoch_batches(lengths, 128, seed=1, epoch=0) == first
-    assert epoch_batches(lengths, 128, seed=1, epoch=1) != first
-    assert epoch_batches(lengths, 128, seed=2, epoch=0) != first
+    first = epoch_lists(lengths, 128, seed=1, epoch=0)
+    assert epoch_lists(lengths, 128, seed=1, epoch=0) == first
+    assert epoch_lists(lengths, 128, seed=1, epoch=1) != first
+    assert epoch_lists(lengths, 128, seed=2, epoch=0) != first
 
 
 def test_ddp_shares_are_disjoint_equal_and_cover_the_truncated_list():
     lengths = random_lengths(400, seed=2)
-    everything = epoch_batches(lengths, 100, seed=3, epoch=5)
+    everything = epoch_lists(lengths, 100, seed=3, epoch=5)
     world = 3
     usable = len(everything) - len(everything) % world
     assert usable < len(everything)  # this case exercises the truncation
-    shares = [epoch_batches(lengths, 100, 3, 5, rank=r, world_size=world) for r in range(world)]
+    shares = [epoch_lists(lengths, 100, 3, 5, rank=r, world_size=world) for r in range(world)]
     assert len({len(share) for share in shares}) == 1
     rows = [i for share in shares for batch in share for i in batch]
     assert len(rows) == len(set(rows))
@@ -290,7 +290,7 @@ def test_padding_is_low_on_toy_data(toy_data: dict[str, Path]):
     src_ids = [line.split() for line in src]  # one "token" per word is enough for lengths
     tgt_ids = [line.split() for line in tgt]
     lengths = [(len(s) + 1, len(t) + 1) for s, t in zip(src_ids, tgt_ids, strict=True)]
-    batches = epoch_batches(lengths, 1024, seed=1, epoch=0)
+    batches = epoch_lists(lengths, 1024, seed=1, epoch=0)
     as_ids = [[1] * len(s) for s in src_ids], [[1] * len(t) for t in tgt_ids]
     assert padding_fraction([collate(*as_ids, rows) for rows in batches]) < 0.05
 
@@ -303,5 +303,5 @@ def test_padding_is_low_on_multi30k(multi30k_root: Path, tmp_path: Path):
     src_ids, tgt_ids = tok.encode(src), tok.encode(tgt)
     lengths = [(len(s) + 1, len(t) + 1) for s, t in zip(src_ids, tgt_ids, strict=True)]
     budget = load_config(REPO / "configs" / "multi30k_de_en.yaml").train.batch_tokens
-    batches = epoch_batches(lengths, budget, seed=1, epoch=0)
+    batches = epoch_lists(lengths, budget, seed=1, epoch=0)
     assert padding_fraction([collate(src_ids, tgt_ids, rows) for rows in batches]) < 0.10

@@ -22,13 +22,12 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 import yaml
-from conftest import toy_config_dict, toy_pairs, write_lines
+from conftest import epoch_lists, toy_config_dict, toy_pairs, write_lines
 from ddp_worker import record_batches
 
 import attn_mt
 from attn_mt.checkpoint import load_checkpoint
 from attn_mt.config import config_from_dict
-from attn_mt.data import epoch_batches
 from attn_mt.train import Trainer
 
 pytestmark = pytest.mark.slow
@@ -155,7 +154,7 @@ def test_ranks_take_disjoint_shares_of_one_seeded_order(straight):
     cfg = load_checkpoint(straight[0] / "checkpoints" / "last.pt")["config"]["train"]
     lengths = [tuple(pair) for pair in ranks[0]["lengths"]]
     for epoch in range(EPOCHS):
-        everything = epoch_batches(lengths, cfg["batch_tokens"], cfg["seed"], epoch)
+        everything = epoch_lists(lengths, cfg["batch_tokens"], cfg["seed"], epoch)
         assert len(everything) == BATCHES
         taken = [[ids for e, ids in rank["rows"] if e == epoch] for rank in ranks]
         for rank, batches in enumerate(taken):  # rank r takes batches r, r + 2, r + 4, ...

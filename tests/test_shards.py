@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import toy_config_dict, toy_pairs, write_lines
+from conftest import epoch_lists, toy_config_dict, toy_pairs, write_lines
 
 from attn_mt import prepare as prepare_module
 from attn_mt.batches import prepare_data
@@ -21,7 +21,6 @@ from attn_mt.data import (
     cache_dir,
     clean_pairs,
     collate,
-    epoch_batches,
     length_batches,
     read_parallel,
 )
@@ -85,7 +84,7 @@ def test_shards_hold_exactly_todays_encoding(toy_data, tmp_path, max_len):
     lengths = [(len(src_ids[i]) + 1, len(tgt_ids[i]) + 1) for i in keep]
     kept_src, kept_tgt = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
     for epoch in range(2):
-        expected = epoch_batches(lengths, cfg.train.batch_tokens, cfg.train.seed, epoch)
+        expected = epoch_lists(lengths, cfg.train.batch_tokens, cfg.train.seed, epoch)
         taken = [source.next() for _ in expected]
         assert [batch.ids for batch in taken] == expected
         for batch in taken[:10]:  # gathered from the maps, yet today's tensors
@@ -384,7 +383,7 @@ def test_two_gloo_ranks_read_disjoint_batches_of_one_prepared_copy(toy_data, tmp
     assert (ranks[0]["folder"] == ranks[1]["folder"]) != machines
     assert ranks[0]["digest"] == ranks[1]["digest"]
     cfg = load_config(config)
-    everything = epoch_batches(
+    everything = epoch_lists(
         open_shards(Path(ranks[0]["folder"])).lengths + 1, cfg.train.batch_tokens, 1, 0
     )
     usable = len(everything) - len(everything) % 2
