@@ -124,9 +124,18 @@ class TokenizerConfig:
     character_coverage: float = 1.0  # share of characters covered by the vocabulary
     byte_fallback: bool = True  # unknown characters become UTF-8 byte pieces instead of <unk>
     max_sentences: int = 2_000_000  # cap on sentences SentencePiece reads when training
+    # Subword regularization: each training pair is cut into pieces anew each time it is used;
+    # for unigram the smoothing alpha (smaller splits more), for bpe the BPE-dropout rate.
+    sampling_alpha: float = 0.0  # subword regularization of training pairs (0 = off; e.g. 0.3)
 
     def validate(self) -> None:
         _check_min("tokenizer.vocab_size", self.vocab_size, 8, "room for the 4 special symbols")
+        if self.sampling_alpha < 0 or (self.model_type == "bpe" and self.sampling_alpha >= 1):
+            _fail(
+                "tokenizer.sampling_alpha",
+                self.sampling_alpha,
+                "must be 0 (off) or positive, and below 1 for model_type bpe (a dropout rate)",
+            )
         if not 0.9 <= self.character_coverage <= 1.0:
             _fail("tokenizer.character_coverage", self.character_coverage, "must be in [0.9, 1]")
         _check_min("tokenizer.max_sentences", self.max_sentences, 1)

@@ -78,12 +78,19 @@ def plan(cfg: Config) -> Plan:
     identity = {
         "format": FORMAT,
         "corpora": [{"src": _digest(c.src), "tgt": _digest(c.tgt), "tag": c.tag} for c in corpora],
-        "tokenizer": dataclasses.asdict(cfg.tokenizer),
+        "tokenizer": _tokenizer_identity(cfg),
         "max_len": cfg.data.max_len,
         "max_len_ratio": cfg.data.max_len_ratio,
     }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
     return Plan(corpora, identity, prepared_root(cfg.data) / key)
+
+
+def _tokenizer_identity(cfg: Config) -> dict[str, Any]:
+    """The tokenizer keys that decide the stored tokens: sampling happens per batch, later."""
+    keys = dataclasses.asdict(cfg.tokenizer)
+    keys.pop("sampling_alpha")
+    return keys
 
 
 def _digest(path: str | None) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from attn_mt.config import Config
-from attn_mt.data import Batch, epoch_order, padding_fraction
+from attn_mt.data import Batch, collate, epoch_order, padding_fraction
 from attn_mt.distributed import World
 from attn_mt.errors import DataError
 from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
@@ -169,6 +169,39 @@ def corpus_lines(entries: Sequence[dict[str, Any]], weights: Sequence[float]) ->
     return lines
 
 
+@dataclass
+class Resampler:
+    """Subword regularization of a batch (`tokenizer.sampling_alpha`): its pairs' best
+    segmentations, as the shards hold them, decoded to text and encoded again with a sampled one.
+
+    The seed is the batch's place in the data (seed, epoch, batch, rank), so a resumed run
+    samples what the straight run would have. A sampled sentence longer than `max_len` keeps
+    its best segmentation. The batch was cut by the best segmentations' lengths, so it holds
+    somewhat more tokens than `train.batch_tokens` (how many more depends on alpha).
+    """
+
+    tokenizers: tuple[Tokenizer, Tokenizer]
+    alpha: float
+    max_len: int
+
+    def collate(self, shards: Shards, rows: np.ndarray, seed: int) -> Batch:
+        sides = []
+        for tokenizer, view in zip(self.tokenizers, (shards.src, shards.tgt), strict=True):
+            best = [view[row] for row in rows]
+            sampled = tokenizer.sample(tokenizer.decode(best), self.alpha, seed)
+            sides.append(
+                [s if 0 < len(s) <= self.max_len else b for s, b in zip(sampled, best, strict=True)]
+            )
+        batch = collate(*sides, range(len(rows)))
+        batch.ids = rows.tolist()
+        return batch
+
+
+def batch_seed(*place: int) -> int:
+    """A 32-bit seed for SentencePiece from a batch's place (seed, epoch, batch, rank)."""
+    return int(np.random.SeedSequence(list(place)).generate_state(1)[0])
+
+
 class ShardSource:
     """This rank's batches from the shards, epoch after epoch, from a resumable position.
 
@@ -184,8 +217,10 @@ class ShardSource:
         batch_tokens: int,
         seed: int,
         world: World = World(),
+        resampler: Resampler | None = None,
     ):
         self.shards, self.weights = shards, list(weights)
+        self.resampler = resampler
         self.batch_tokens, self.seed, self.world = batch_tokens, seed, world
         counts = np.bincount(shards.corpus, minlength=len(self.weights))
         self.starts = np.concatenate([[0], np.cumsum(counts)])  # corpora are stored in order
@@ -195,8 +230,12 @@ class ShardSource:
 
     @classmethod
     def from_config(cls, cfg: Config, shards: Shards, world: World) -> ShardSource:
-        """The source of `cfg`'s weights, batch budget and seed for this process."""
-        return cls(shards, cfg.data.weights(), cfg.train.batch_tokens, cfg.train.seed, world)
+        """The source of `cfg`'s weights, batch budget, seed and subword sampling for this
+        process."""
+        alpha = cfg.tokenizer.sampling_alpha
+        resampler = Resampler(shards.tokenizers(), alpha, cfg.data.max_len) if alpha else None
+        t = cfg.train
+        return cls(shards, cfg.data.weights(), t.batch_tokens, t.seed, world, resampler)
 
     @property
     def batches(self) -> list[np.ndarray]:
@@ -248,7 +287,10 @@ class ShardSource:
             self.epoch, self.index = self.epoch + 1, 0
         rows = self.batches[self.index]
         self.index += 1
-        return self.shards.collate(rows)
+        if self.resampler is None:
+            return self.shards.collate(rows)
+        seed = batch_seed(self.seed, self.epoch, self.index, self.world.rank)
+        return self.resampler.collate(self.shards, rows, seed)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "index": self.index, "world_size": self.world.size}
@@ -271,4 +313,6 @@ class ShardSource:
         per = " per process" if self.world.size > 1 else ""
         padding = 100 * padding_fraction(sample)
         line = f"{len(self.batches)} batches per epoch{per}, padding {padding:.1f}%"
+        if self.resampler:
+            line += f", segmentations sampled (alpha {self.resampler.alpha:g})"
         return f"{line}; {self.rescaled}" if self.rescaled else line

@@ -42,6 +42,26 @@ class Tokenizer:
         """Text -> piece ids (no <bos>/<eos>; the batcher adds them)."""
         return self.sp.encode(list(lines), out_type=int)
 
+    def sample(self, lines: Sequence[str], alpha: float, seed: int) -> list[list[int]]:
+        """One sampled segmentation per line: subword regularization (Kudo, 2018) for a unigram
+        model, `alpha` the smoothing of P(segmentation)^alpha over all segmentations (smaller
+        samples more); BPE-dropout (Provilkov et al., 2020) for a BPE model, `alpha` the
+        probability of dropping a merge.
+
+        Reproducible for a `seed`: SentencePiece's generator is seeded, then the lines are
+        encoded in order on one thread of their own (a batch call starts fresh threads, whose
+        generators start from the seed), so the same seed gives the same ids.
+        """
+        spm.set_random_generator_seed(seed)
+        return self.sp.encode(
+            list(lines),
+            out_type=int,
+            enable_sampling=True,
+            alpha=alpha,
+            nbest_size=-1,
+            num_threads=1,
+        )
+
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         """Piece ids -> detokenized text; special ids are dropped."""
         specials = {PAD_ID, BOS_ID, EOS_ID}

@@ -55,10 +55,13 @@ log = logging.getLogger("attn_mt")
 
 # train.select_metric -> whether a higher value is better
 HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False}
-# Config keys a resumed run must share with its checkpoint (the rest may change).
+# Config keys a resumed run must share with its checkpoint (the rest may change, and so may
+# the subword sampling, which changes no piece).
 RESUME_KEYS = ("model", "tokenizer", "data.src_lang", "data.tgt_lang")
-# Model keys a run started from a checkpoint (train.init_from) may change: none shapes a weight.
-INIT_FREE_KEYS = ("model.dropout", "model.attention_dropout", "model.fused_attention")
+SAMPLING_KEY = "tokenizer.sampling_alpha"
+# Model and tokenizer keys a run started from a checkpoint (train.init_from) may change: none
+# shapes a weight or a piece.
+INIT_FREE_KEYS = ("model.dropout", "model.attention_dropout", "model.fused_attention", SAMPLING_KEY)
 
 
 class TrainingDiverged(UserError):
@@ -642,7 +645,7 @@ def init_checkpoint(cfg: Config) -> tuple[str, dict[str, Any]] | None:
         raise UserError(
             f"{path}: cannot start from this checkpoint, the config differs in {values}; a run "
             "started from it keeps its model and SentencePiece models (only model.dropout, "
-            "model.attention_dropout and train.* may change)"
+            "model.attention_dropout, tokenizer.sampling_alpha and train.* may change)"
         )
     return str(path), state
 
@@ -684,7 +687,8 @@ def check_run_folder(out: Path, cfg: Config, resume: bool) -> dict[str, Any] | N
     if not isinstance(state.get("train_state"), dict):
         raise UserError(f"{last}: holds no training state, so it cannot be resumed")
     old = checkpoint_config(state, last).to_dict()  # validated like a config file
-    if diff := config_differences(old, cfg.to_dict(), RESUME_KEYS):
+    diff = [k for k in config_differences(old, cfg.to_dict(), RESUME_KEYS) if k != SAMPLING_KEY]
+    if diff:
         raise UserError(
             f"{out}: cannot resume with a changed config ({', '.join(diff)} differ "
             "from the checkpoint); restore them or start a new train.out_dir"
