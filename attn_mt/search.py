@@ -75,8 +75,17 @@ class _StepDecoder:
         log_probs[:, [PAD_ID, BOS_ID]] = float("-inf")  # never generated
         return log_probs
 
+    def reorder_beams(self, rows: torch.Tensor) -> None:
+        """Reorder rows within their sentences (beam search's survivors, `rows` (N,) from the
+        same sentence's K rows): only the self-attention caches differ between a sentence's
+        beams; its memory, mask and cross-attention keys and values are K equal copies, so they
+        stay where they are."""
+        for cache in self.caches:
+            for self_cache, _ in cache or ():
+                self_cache.select(rows)
+
     def select(self, rows: torch.Tensor) -> None:
-        """Keep rows `rows` (reordered beams, or the sentences still searching)."""
+        """Keep rows `rows` (the sentences still searching, or any reordering)."""
         self.memories = [memory.index_select(0, rows) for memory in self.memories]
         self.src_mask = self.src_mask.index_select(0, rows)
         for cache in self.caches:
@@ -285,7 +294,7 @@ def beam_search(
         source_row = torch.arange(n, device=device)[:, None] * k + top_beam.gather(1, pick)
         next_token = top_token.gather(1, pick).view(-1, 1)  # (N, 1)
         prefix = torch.cat([prefix.index_select(0, source_row.view(-1)), next_token], dim=1)
-        decoder.select(source_row.view(-1))
+        decoder.reorder_beams(source_row.view(-1))
         open_lp = length_penalty(step + 1, alpha)  # the open beams hold step + 1 tokens
         best_open = [score / open_lp for score in beam_scores.max(dim=1).values.tolist()]
         done = torch.tensor(
