@@ -208,16 +208,13 @@ class MultiHeadAttention(nn.Module):
         self, query: torch.Tensor, key_value: torch.Tensor, cache: KVCache | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q, K, V split into heads, using and updating the cache."""
-        d_model = query.size(-1)
         if cache is not None and cache.static and cache.k is not None:
-            q = F.linear(query, self.in_proj.weight[:d_model], self.in_proj.bias[:d_model])
-            return self._split(q), cache.k, cache.v
+            return self._split(self._in_proj_rows(query, 0, 1)), cache.k, cache.v
         if key_value is query:
             q, k, v = self.in_proj(query).chunk(3, dim=-1)  # 3 x (B, T, D)
         else:
-            w, b = self.in_proj.weight, self.in_proj.bias
-            q = F.linear(query, w[:d_model], b[:d_model])  # (B, T, D)
-            k, v = F.linear(key_value, w[d_model:], b[d_model:]).chunk(2, dim=-1)  # (B, S, D)
+            q = self._in_proj_rows(query, 0, 1)  # (B, T, D)
+            k, v = self._in_proj_rows(key_value, 1, 3).chunk(2, dim=-1)  # 2 x (B, S, D)
         q, k, v = self._split(q), self._split(k), self._split(v)  # (B, H, T|S, Dh)
         if cache is not None:
             if not cache.static and cache.k is not None:
@@ -225,6 +222,16 @@ class MultiHeadAttention(nn.Module):
                 v = torch.cat([cache.v, v], dim=2)
             cache.k, cache.v = k, v
         return q, k, v
+
+    def _in_proj_rows(self, x: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        """x times the blocks first..last-1 of in_proj (0 = W_q, 1 = W_k, 2 = W_v); (B, L, n*D)."""
+        d_model = x.size(-1)
+        rows = slice(first * d_model, last * d_model)
+        if isinstance(self.in_proj, nn.Linear):
+            return F.linear(x, self.in_proj.weight[rows], self.in_proj.bias[rows])
+        # An int8 layer (`attn_mt.quantize`) holds packed weights that cannot be sliced: it
+        # computes all three blocks and the wanted ones are kept.
+        return self.in_proj(x)[..., rows]
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, D) -> (B, H, L, Dh): head h takes features h*Dh .. (h+1)*Dh - 1."""

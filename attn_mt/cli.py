@@ -89,6 +89,21 @@ class NbestFormat(str, enum.Enum):
     marian = "marian"  # `id ||| text ||| score` lines (Marian, Moses, fairseq), id from 0
 
 
+class Precision(str, enum.Enum):
+    """The number format of `translate` and `evaluate`."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"  # autocast; on CPUs with native bf16 (AMX, AVX-512 BF16) and recent GPUs
+    fp16 = "fp16"  # autocast, CUDA only
+    auto = "auto"  # bf16 where the device runs it natively, else fp16 (CUDA) or fp32
+
+
+class Int8(str, enum.Enum):
+    """`--quantize`: int8 linear layers, CPU only (`attn_mt.quantize`)."""
+
+    int8 = "int8"
+
+
 DeviceOption = Annotated[
     str,
     typer.Option(
@@ -112,6 +127,19 @@ ModelsOption = Annotated[
         metavar="PATH",
         help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint; give it more than "
         "once to decode with the ensemble (models of one vocabulary, log-probabilities averaged).",
+    ),
+]
+PrecisionOption = Annotated[
+    Precision,
+    typer.Option(
+        "--precision",
+        help="fp32; bf16 or fp16 autocast; auto = bf16 where the device runs it natively.",
+    ),
+]
+QuantizeOption = Annotated[
+    Optional[Int8],  # noqa: UP045
+    typer.Option(
+        "--quantize", help="int8: dynamically quantized linear layers (CPU only, fp32 otherwise)."
     ),
 ]
 # The search options `translate`, `evaluate` and `export` share (see `_load_translator`).
@@ -336,12 +364,16 @@ def translate(
     ] = 1.0,
     seed: Annotated[int, typer.Option("--seed", metavar="S", help="With --sample: the seed.")] = 1,
     device: DeviceOption = "auto",
+    precision: PrecisionOption = Precision.fp32,
+    quantize: QuantizeOption = None,
 ) -> None:
     """Translate stdin to stdout (or --input to --output), one line per input line, in order."""
     from attn_mt import progress
     from attn_mt.search import Sampling
 
-    translator = _load_translator(model, device, beam, length_penalty, set_)
+    translator = _load_translator(
+        model, device, beam, length_penalty, set_, precision.value, quantize and quantize.value
+    )
     sampling = Sampling(temperature, top_k, top_p, seed) if sample else None
     beam_size = translator.config.decode.beam
     if beam is None:
@@ -381,12 +413,22 @@ def _load_translator(
     beam: int | None = None,
     length_penalty: float | None = None,
     sets: list[str] | None = None,
+    precision: str = "fp32",
+    quantize: str | None = None,
 ) -> Translator:
     """Load `models` (one, or an ensemble) with the search options applied to the decode
     config, which checks them as it checks a config file (`--beam 0` fails as
-    `decode.beam: 0 is invalid`)."""
+    `decode.beam: 0 is invalid`), in the number format asked for."""
     import attn_mt
     from attn_mt.config import apply_override, config_from_dict
+    from attn_mt.precision import DTYPES, resolve_device, resolve_precision
+
+    where = resolve_device(device)
+    if precision == "fp16" and where.type != "cuda":
+        raise UserError("--precision fp16 needs a CUDA GPU; use bf16 or fp32 on the CPU")
+    dtype = DTYPES[resolve_precision(precision, where)]
+    if quantize and dtype is not None:
+        raise UserError(f"--quantize {quantize} and --precision {precision} exclude each other")
 
     overrides = list(sets or [])
     for item in overrides:
@@ -399,7 +441,7 @@ def _load_translator(
         overrides.append(f"decode.beam={beam}")
     if length_penalty is not None:
         overrides.append(f"decode.length_penalty={length_penalty}")
-    translator = attn_mt.load(models[0] if len(models) == 1 else models, device=device)
+    translator = attn_mt.load(models[0] if len(models) == 1 else models, where, dtype, quantize)
     raw = translator.config.to_dict()
     for item in overrides:
         apply_override(raw, item)
@@ -541,6 +583,8 @@ def evaluate(
     length_penalty: LengthPenaltyOption = None,
     set_: DecodeSetOption = None,
     device: DeviceOption = "auto",
+    precision: PrecisionOption = Precision.fp32,
+    quantize: QuantizeOption = None,
 ) -> None:
     """Translate a split (or --src/--ref files) and print sacreBLEU BLEU and chrF."""
     from attn_mt import progress
@@ -554,7 +598,15 @@ def evaluate(
     if src is not None and split is not None:
         raise UserError("evaluate: give either --split or --src/--ref, not both")
     checkpoint = resolve_checkpoint(model[0])  # the hypotheses are written beside the first
-    translator = _load_translator([checkpoint, *model[1:]], device, beam, length_penalty, set_)
+    translator = _load_translator(
+        [checkpoint, *model[1:]],
+        device,
+        beam,
+        length_penalty,
+        set_,
+        precision.value,
+        quantize and quantize.value,
+    )
     if src is None:
         split = split or Split.test
         files = split_files(translator.config.data, split.value)

@@ -72,11 +72,21 @@ class _StepDecoder:
             for model, memory, cache in zip(self.models, self.memories, self.caches, strict=True)
         ]  # each (N, V)
         log_probs = torch.stack(per_model).mean(dim=0) if len(per_model) > 1 else per_model[0]
-        log_probs[:, [PAD_ID, BOS_ID]] = float("-inf")  # never generated
+        log_probs[:, PAD_ID] = float("-inf")  # never generated (two column fills: a list
+        log_probs[:, BOS_ID] = float("-inf")  # index would take an index_put over the rows)
         return log_probs
 
+    def reorder_beams(self, rows: torch.Tensor) -> None:
+        """Reorder rows within their sentences (beam search's survivors, `rows` (N,) from the
+        same sentence's K rows): only the self-attention caches differ between a sentence's
+        beams; its memory, mask and cross-attention keys and values are K equal copies, so they
+        stay where they are."""
+        for cache in self.caches:
+            for self_cache, _ in cache or ():
+                self_cache.select(rows)
+
     def select(self, rows: torch.Tensor) -> None:
-        """Keep rows `rows` (reordered beams, or the sentences still searching)."""
+        """Keep rows `rows` (the sentences still searching, or any reordering)."""
         self.memories = [memory.index_select(0, rows) for memory in self.memories]
         self.src_mask = self.src_mask.index_select(0, rows)
         for cache in self.caches:
@@ -212,8 +222,9 @@ def _one_path_search(
     for step in range(int(max_lengths.max())):
         log_probs = decoder.log_probs(prefix)  # (N, V)
         at_limit = step + 1 >= max_lengths[alive]  # the last allowed token must be <eos>
-        log_probs[at_limit, :EOS_ID] = float("-inf")
-        log_probs[at_limit, EOS_ID + 1 :] = float("-inf")
+        if at_limit.any():  # rarely: the masked copies are skipped when no row is at its limit
+            log_probs[at_limit, :EOS_ID] = float("-inf")
+            log_probs[at_limit, EOS_ID + 1 :] = float("-inf")
         token = choose(log_probs, alive, step)  # (N,)
         logprob += log_probs.gather(1, token[:, None]).squeeze(1)
         prefix = torch.cat([prefix, token[:, None]], dim=1)  # (N, t + 1)
@@ -265,8 +276,9 @@ def beam_search(
         log_probs = decoder.log_probs(prefix).view(n, k, -1)  # (B, K, V)
         vocab = log_probs.size(-1)
         at_limit = step + 1 >= max_lengths[alive]  # (B,) these may only end now
-        log_probs[at_limit, :, :EOS_ID] = float("-inf")
-        log_probs[at_limit, :, EOS_ID + 1 :] = float("-inf")
+        if at_limit.any():
+            log_probs[at_limit, :, :EOS_ID] = float("-inf")
+            log_probs[at_limit, :, EOS_ID + 1 :] = float("-inf")
         candidates = (beam_scores[:, :, None] + log_probs).view(n, k * vocab)  # (B, K*V)
         top_scores, top_index = candidates.topk(2 * k, dim=1)  # (B, 2K)
         top_beam, top_token = top_index // vocab, top_index % vocab  # (B, 2K)
@@ -285,7 +297,7 @@ def beam_search(
         source_row = torch.arange(n, device=device)[:, None] * k + top_beam.gather(1, pick)
         next_token = top_token.gather(1, pick).view(-1, 1)  # (N, 1)
         prefix = torch.cat([prefix.index_select(0, source_row.view(-1)), next_token], dim=1)
-        decoder.select(source_row.view(-1))
+        decoder.reorder_beams(source_row.view(-1))
         open_lp = length_penalty(step + 1, alpha)  # the open beams hold step + 1 tokens
         best_open = [score / open_lp for score in beam_scores.max(dim=1).values.tolist()]
         done = torch.tensor(

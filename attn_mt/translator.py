@@ -19,6 +19,7 @@ from attn_mt.data import length_batches, pad_sequences
 from attn_mt.errors import UserError
 from attn_mt.model import Transformer
 from attn_mt.precision import autocast_context, resolve_device
+from attn_mt.quantize import quantize as quantize_model
 from attn_mt.search import Models, Sampling, beam_search, greedy_search, max_output_lengths, sample
 from attn_mt.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
@@ -160,11 +161,13 @@ def load(
     path: str | Path | Sequence[str | Path],
     device: str | torch.device = "auto",
     dtype: torch.dtype | None = None,
+    quantize: str | None = None,
 ) -> Translator:
     """Load a run folder (its checkpoints/best.pt) or a .pt file as a Translator; a list of them
     as one Translator over the ensemble, which averages the models' log-probabilities at every
     step (they must share the SentencePiece models and language pair; decode settings are the
-    first one's)."""
+    first one's). `dtype`: autocast to bf16/fp16 (None = float32); `quantize="int8"`: int8
+    linear layers on the CPU (`attn_mt.quantize`)."""
     device = resolve_device(device) if isinstance(device, str) else device
     paths = [path] if isinstance(path, (str, Path)) else list(path)
     if not paths:
@@ -177,6 +180,12 @@ def load(
         *(model_from(s, p) for s, p in zip(states, paths, strict=True)), strict=True
     )
     src_tok, tgt_tok = tokenizers_from(states[0], paths[0])
+    if quantize is not None:
+        if dtype is not None:
+            raise UserError(
+                f"--quantize {quantize} computes in int8 and float32; leave out --precision"
+            )
+        models = [quantize_model(m, quantize, device) for m in models]
     return Translator(list(models), configs[0], src_tok, tgt_tok, device, dtype)
 
 

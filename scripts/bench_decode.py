@@ -1,17 +1,25 @@
-"""Decoding speed: attn-mt against the same checkpoint exported to CTranslate2, in one run.
+"""Decoding speed and memory: attn-mt against CTranslate2 on the same weights, each called the
+way its users call it, every row in a fresh process of its own (its peak RSS is its own).
 
-For greedy search and beam search it times attn-mt with the key/value cache on and off, and
-CTranslate2 float32 and int8 (exported into a temporary folder), all on the same sentences with
-the same number of threads, and reports sentences/s, target tokens/s and the time ratio
-attn-mt / CTranslate2. It prints a table and ends with one JSON line of every figure.
+attn-mt      `Translator.translate` over the whole list: its own length batching
+             (decode.batch_tokens), per-sentence output limits; float32, bf16 autocast, and
+             int8 (`translate --quantize int8`, torch's dynamic quantization).
+CTranslate2  the checkpoint exported by `attn-mt export` (float32, and int8), then one
+             `translate_batch` call over the whole list with the exported decode.json (its
+             fixed max_decoding_length), its own length sorting, max_batch_size=64,
+             intra_threads = --threads.
 
-    python scripts/bench_decode.py --model runs/multi30k_de_en [--quick] [--threads 4]
+SentencePiece encoding and decoding are inside the timing for both, after a warm-up on a few
+sentences. The table gives sentences/s, target tokens/s, seconds, peak RSS and BLEU; the
+agreement (share of lines identical to attn-mt float32 with the same search) is reported
+apart, since the engines rank length-penalised hypotheses slightly differently.
+
+    python scripts/bench_decode.py --model runs/multi30k_de_en [--quick] [--threads 2]
     python scripts/bench_decode.py --model ckpt.pt --src sentences.txt --limit 500
 
---quick times 100 sentences and leaves out attn-mt's uncached beam search (quadratic in the
-output length, by far the slowest row), to finish within a minute.
-It never trains: --model must name a trained run folder or checkpoint. The sentences default to
-the test split of the checkpoint's own config (Multi30k test_2016_flickr for a multi30k run).
+--quick times 100 sentences. It never trains: --model must name a trained run folder or
+checkpoint. The sentences default to the test split of the checkpoint's own config (Multi30k
+test_2016_flickr for a multi30k run).
 """
 
 from __future__ import annotations
@@ -20,10 +28,12 @@ import argparse
 import json
 import os
 import platform
+import resource
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -32,22 +42,26 @@ import attn_mt
 from attn_mt.data import read_lines, split_files
 from attn_mt.errors import UserError
 from attn_mt.evaluate import score
-from attn_mt.export import export_ctranslate2, translate_as_attn_mt
+from attn_mt.export import export_ctranslate2
+from attn_mt.precision import resolve_precision
 
 QUICK_SENTENCES = 100
 WARMUP_SENTENCES = 8
+CT2_MAX_BATCH_SIZE = 64  # sentences per batch, CTranslate2's usual setting
 
 
 @dataclass
 class Row:
-    """One timed configuration and what it produced."""
+    """One timed configuration, run in a process of its own, and what it produced."""
 
     engine: str  # "attn-mt" or "CTranslate2"
     beam: int
-    variant: str  # "cache on", "cache off", "float32", "int8"
-    seconds: float
-    outputs: list[str]
-    tokens: int  # target tokens produced, <eos> excluded
+    variant: str  # "float32", "bf16", "int8"
+    seconds: float = 0.0
+    outputs: list[str] | None = None
+    tokens: int = 0  # target tokens produced, <eos> excluded
+    base_rss_mib: float = 0.0  # the process before loading the engine (Python, torch, ...)
+    peak_rss_mib: float = 0.0
 
     @property
     def search(self) -> str:
@@ -60,13 +74,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--src", help="Source sentences, one per line (default: the test split).")
     parser.add_argument("--ref", help="References for --src, to report BLEU.")
     parser.add_argument("--limit", type=int, help="Use the first N sentences.")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"{QUICK_SENTENCES} sentences, and no uncached beam search (the slowest row).",
-    )
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_SENTENCES} sentences.")
     parser.add_argument("--beam", type=int, default=5, help="Beam size of the beam rows.")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # internal: run one row (JSON)
     return parser.parse_args()
 
 
@@ -105,52 +116,89 @@ def load_sentences(args: argparse.Namespace, translator) -> tuple[list[str], lis
     return [src[i] for i in keep], [refs[i] for i in keep] if refs else None
 
 
-def time_attn_mt(translator, lines: list[str], beam: int, use_cache: bool) -> Row:
-    """attn-mt's own search (`Translator.translate_nbest`), after a warm-up."""
-    translator.translate_nbest(lines[:WARMUP_SENTENCES], beam=beam, use_cache=use_cache)
+# ---------------------------------------------------------------------------------------------
+# One row, in its own process
+
+
+def run_row(row: Row, model: str, lines: list[str], threads: int, ct2_folder: str | None) -> Row:
+    """Load the engine, warm it up, time it on `lines`; fills seconds, outputs, tokens, RSS."""
+    torch.set_num_threads(threads)
+    row.base_rss_mib = peak_rss_mib()
+    if row.engine == "attn-mt":
+        translate = attn_mt_engine(model, row)
+    else:
+        translate = ctranslate2_engine(Path(ct2_folder), row, threads)
+    translate(lines[:WARMUP_SENTENCES])
     start = time.perf_counter()
-    best = [n[0] for n in translator.translate_nbest(lines, beam=beam, use_cache=use_cache)]
-    seconds = time.perf_counter() - start
-    variant = "cache on" if use_cache else "cache off"
-    tokens = sum(len(t.tokens) for t in best)
-    return Row("attn-mt", beam, variant, seconds, [t.text for t in best], tokens)
+    row.outputs, row.tokens = translate(lines)
+    row.seconds = time.perf_counter() - start
+    row.peak_rss_mib = peak_rss_mib()
+    return row
 
 
-def time_ctranslate2(folder: Path, variant: str, translator, lines, beam, threads) -> Row:
-    """CTranslate2 with our decode settings; tokenization is inside the timing, as in ours.
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-    Our output limit is per sentence (a * source length + b tokens, <eos> included), the
-    engine's per call, so sentences are sent in groups of one limit.
-    """
+
+def attn_mt_engine(model: str, row: Row):
+    dtype = torch.bfloat16 if row.variant == "bf16" else None
+    quantize = "int8" if row.variant == "int8" else None
+    translator = attn_mt.load(model, device="cpu", dtype=dtype, quantize=quantize)
+
+    def translate(lines: list[str]) -> tuple[list[str], int]:
+        best = [n[0] for n in translator.translate_nbest(lines, beam=row.beam)]
+        return [t.text for t in best], sum(len(t.tokens) for t in best)
+
+    return translate
+
+
+def ctranslate2_engine(folder: Path, row: Row, threads: int):
+    """As a CTranslate2 user runs our export: its decode.json, one call, its own batching."""
     import ctranslate2
+    import sentencepiece as spm
 
     engine = ctranslate2.Translator(str(folder), device="cpu", intra_threads=threads)
-    cfg = translator.config.decode
-    src_sp, tgt_sp = translator.src_tokenizer.sp, translator.tgt_tokenizer.sp
-    options = dict(
-        beam_size=beam,
-        length_penalty=cfg.length_penalty,
-        max_input_length=cfg.max_input_len + 1,
-        max_batch_size=max(cfg.batch_tokens // beam, 1),
-        batch_type="tokens",
-    )
+    src_sp = spm.SentencePieceProcessor(model_file=str(folder / "source.model"))
+    tgt_sp = spm.SentencePieceProcessor(model_file=str(folder / "target.model"))
+    options = json.loads((folder / "decode.json").read_text())
+    options.update(beam_size=row.beam, max_batch_size=CT2_MAX_BATCH_SIZE)
 
-    def run(batch: list[str]) -> tuple[list[str], int]:
-        pieces = src_sp.encode(batch, out_type=str)
-        hyps = [
-            r.hypotheses[0] for r in translate_as_attn_mt(engine, translator, pieces, **options)
-        ]
+    def translate(lines: list[str]) -> tuple[list[str], int]:
+        results = engine.translate_batch(src_sp.encode(lines, out_type=str), **options)
+        hyps = [r.hypotheses[0] for r in results]
         return tgt_sp.decode(hyps), sum(map(len, hyps))
 
-    run(lines[:WARMUP_SENTENCES])
-    start = time.perf_counter()
-    outputs, tokens = run(lines)
-    return Row("CTranslate2", beam, variant, time.perf_counter() - start, outputs, tokens)
+    return translate
+
+
+def in_child(row: Row, args: argparse.Namespace, lines_file: Path, folder: Path | None) -> Row:
+    """Run `row` in a fresh Python process (this script with --row) and read its result."""
+    spec = {"row": asdict(row), "lines": str(lines_file), "ct2": str(folder) if folder else None}
+    command = [sys.executable, __file__, "--model", str(args.model), "--threads",
+               str(args.threads), "--row", json.dumps(spec)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench_decode: the {row.engine} {row.variant} {row.search} row failed:\n"
+                 f"{done.stderr[-2000:]}")  # fmt: skip
+    return Row(**json.loads(done.stdout.splitlines()[-1]))
+
+
+def child_main(args: argparse.Namespace) -> None:
+    spec = json.loads(args.row)
+    lines = Path(spec["lines"]).read_text(encoding="utf-8").splitlines()
+    row = run_row(Row(**spec["row"]), args.model, lines, args.threads, spec["ct2"])
+    print(json.dumps(asdict(row)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
 
 
 def main() -> None:
     args = parse_args()
-    torch.set_num_threads(args.threads)
+    if args.row:
+        return child_main(args)
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
@@ -158,73 +206,80 @@ def main() -> None:
     translator = attn_mt.load(args.model, device="cpu")
     lines, refs = load_sentences(args, translator)
     info = hardware()
+    native_bf16 = resolve_precision("auto", torch.device("cpu")) == "bf16"
     print(
         f"hardware: {info['cpu']} ({info['logical_cores']} logical cores), "
         f"torch {info['torch']} [{info['torch_cpu_capability']}], "
-        f"ctranslate2 {info['ctranslate2']}; {args.threads} thread(s), device cpu"
+        f"ctranslate2 {info['ctranslate2']}; {args.threads} thread(s), device cpu, "
+        f"native bf16: {'yes' if native_bf16 else 'no'}"
     )
-    print(f"model: {args.model}; {len(lines)} sentences")
-
+    print(f"model: {args.model}; {len(lines)} sentences; every row in its own process")
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
+        lines_file = Path(tmp) / "lines.txt"
+        lines_file.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         folders = {
             variant: export_ctranslate2(args.model, Path(tmp) / variant, quantization=q)
             for variant, q in (("float32", "none"), ("int8", "int8"))
         }
+        ours = ["float32", "int8"] + (["bf16"] if native_bf16 else [])
         for beam in sorted({1, args.beam}):
-            for use_cache in (True, False):
-                if use_cache or beam == 1 or not args.quick:
-                    rows.append(time_attn_mt(translator, lines, beam, use_cache))
+            for variant in ours:
+                rows.append(in_child(Row("attn-mt", beam, variant), args, lines_file, None))
             for variant, folder in folders.items():
-                rows.append(
-                    time_ctranslate2(folder, variant, translator, lines, beam, args.threads)
-                )
+                row = Row("CTranslate2", beam, variant)
+                rows.append(in_child(row, args, lines_file, folder))
     report(rows, lines, refs, args, info)
 
 
-def report(rows: list[Row], lines, refs, args, info) -> None:
-    """The table, then one JSON line."""
-    baseline = {
-        row.beam: row for row in rows if row.engine == "attn-mt" and row.variant == "cache on"
-    }
-    figures = []
+def report(rows: list[Row], lines: list[str], refs: list[str] | None, args, info) -> None:
+    """The timing table, the agreement, then one JSON line of every figure."""
+    ours = {r.beam: r for r in rows if r.engine == "attn-mt" and r.variant == "float32"}
+    theirs = {r.beam: r for r in rows if r.engine == "CTranslate2" and r.variant == "float32"}
     header = (
-        f"{'engine':<12} {'search':<7} {'variant':<9} {'sent/s':>8} {'tok/s':>9} "
-        f"{'seconds':>8} {'BLEU':>6} {'same':>6} {'attn-mt/CT2 time':>17}"
+        f"{'engine':<12} {'search':<7} {'variant':<8} {'sent/s':>7} {'tok/s':>7} "
+        f"{'seconds':>8} {'peak RSS':>9} {'engine':>8} {'BLEU':>6} {'time / CT2 float32':>19}"
     )
     print(header)
     print("-" * len(header))
+    figures = []
     for row in rows:
-        base = baseline[row.beam]
-        ratio = base.seconds / row.seconds if row.engine == "CTranslate2" else None
-        same = sum(a == b for a, b in zip(row.outputs, base.outputs, strict=True)) / len(lines)
         bleu = score(row.outputs, refs).bleu if refs else None
+        ratio = row.seconds / theirs[row.beam].seconds
+        same = sum(a == b for a, b in zip(row.outputs, ours[row.beam].outputs, strict=True))
         figures.append(
             {
                 "engine": row.engine,
                 "beam": row.beam,
                 "variant": row.variant,
-                "seconds": round(row.seconds, 4),
+                "seconds": round(row.seconds, 3),
                 "sentences_per_s": round(len(lines) / row.seconds, 2),
                 "tokens_per_s": round(row.tokens / row.seconds, 1),
                 "target_tokens": row.tokens,
+                "peak_rss_mib": round(row.peak_rss_mib),
+                "engine_rss_mib": round(row.peak_rss_mib - row.base_rss_mib),
                 "bleu": None if bleu is None else round(bleu, 2),
-                "same_as_attn_mt_cached": round(same, 4),
-                "time_ratio_attn_mt_over_ct2": None if ratio is None else round(ratio, 2),
+                "same_as_attn_mt_float32": round(same / len(lines), 4),
+                "time_over_ct2_float32": round(ratio, 2),
             }
         )
         print(
-            f"{row.engine:<12} {row.search:<7} {row.variant:<9} "
-            f"{len(lines) / row.seconds:>8.1f} {row.tokens / row.seconds:>9.0f} "
-            f"{row.seconds:>8.2f} {'-' if bleu is None else f'{bleu:.2f}':>6} "
-            f"{same:>6.0%} {'-' if ratio is None else f'{ratio:.2f}x':>17}"
+            f"{row.engine:<12} {row.search:<7} {row.variant:<8} {len(lines) / row.seconds:>7.1f} "
+            f"{row.tokens / row.seconds:>7.0f} {row.seconds:>8.2f} "
+            f"{row.peak_rss_mib:>5.0f} MiB {row.peak_rss_mib - row.base_rss_mib:>4.0f} MiB "
+            f"{'-' if bleu is None else f'{bleu:.2f}':>6} "
+            f"{ratio:>18.2f}x"
         )
-    if args.quick:
-        print("--quick: attn-mt beam search without the cache was not timed.")
     print(
-        "'same': share of lines identical to attn-mt (cache on) with the same search; "
-        "'attn-mt/CT2 time': attn-mt (cache on) seconds / CTranslate2 seconds."
+        "peak RSS: the whole process (Python, torch, the engine); engine: its growth from "
+        "loading the engine on"
     )
+    print("\nagreement: share of lines identical to attn-mt float32 with the same search")
+    for figure in figures:
+        print(
+            f"  {figure['engine']:<12} {'greedy' if figure['beam'] == 1 else 'beam'} "
+            f"{figure['variant']:<8} {figure['same_as_attn_mt_float32']:.1%}"
+        )
     print(
         json.dumps(
             {
@@ -232,8 +287,8 @@ def report(rows: list[Row], lines, refs, args, info) -> None:
                 "model": str(args.model),
                 "sentences": len(lines),
                 "threads": args.threads,
-                "quick": args.quick,
                 "device": "cpu",
+                "ct2_max_batch_size": CT2_MAX_BATCH_SIZE,
                 "hardware": info,
                 "rows": figures,
             }
