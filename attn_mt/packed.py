@@ -1,11 +1,11 @@
 """Inference copies of a model's linear layers on the CPU: weights prepacked for oneDNN, and
 the attention input projection split by use.
 
-Prepacking. `nn.Linear` multiplies by its weight through MKL's sgemm, which repacks the weight
-into its blocked layout at every call. `PackedLinear` stores the weight already in oneDNN's
+Prepacking. `nn.Linear` multiplies by its weight through MKL's sgemm, which copies the weight
+into its own blocked layout at every call. `PackedLinear` stores the weight already in oneDNN's
 layout (`torch.ops.mkldnn._reorder_linear_weight`, the op torch's own compiler uses when it
 freezes a CPU model) and multiplies with `torch.ops.mkldnn._linear_pointwise`: the same
-float32 products, 12-14% less time for beam search on the default model
+float32 products, ~10% less time for beam search on the default model
 (`scripts/bench_decode.py`). Where this torch build or CPU has no such op, `pack` leaves the
 model as it is.
 
