@@ -225,13 +225,12 @@ class MultiHeadAttention(nn.Module):
 
     def _in_proj_rows(self, x: torch.Tensor, first: int, last: int) -> torch.Tensor:
         """x times the blocks first..last-1 of in_proj (0 = W_q, 1 = W_k, 2 = W_v); (B, L, n*D)."""
-        d_model = x.size(-1)
-        rows = slice(first * d_model, last * d_model)
         if isinstance(self.in_proj, nn.Linear):
+            rows = slice(first * x.size(-1), last * x.size(-1))
             return F.linear(x, self.in_proj.weight[rows], self.in_proj.bias[rows])
-        # An int8 layer (`attn_mt.quantize`) holds packed weights that cannot be sliced: it
-        # computes all three blocks and the wanted ones are kept.
-        return self.in_proj(x)[..., rows]
+        # Prepacked or int8 weights cannot be sliced: an inference copy (`attn_mt.packed`)
+        # holds the blocks' uses as layers of their own.
+        return self.in_proj.rows(x, first, last)
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, D) -> (B, H, L, Dh): head h takes features h*Dh .. (h+1)*Dh - 1."""

@@ -265,28 +265,30 @@ def beam_search(
         raise ValueError(f"nbest ({nbest}) must be between 1 and the beam size ({beam_size})")
     batch, k = src.size(0), beam_size
     device = src.device
-    decoder = _StepDecoder(model, src, use_cache, repeat=k)
+    # All K beams of a sentence would start as the same <s>: the first step runs one row per
+    # sentence (the encoder output and cross-attention keys too), then its K best become K.
+    width = 1  # beams per sentence: 1 for the first step, K after it
+    decoder = _StepDecoder(model, src, use_cache)
     alive = torch.arange(batch, device=device)  # original sentence of each live sentence
-    prefix = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=device)  # (N, 1)
-    beam_scores = torch.full((batch, k), float("-inf"), device=device)
-    beam_scores[:, 0] = 0.0  # all beams start identical: let only the first one expand
+    prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)  # (N, 1)
+    beam_scores = torch.zeros(batch, width, device=device)  # (B, width)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     for step in range(int(max_lengths.max())):
         n = alive.numel()
-        log_probs = decoder.log_probs(prefix).view(n, k, -1)  # (B, K, V)
+        log_probs = decoder.log_probs(prefix).view(n, width, -1)  # (B, width, V)
         vocab = log_probs.size(-1)
         at_limit = step + 1 >= max_lengths[alive]  # (B,) these may only end now
         if at_limit.any():
             log_probs[at_limit, :, :EOS_ID] = float("-inf")
             log_probs[at_limit, :, EOS_ID + 1 :] = float("-inf")
-        candidates = (beam_scores[:, :, None] + log_probs).view(n, k * vocab)  # (B, K*V)
+        candidates = (beam_scores[:, :, None] + log_probs).view(n, width * vocab)
         top_scores, top_index = candidates.topk(2 * k, dim=1)  # (B, 2K)
         top_beam, top_token = top_index // vocab, top_index % vocab  # (B, 2K)
         is_eos = top_token == EOS_ID
         # Finish the <eos> candidates ranked among the first K.
         ended = (is_eos[:, :k] & top_scores[:, :k].isfinite()).nonzero().tolist()
         for i, j in ended:
-            row = i * k + int(top_beam[i, j])
+            row = i * width + int(top_beam[i, j])
             tokens = prefix[row, 1:].tolist()
             total = float(top_scores[i, j])
             hyp = Hypothesis(tokens, total, total / length_penalty(len(tokens) + 1, alpha))
@@ -294,10 +296,14 @@ def beam_search(
         # The best K non-<eos> candidates become the next beams.
         open_scores = top_scores.masked_fill(is_eos, float("-inf"))
         beam_scores, pick = open_scores.topk(k, dim=1)  # (B, K)
-        source_row = torch.arange(n, device=device)[:, None] * k + top_beam.gather(1, pick)
+        source_row = torch.arange(n, device=device)[:, None] * width + top_beam.gather(1, pick)
         next_token = top_token.gather(1, pick).view(-1, 1)  # (N, 1)
         prefix = torch.cat([prefix.index_select(0, source_row.view(-1)), next_token], dim=1)
-        decoder.reorder_beams(source_row.view(-1))
+        if width == 1:  # one row per sentence becomes K: every tensor of the decoder grows
+            decoder.select(source_row.view(-1))
+            width = k
+        else:
+            decoder.reorder_beams(source_row.view(-1))
         open_lp = length_penalty(step + 1, alpha)  # the open beams hold step + 1 tokens
         best_open = [score / open_lp for score in beam_scores.max(dim=1).values.tolist()]
         done = torch.tensor(

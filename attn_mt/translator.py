@@ -18,6 +18,7 @@ from attn_mt.config import Config
 from attn_mt.data import length_batches, pad_sequences
 from attn_mt.errors import UserError
 from attn_mt.model import Transformer
+from attn_mt.packed import pack
 from attn_mt.precision import autocast_context, resolve_device
 from attn_mt.quantize import quantize as quantize_model
 from attn_mt.search import Models, Sampling, beam_search, greedy_search, max_output_lengths, sample
@@ -162,12 +163,14 @@ def load(
     device: str | torch.device = "auto",
     dtype: torch.dtype | None = None,
     quantize: str | None = None,
+    prepack: bool = True,
 ) -> Translator:
     """Load a run folder (its checkpoints/best.pt) or a .pt file as a Translator; a list of them
     as one Translator over the ensemble, which averages the models' log-probabilities at every
     step (they must share the SentencePiece models and language pair; decode settings are the
     first one's). `dtype`: autocast to bf16/fp16 (None = float32); `quantize="int8"`: int8
-    linear layers on the CPU (`attn_mt.quantize`)."""
+    linear layers on the CPU (`attn_mt.quantize`). In float32 on the CPU the linear layers'
+    weights are prepacked for oneDNN (`attn_mt.packed`) unless `prepack` is False."""
     device = resolve_device(device) if isinstance(device, str) else device
     paths = [path] if isinstance(path, (str, Path)) else list(path)
     if not paths:
@@ -186,6 +189,8 @@ def load(
                 f"--quantize {quantize} computes in int8 and float32; leave out --precision"
             )
         models = [quantize_model(m, quantize, device) for m in models]
+    elif prepack and dtype is None and device.type == "cpu":
+        models = [pack(m) for m in models]
     return Translator(list(models), configs[0], src_tok, tgt_tok, device, dtype)
 
 

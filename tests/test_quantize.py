@@ -15,6 +15,7 @@ import attn_mt
 from attn_mt import search
 from attn_mt.data import read_lines
 from attn_mt.evaluate import score
+from attn_mt.packed import split_in_proj
 from attn_mt.search import beam_search, max_output_lengths
 
 INT8_BLEU_TOLERANCE = 2.0  # BLEU points below float32 that int8 may lose on the toy test set
@@ -40,9 +41,10 @@ def test_int8_keeps_the_bleu_of_float32(trained_run: Path) -> None:
     int8 = attn_mt.load(trained_run, device="cpu", quantize="int8")
     from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
-    linear = [name for name, m in fp32.model.named_modules() if isinstance(m, torch.nn.Linear)]
+    split = split_in_proj(attn_mt.load(trained_run, device="cpu", prepack=False).model)
+    linear = [name for name, m in split.named_modules() if isinstance(m, torch.nn.Linear)]
     int8_linear = [name for name, m in int8.model.named_modules() if isinstance(m, Int8Linear)]
-    assert int8_linear == linear and len(linear) == 11  # 4 + 6 + the output layer
+    assert int8_linear == linear and len(linear) == 17  # 6 + 10 + the output layer
     lines = read_lines(fp32.config.data.test.src)
     refs = read_lines(fp32.config.data.test.tgt)
     for beam in (1, 3):

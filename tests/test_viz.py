@@ -23,15 +23,24 @@ SENTENCE = "qb qd qf qg qh"
 
 @pytest.fixture(scope="module")
 def translator(trained_run: Path) -> attn_mt.Translator:
-    return attn_mt.load(trained_run, device="cpu")
+    return attn_mt.load(trained_run, device="cpu")  # prepacked linear layers, as users load
 
 
-def reference_weights(translator: attn_mt.Translator, kind: str) -> torch.Tensor:
-    """(L, H, R, C) weights recomputed by torch.nn.MultiheadAttention from each attention
-    module's own inputs (captured by hooks) and its copied projection weights."""
-    model = translator.model
+@pytest.fixture(scope="module")
+def weights(trained_run: Path) -> nn.Module:
+    """The same model with plain nn.Linear layers, whose projection weights can be read."""
+    return attn_mt.load(trained_run, device="cpu", prepack=False).model
+
+
+def attention_modules(model: nn.Module, kind: str) -> list[nn.Module]:
     stack = model.encoder if kind == "encoder" else model.decoder
-    modules = [layer.cross_attn if kind == "cross" else layer.self_attn for layer in stack]
+    return [layer.cross_attn if kind == "cross" else layer.self_attn for layer in stack]
+
+
+def reference_weights(translator: attn_mt.Translator, plain: nn.Module, kind: str) -> torch.Tensor:
+    """(L, H, R, C) weights recomputed by torch.nn.MultiheadAttention from each attention
+    module's own inputs (captured by hooks) and the projection weights of the `plain` model."""
+    modules = attention_modules(translator.model, kind)
     inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     hooks = [
         m.register_forward_pre_hook(lambda _, args, i=i: inputs.__setitem__(i, args[:2]))
@@ -43,7 +52,7 @@ def reference_weights(translator: attn_mt.Translator, kind: str) -> torch.Tensor
         for hook in hooks:
             hook.remove()
     weights = []
-    for i, module in enumerate(modules):
+    for i, module in enumerate(attention_modules(plain, kind)):
         query, key_value = inputs[i]
         d_model = query.size(-1)
         reference = nn.MultiheadAttention(d_model, module.heads, batch_first=True)
@@ -64,9 +73,9 @@ def reference_weights(translator: attn_mt.Translator, kind: str) -> torch.Tensor
 
 
 @pytest.mark.parametrize("kind", viz.KINDS)
-def test_maps_are_the_model_attention(translator: attn_mt.Translator, kind: str) -> None:
+def test_maps_are_the_model_attention(translator: attn_mt.Translator, weights, kind: str) -> None:
     maps = viz.attention_maps(translator, SENTENCE, kind)
-    torch.testing.assert_close(maps.weights, reference_weights(translator, kind))
+    torch.testing.assert_close(maps.weights, reference_weights(translator, weights, kind))
     layers = len(translator.model.encoder if kind == "encoder" else translator.model.decoder)
     assert maps.weights.shape[:2] == (layers, translator.model.encoder[0].self_attn.heads)
     assert maps.weights.shape[2:] == (len(maps.rows), len(maps.columns))

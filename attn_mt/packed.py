@@ -1,0 +1,106 @@
+"""Inference copies of a model's linear layers on the CPU: weights prepacked for oneDNN, and
+the attention input projection split by use.
+
+Prepacking. `nn.Linear` multiplies by its weight through MKL's sgemm, which copies the weight
+into its own blocked layout at every call. `PackedLinear` stores the weight already in oneDNN's
+layout (`torch.ops.mkldnn._reorder_linear_weight`, the op torch's own compiler uses when it
+freezes a CPU model) and multiplies with `torch.ops.mkldnn._linear_pointwise`: the same
+float32 products, ~10% less time for beam search on the default model
+(`scripts/bench_decode.py`). Where this torch build or CPU has no such op, `pack` leaves the
+model as it is.
+
+Splitting. `MultiHeadAttention.in_proj` stacks W_q, W_k and W_v; cross-attention needs only
+the W_q rows for the decoder's queries at each step (and the W_k, W_v rows once, for the
+encoder output). Training slices the weight; a packed or int8 layer cannot be sliced, so
+`InProj` keeps the three uses as three layers: all rows, the Q rows, the K and V rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attn_mt.attention import MultiHeadAttention
+
+
+class InProj(nn.Module):
+    """`in_proj` split by use: `all` (self-attention: Q, K, V from one input), `q` and `kv`
+    (cross-attention), each a plain `nn.Linear` copy of those rows that `pack` or
+    `attn_mt.quantize` may then replace."""
+
+    def __init__(self, in_proj: nn.Linear):
+        super().__init__()
+        d_model = in_proj.in_features
+        self.all = in_proj
+        self.q = _rows(in_proj, 0, d_model)
+        self.kv = _rows(in_proj, d_model, 3 * d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.all(x)  # (B, L, 3D)
+
+    def rows(self, x: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        """x times blocks first..last-1 (0 = W_q, 1 = W_k, 2 = W_v): (0, 1) or (1, 3)."""
+        return {(0, 1): self.q, (1, 3): self.kv}[first, last](x)
+
+
+def _rows(linear: nn.Linear, first: int, last: int) -> nn.Linear:
+    part = nn.Linear(linear.in_features, last - first, bias=linear.bias is not None)
+    with torch.no_grad():
+        part.weight.copy_(linear.weight[first:last])
+        if linear.bias is not None:
+            part.bias.copy_(linear.bias[first:last])
+    return part
+
+
+def split_in_proj(model: nn.Module) -> nn.Module:
+    """`model`, for inference from now on, with an `InProj` in each attention layer (in place:
+    a copy would double the memory at load time)."""
+    model.eval()
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention) and isinstance(module.in_proj, nn.Linear):
+            module.in_proj = InProj(module.in_proj)
+    return model
+
+
+class PackedLinear(nn.Module):
+    """y = x W^T + b with W held in oneDNN's blocked layout (inference only: no gradient, and
+    the packed weight is not in the state dict)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float().contiguous()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def packing_available() -> bool:
+    """Whether this torch build and CPU run `PackedLinear` (tried once on a small layer)."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        try:
+            layer = nn.Linear(8, 4)
+            x = torch.randn(3, 8)
+            _AVAILABLE = torch.allclose(PackedLinear(layer)(x), layer(x), atol=1e-5)
+        except (AttributeError, RuntimeError, NotImplementedError):
+            _AVAILABLE = False
+    return _AVAILABLE
+
+
+_AVAILABLE: bool | None = None
+
+
+def pack(model: nn.Module) -> nn.Module:
+    """`model`, for float32 inference on the CPU from now on, with every linear layer replaced
+    by a prepacked one (in place); unchanged where packing is not available."""
+    if not packing_available():
+        return model
+    model = split_in_proj(model)
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if type(child) is nn.Linear:
+                setattr(module, name, PackedLinear(child))
+    return model

@@ -1,0 +1,88 @@
+"""Prepacked float32 inference (`attn_mt.packed`): the same function as the model it was made
+from, the same hypotheses, the original left untouched, and the plain model where torch cannot
+pack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_search import assert_same, random_model, random_sources
+from torch import nn
+
+import attn_mt
+from attn_mt import packed
+from attn_mt.attention import MultiHeadAttention
+from attn_mt.data import read_lines
+from attn_mt.search import beam_search, greedy_search, max_output_lengths
+from attn_mt.tokenizer import PAD_ID
+
+
+def logits(model: nn.Module, src: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced logits for the source itself as target prefix (any ids will do)."""
+    return model(src, src.clamp(min=1))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_packed_model_computes_the_same_function(seed: int) -> None:
+    model, src = random_model(seed), random_sources(seed)
+    fast = packed.pack(random_model(seed))
+    assert not any(type(m) is nn.Linear for m in fast.modules())
+    linear = sum(type(m) is nn.Linear for m in model.modules())
+    attention = sum(isinstance(m, MultiHeadAttention) for m in model.modules())
+    packed_layers = sum(isinstance(m, packed.PackedLinear) for m in fast.modules())
+    assert packed_layers == linear + 2 * attention  # in_proj: all rows, Q rows, K and V rows
+    torch.testing.assert_close(logits(fast, src), logits(model, src), rtol=1e-5, atol=1e-5)
+    # Cross-attention's query rows alone (what a decoding step uses) equal the slice of W_q.
+    x = torch.randn(3, 4, 32)
+    layer = next(m for m in model.modules() if isinstance(m, MultiHeadAttention))
+    split = next(m for m in fast.modules() if isinstance(m, MultiHeadAttention))
+    for first, last in ((0, 1), (1, 3)):
+        torch.testing.assert_close(
+            split._in_proj_rows(x, first, last), layer._in_proj_rows(x, first, last),
+            rtol=1e-5, atol=1e-5,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_packing_changes_no_hypothesis(seed: int) -> None:
+    model, src = random_model(seed), random_sources(seed)
+    fast, limits = packed.pack(random_model(seed)), max_output_lengths(src, 1.5, 5)
+    greedy = greedy_search(fast, src, limits), greedy_search(model, src, limits)
+    for a, b in zip(*greedy, strict=True):
+        assert_same([a], [b])
+    beams = beam_search(fast, src, limits, 4, nbest=4), beam_search(model, src, limits, 4, nbest=4)
+    for a, b in zip(*beams, strict=True):
+        assert_same(a, b)
+    # Batch-independent: each sentence alone finds what it found in the batch.
+    for row in range(3):
+        alone = src[row : row + 1, : int((src[row] != PAD_ID).sum())]
+        assert_same(beam_search(fast, alone, limits[row : row + 1], 4, nbest=4)[0], beams[0][row])
+
+
+def test_packing_is_in_place_and_keeps_the_state_dict_keys() -> None:
+    """load() packs the model it just built: no second copy of the weights at load time."""
+    model = random_model(3)
+    keys = list(model.state_dict())
+    assert packed.pack(model) is model
+    assert any(isinstance(m, packed.InProj) for m in model.modules())
+    assert list(model.state_dict()) != keys  # in_proj.all.weight, ...: inference only
+
+
+def test_without_the_op_pack_returns_the_model_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = random_model(0)
+    monkeypatch.setattr(packed, "_AVAILABLE", False)
+    assert packed.pack(model) is model
+
+
+def test_load_packs_float32_on_the_cpu_and_translates_the_same(trained_run: Path) -> None:
+    fast = attn_mt.load(trained_run, device="cpu")
+    plain = attn_mt.load(trained_run, device="cpu", prepack=False)
+    assert any(isinstance(m, packed.PackedLinear) for m in fast.model.modules())
+    assert not any(isinstance(m, packed.PackedLinear) for m in plain.model.modules())
+    bf16 = attn_mt.load(trained_run, device="cpu", dtype=torch.bfloat16)
+    assert not any(isinstance(m, packed.PackedLinear) for m in bf16.model.modules())
+    lines = read_lines(fast.config.data.test.src)
+    for beam in (1, 4):
+        assert fast.translate(lines, beam=beam) == plain.translate(lines, beam=beam)
