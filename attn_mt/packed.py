@@ -6,8 +6,10 @@ into its own blocked layout at every call. `PackedLinear` stores the weight alre
 layout (`torch.ops.mkldnn._reorder_linear_weight`, the op torch's own compiler uses when it
 freezes a CPU model) and multiplies with `torch.ops.mkldnn._linear_pointwise`: the same
 float32 products, ~10% less time for beam search on the default model
-(`scripts/bench_decode.py`). Where this torch build or CPU has no such op, `pack` leaves the
-model as it is.
+(`scripts/bench_decode.py`). Opt-in (`attn_mt.load(..., prepack=True)`): oneDNN keeps a
+kernel with its scratch memory for every batch shape it meets, and translating 100k short
+lines (the test in tests/test_faults.py) grew the peak memory by 544 MiB. Where this torch
+build or CPU has no such op, `pack` leaves the model as it is.
 
 Splitting. `MultiHeadAttention.in_proj` stacks W_q, W_k and W_v; cross-attention needs only
 the W_q rows for the decoder's queries at each step (and the W_k, W_v rows once, for the
