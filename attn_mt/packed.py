@@ -19,6 +19,8 @@ encoder output). Training slices the weight; a packed or int8 layer cannot be sl
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -42,7 +44,9 @@ class InProj(nn.Module):
 
     def rows(self, x: torch.Tensor, first: int, last: int) -> torch.Tensor:
         """x times blocks first..last-1 (0 = W_q, 1 = W_k, 2 = W_v): (0, 1) or (1, 3)."""
-        return {(0, 1): self.q, (1, 3): self.kv}[first, last](x)
+        if (first, last) not in ((0, 1), (1, 3)):
+            raise ValueError(f"in_proj blocks {first}..{last - 1}: only Q or K and V are split")
+        return self.q(x) if first == 0 else self.kv(x)
 
 
 def _rows(linear: nn.Linear, first: int, last: int) -> nn.Linear:
@@ -79,20 +83,14 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+@functools.cache
 def packing_available() -> bool:
     """Whether this torch build and CPU run `PackedLinear` (tried once on a small layer)."""
-    global _AVAILABLE
-    if _AVAILABLE is None:
-        try:
-            layer = nn.Linear(8, 4)
-            x = torch.randn(3, 8)
-            _AVAILABLE = torch.allclose(PackedLinear(layer)(x), layer(x), atol=1e-5)
-        except (AttributeError, RuntimeError, NotImplementedError):
-            _AVAILABLE = False
-    return _AVAILABLE
-
-
-_AVAILABLE: bool | None = None
+    try:
+        layer, x = nn.Linear(8, 4), torch.randn(3, 8)
+        return torch.allclose(PackedLinear(layer)(x), layer(x), atol=1e-5)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
 
 
 def pack(model: nn.Module) -> nn.Module:

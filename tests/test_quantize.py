@@ -41,7 +41,7 @@ def test_int8_keeps_the_bleu_of_float32(trained_run: Path) -> None:
     int8 = attn_mt.load(trained_run, device="cpu", quantize="int8")
     from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
-    split = split_in_proj(attn_mt.load(trained_run, device="cpu", prepack=False).model)
+    split = split_in_proj(attn_mt.load(trained_run, device="cpu").model)
     linear = [name for name, m in split.named_modules() if isinstance(m, torch.nn.Linear)]
     int8_linear = [name for name, m in int8.model.named_modules() if isinstance(m, Int8Linear)]
     assert int8_linear == linear and len(linear) == 17  # 6 + 10 + the output layer
