@@ -163,15 +163,15 @@ def load(
     device: str | torch.device = "auto",
     dtype: torch.dtype | None = None,
     quantize: str | None = None,
-    prepack: bool = True,
+    prepack: bool = False,
 ) -> Translator:
     """Load a run folder (its checkpoints/best.pt) or a .pt file as a Translator; a list of them
     as one Translator over the ensemble, which averages the models' log-probabilities at every
     step (they must share the SentencePiece models and language pair; decode settings are the
     first one's). `dtype`: autocast to bf16/fp16 (None = float32); `quantize="int8"`: int8
-    linear layers on the CPU (`attn_mt.quantize`); in float32 on the CPU the decoding step's
-    linear layers are prepacked for oneDNN (`attn_mt.packed`: ~10% faster beam search; the
-    same hypotheses), unless `prepack=False`."""
+    linear layers on the CPU (`attn_mt.quantize`); `prepack=True`: in float32 on the CPU, the
+    decoding step's linear layers prepacked for oneDNN (`attn_mt.packed`: the same hypotheses;
+    faster on one CPU we measured, slower on another, so not the default)."""
     device = resolve_device(device) if isinstance(device, str) else device
     paths = [path] if isinstance(path, (str, Path)) else list(path)
     if not paths:

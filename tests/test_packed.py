@@ -91,8 +91,8 @@ def test_without_the_op_pack_returns_the_model_itself(monkeypatch: pytest.Monkey
 
 
 def test_load_packs_float32_on_the_cpu_and_translates_the_same(trained_run: Path) -> None:
-    fast = attn_mt.load(trained_run, device="cpu")  # the default
-    plain = attn_mt.load(trained_run, device="cpu", prepack=False)
+    fast = attn_mt.load(trained_run, device="cpu", prepack=True)
+    plain = attn_mt.load(trained_run, device="cpu")
     assert any(isinstance(m, packed.PackedLinear) for m in fast.model.modules())
     assert not any(isinstance(m, packed.PackedLinear) for m in plain.model.modules())
     bf16 = attn_mt.load(trained_run, device="cpu", dtype=torch.bfloat16, prepack=True)

@@ -23,7 +23,7 @@ SENTENCE = "qb qd qf qg qh"
 
 @pytest.fixture(scope="module")
 def translator(trained_run: Path) -> attn_mt.Translator:
-    return attn_mt.load(trained_run, device="cpu")  # packed layers (the default) map too
+    return attn_mt.load(trained_run, device="cpu", prepack=True)  # maps from packed layers too
 
 
 @pytest.fixture(scope="module")
