@@ -6,10 +6,15 @@ into its own blocked layout at every call. `PackedLinear` stores the weight alre
 layout (`torch.ops.mkldnn._reorder_linear_weight`, the op torch's own compiler uses when it
 freezes a CPU model) and multiplies with `torch.ops.mkldnn._linear_pointwise`: the same
 float32 products, ~10% less time for beam search on the default model
-(`scripts/bench_decode.py`). Opt-in (`attn_mt.load(..., prepack=True)`): oneDNN keeps a
-kernel with its scratch memory for every batch shape it meets, and translating 100k short
-lines (the test in tests/test_faults.py) grew the peak memory by 544 MiB. Where this torch
-build or CPU has no such op, `pack` leaves the model as it is.
+on the AMD EPYC we measured, but ~16% more on an Intel Xeon (AMX), where plain `nn.Linear`
+was faster (`scripts/bench_decode.py`), so it is opt-in: `attn_mt.load(..., prepack=True)`.
+oneDNN builds (and keeps, up to 1,024) a kernel of ~0.5-0.8 MiB
+for every number of input rows it meets: packing every layer grew the memory of translating
+100k short lines by 544 MiB. So only the layers a decoding step runs are packed (their rows
+are the batch's live hypotheses; the encoder's are source tokens, a new count per batch),
+and their inputs are padded to one of a few row counts (`padded_rows`), at most ~12% more
+rows: 100k lines then grew the peak by 27 MiB. Where this torch build or CPU has no such
+op, `pack` leaves the model as it is.
 
 Splitting. `MultiHeadAttention.in_proj` stacks W_q, W_k and W_v; cross-attention needs only
 the W_q rows for the decoder's queries at each step (and the W_k, W_v rows once, for the
@@ -22,9 +27,11 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attn_mt.attention import MultiHeadAttention
+from attn_mt.model import Transformer
 
 
 class InProj(nn.Module):
@@ -68,9 +75,26 @@ def split_in_proj(model: nn.Module) -> nn.Module:
     return model
 
 
+# The layers of a DecoderLayer that run at every decoding step; cross-attention's keys and
+# values (`cross_attn.in_proj.kv`) are computed once per batch, from the encoder's output.
+STEP_LAYERS = (
+    "self_attn.in_proj.all", "self_attn.out_proj", "cross_attn.in_proj.q", "cross_attn.out_proj",
+    "ff.w_1", "ff.w_2",
+)  # fmt: skip
+ROW_BLOCK = 16  # the finest row padding; coarser (up to 1/8 of the rows) for larger batches
+
+
+def padded_rows(rows: int) -> int:
+    """`rows` rounded up to a multiple of 16, or of 1/8 to 1/16 of it for 256 rows or more:
+    16 sizes up to 256 rows and 8 per doubling above, so oneDNN builds a bounded number of
+    kernels."""
+    block = max(ROW_BLOCK, 1 << max(rows.bit_length() - 4, 0))
+    return -(-rows // block) * block
+
+
 class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's blocked layout (inference only: no gradient, and
-    the packed weight is not in the state dict)."""
+    the packed weight is not in the state dict). Inputs are padded to `padded_rows` rows."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -80,7 +104,12 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        rows = x.reshape(-1, self.in_features)
+        count = rows.size(0)
+        if (padding := padded_rows(count) - count) > 0:
+            rows = F.pad(rows, (0, 0, 0, padding))
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return y[:count].view(*x.shape[:-1], self.out_features)
 
 
 @functools.cache
@@ -93,14 +122,17 @@ def packing_available() -> bool:
         return False
 
 
-def pack(model: nn.Module) -> nn.Module:
-    """`model`, for float32 inference on the CPU from now on, with every linear layer replaced
-    by a prepacked one (in place); unchanged where packing is not available."""
+def pack(model: Transformer) -> Transformer:
+    """`model`, for float32 inference on the CPU from now on, with the linear layers of a
+    decoding step (`STEP_LAYERS` and the output layer) prepacked (in place); unchanged where
+    packing is not available."""
     if not packing_available():
         return model
     model = split_in_proj(model)
-    for module in list(model.modules()):
-        for name, child in module.named_children():
-            if type(child) is nn.Linear:
-                setattr(module, name, PackedLinear(child))
+    for layer in model.decoder:
+        for name in STEP_LAYERS:
+            parent, _, leaf = name.rpartition(".")
+            owner = layer.get_submodule(parent)
+            setattr(owner, leaf, PackedLinear(getattr(owner, leaf)))
+    model.output = PackedLinear(model.output)
     return model

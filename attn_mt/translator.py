@@ -170,8 +170,8 @@ def load(
     step (they must share the SentencePiece models and language pair; decode settings are the
     first one's). `dtype`: autocast to bf16/fp16 (None = float32); `quantize="int8"`: int8
     linear layers on the CPU (`attn_mt.quantize`); `prepack=True`: in float32 on the CPU, the
-    linear layers' weights prepacked for oneDNN (`attn_mt.packed`: faster, but oneDNN keeps
-    memory for every batch shape it meets, so it is not the default)."""
+    decoding step's linear layers prepacked for oneDNN (`attn_mt.packed`: the same hypotheses;
+    faster on one CPU we measured, slower on another, so not the default)."""
     device = resolve_device(device) if isinstance(device, str) else device
     paths = [path] if isinstance(path, (str, Path)) else list(path)
     if not paths:

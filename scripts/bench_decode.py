@@ -3,7 +3,7 @@ way its users call it, every row in a fresh process of its own (its peak RSS is 
 
 attn-mt      `Translator.translate` over the whole list: its own length batching
              (decode.batch_tokens), per-sentence output limits; float32 (nn.Linear, the
-             default), f32-pack (float32 with weights prepacked for oneDNN,
+             default), f32-pack (the decoding step's weights prepacked for oneDNN,
              `load(..., prepack=True)`), bf16 autocast, and int8 (`translate --quantize
              int8`, torch's dynamic quantization).
 CTranslate2  the checkpoint exported by `attn-mt export` (float32, and int8), then one

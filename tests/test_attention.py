@@ -295,3 +295,18 @@ def test_cache_select_reorders_rows():
     empty = KVCache()
     empty.select(torch.tensor([0]))
     assert empty.length == 0
+
+
+def test_cache_takes_selected_rows_in_the_copy_that_appends():
+    """Two selects (a beam reordering, then dropping a sentence) and an append equal indexing
+    twice and concatenating; the cache was not copied before the append."""
+    k = randn(3, H, 4, DH)
+    cache = KVCache(k=k, v=k + 1)
+    first, second = torch.tensor([2, 0, 1, 1]), torch.tensor([3, 0])
+    cache.select(first)
+    cache.select(second)
+    new = randn(2, H, 1, DH)
+    keys, values = cache.extend(new, new + 1)
+    expected = torch.cat([k[first][second], new], dim=2)
+    assert torch.equal(keys, expected) and torch.equal(values, expected + 1)
+    assert cache.length == 5 and cache.k is keys
