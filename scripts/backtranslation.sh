@@ -18,8 +18,9 @@ mkdir -p "$WORK/data"
 cd "$WORK"
 
 half=14500
-zcat "$DATA/train.de.gz" | head -n $half > data/real.de
-zcat "$DATA/train.en.gz" | head -n $half > data/real.en
+# sed, not head: head stops reading early, zcat dies of SIGPIPE, and pipefail ends the script
+zcat "$DATA/train.de.gz" | sed -n "1,${half}p" > data/real.de
+zcat "$DATA/train.en.gz" | sed -n "1,${half}p" > data/real.en
 zcat "$DATA/train.en.gz" | tail -n +$((half + 1)) > data/mono.en
 for split in val test_2016_flickr; do
   for lang in de en; do zcat "$DATA/$split.$lang.gz" > "data/$split.$lang"; done
