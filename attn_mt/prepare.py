@@ -150,6 +150,11 @@ def prepare_for(
     machine's processes from `rank - local_rank`, where its first process is.
     """
     mine: list[Shards] = []  # what this process prepared itself, if anything
+    if world.distributed and not workers:
+        # Encode in this process: forking one whose process group has threads running can
+        # leave a child deadlocked on a lock held at the fork (a test's pool worker hung so).
+        # A large corpus is prepared beforehand with `attn-mt prepare --workers N`.
+        workers = 1
 
     def first() -> tuple[Path, tuple[Tokenizer, Tokenizer]]:
         mine.append(prepare(cfg, tokenizers, workers))
