@@ -29,10 +29,10 @@ from typing import Any
 import torch
 
 from attn_mt.config import Config, config_from_dict
+from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import CheckpointError, ConfigError
-from attn_mt.model import Transformer, build_model
-from attn_mt.paths import atomic_write, os_reason
-from attn_mt.tokenizer import Tokenizer
+from attn_mt.fileio import atomic_write, os_reason
+from attn_mt.model.transformer import Transformer, build_model
 
 FORMAT = "attn-mt/1"
 REQUIRED_KEYS = ("format", "model", "config", "step", "tokenizers")

@@ -22,7 +22,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from attn_mt.errors import ConfigError
-from attn_mt.paths import os_reason
+from attn_mt.fileio import os_reason
 
 NAMED_CORPORA = ("multi30k",)
 # YAML 1.1 reads `5e-4` (no dot) as a string; float fields accept such numbers anyway.

@@ -14,12 +14,13 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from attn_mt.attention import record_attention
 from attn_mt.checkpoint import load_checkpoint, model_from
+from attn_mt.data.batching import source_batch
+from attn_mt.decode.translator import Translator, load
 from attn_mt.errors import UserError
-from attn_mt.model import POSITIONS
-from attn_mt.tokenizer import BOS_ID, EOS_ID
-from attn_mt.translator import Translator, load
+from attn_mt.model.attention import record_attention
+from attn_mt.model.transformer import POSITIONS
+from attn_mt.model.vocab import BOS_ID
 
 KINDS = ("cross", "encoder", "decoder")
 AXES = {"cross": ("target", "source"), "encoder": ("source",) * 2, "decoder": ("target",) * 2}
@@ -51,13 +52,13 @@ def attention_maps(translator: Translator, text: str, kind: str = "cross") -> At
     if not text.strip():
         raise UserError("--text is empty: give a sentence to translate")
     [best] = translator.translate_nbest([text], beam=1)[0]
-    src_ids = translator.src_tokenizer.encode([text.strip()])[0][: translator.max_input_len]
-    src_ids = src_ids + [EOS_ID]  # the encoder input, as search saw it
+    ids = translator.src_tokenizer.encode([text.strip()])[0][: translator.max_input_len]
+    src = source_batch([ids], [0]).to(translator.device)  # (1, S): the input search saw
+    src_ids = src[0].tolist()
     tgt_ids = [BOS_ID] + best.tokens  # the decoder input that produced the translation
     model = translator.model  # in eval mode: the weights carry no dropout
     stack = model.encoder if kind == "encoder" else model.decoder
     modules = [layer.cross_attn if kind == "cross" else layer.self_attn for layer in stack]
-    src = torch.tensor([src_ids], device=translator.device)  # (1, S)
     tgt = torch.tensor([tgt_ids], device=translator.device)  # (1, T)
     with torch.no_grad(), record_attention(model):
         model(src, tgt)

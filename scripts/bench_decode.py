@@ -38,13 +38,16 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `attn-mt` sets it
+
+import torch  # noqa: E402
 
 import attn_mt
-from attn_mt.data import read_lines, split_files
+from attn_mt.data.corpora import split_files
+from attn_mt.data.text import read_lines
+from attn_mt.decode.export import export_ctranslate2
 from attn_mt.errors import UserError
 from attn_mt.evaluate import score
-from attn_mt.export import export_ctranslate2
 from attn_mt.precision import resolve_precision
 
 QUICK_SENTENCES = 100

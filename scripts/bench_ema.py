@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -23,13 +24,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `attn-mt` sets it
 
 from attn_mt.config import load_config  # noqa: E402
-from attn_mt.ema import WeightEMA  # noqa: E402
-from attn_mt.loss import label_smoothed_loss  # noqa: E402
-from attn_mt.model import build_model  # noqa: E402
+from attn_mt.model.transformer import build_model  # noqa: E402
 from attn_mt.precision import DTYPES, autocast_context, resolve_precision  # noqa: E402
-from attn_mt.train import make_optimizer  # noqa: E402
+from attn_mt.train.ema import WeightEMA  # noqa: E402
+from attn_mt.train.loop import make_optimizer  # noqa: E402
+from attn_mt.train.loss import label_smoothed_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LENGTH = 24  # tokens per side of a typical Multi30k pair (+ <eos>)

@@ -18,6 +18,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -27,13 +28,15 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `attn-mt` sets it
 
-from attn_mt import distributed  # noqa: E402
-from attn_mt.batches import prepare_data  # noqa: E402
 from attn_mt.config import config_from_dict, load_config  # noqa: E402
-from attn_mt.data import PAD_ID, Batch, collate, length_batches  # noqa: E402
-from attn_mt.loss import label_smoothed_loss  # noqa: E402
-from attn_mt.model import Transformer, build_model, sinusoidal_table  # noqa: E402
+from attn_mt.data.batching import Batch, collate, length_batches  # noqa: E402
+from attn_mt.data.prepare import training_data  # noqa: E402
+from attn_mt.model.transformer import Transformer, build_model, sinusoidal_table  # noqa: E402
+from attn_mt.model.vocab import PAD_ID  # noqa: E402
+from attn_mt.train import distributed  # noqa: E402
+from attn_mt.train.loss import label_smoothed_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -185,7 +188,7 @@ def main() -> None:
     rounds = args.rounds or (2 if args.quick else 4)
 
     # Real batches: Multi30k through attn-mt's tokenizer, filter and length bucketing.
-    src_tok, tgt_tok, corpus = prepare_data(cfg, None, distributed.World())
+    src_tok, tgt_tok, corpus = training_data(cfg, None, distributed.World())
     rows = length_batches(corpus.lengths, cfg.train.batch_tokens)
     generator = torch.Generator().manual_seed(0)
     pick = torch.randperm(len(rows), generator=generator)[: per_turn * 2].tolist()

@@ -1,0 +1,1 @@
+"""The data path: corpora and text, SentencePiece, token shards, preparation and batches."""

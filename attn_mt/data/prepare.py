@@ -1,0 +1,313 @@
+"""`attn-mt prepare`: the training corpora, once, as token shards that training memory-maps.
+
+Every step streams, so memory stays bounded whatever the corpus size:
+1. hash the input files (sha256); the hashes and the settings name the prepared folder, and a
+   folder whose manifest matches is used as it is: an unchanged corpus is never encoded twice;
+2. SentencePiece on a seeded random sample of at most `tokenizer.max_sentences` sentences
+   (reservoir sampling; the whole corpus when it is smaller, which gives the model `train`
+   trained on all lines before, from the same cache);
+3. encode in chunks on `workers` processes, clean (empty pairs, `data.max_len`,
+   `data.max_len_ratio`) and append to the flat token files; the index, the models and last
+   the manifest follow, in a temp folder renamed into place when complete, so an interrupted
+   prepare leaves nothing that training would trust.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attn_mt.config import Config, DataConfig, TrainCorpus
+from attn_mt.data.corpora import cache_dir, split_files, train_corpora
+from attn_mt.data.shards import (
+    FORMAT,
+    MANIFEST,
+    Plan,
+    Shards,
+    TokenView,
+    _hashes,
+    corpus_lines,
+    open_shards,
+    sha256_file,
+    write_shards,
+)
+from attn_mt.data.text import (
+    FilterStats,
+    check_text_file,
+    iter_parallel,
+    read_parallel,
+)
+from attn_mt.data.tokenizer import Tokenizer, build_tokenizers
+from attn_mt.errors import DataError, UserError
+from attn_mt.fileio import os_reason
+from attn_mt.train import distributed
+from attn_mt.train.runlog import stage
+
+log = logging.getLogger("attn_mt")
+
+
+def prepared_root(cfg: DataConfig) -> Path:
+    """Where prepared folders live: `data.prepared_dir`, else the cache's `prepared/`."""
+    return Path(cfg.prepared_dir) if cfg.prepared_dir else cache_dir() / "prepared"
+
+
+def plan(cfg: Config) -> Plan:
+    """Hash the inputs and name the folder that holds (or will hold) their shards."""
+    corpora = train_corpora(cfg.data)
+    identity = {
+        "format": FORMAT,
+        "corpora": [{"src": _digest(c.src), "tgt": _digest(c.tgt), "tag": c.tag} for c in corpora],
+        "tokenizer": _tokenizer_identity(cfg),
+        "max_len": cfg.data.max_len,
+        "max_len_ratio": cfg.data.max_len_ratio,
+    }
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
+    return Plan(corpora, identity, prepared_root(cfg.data) / key)
+
+
+def _tokenizer_identity(cfg: Config) -> dict[str, Any]:
+    """The tokenizer keys that decide the stored tokens: sampling happens per batch, later."""
+    keys = dataclasses.asdict(cfg.tokenizer)
+    keys.pop("sampling_alpha")
+    return keys
+
+
+def _digest(path: str | None) -> dict[str, Any]:
+    """The size and sha256 of an input file: what says it changed."""
+    file = Path(str(path))
+    check_text_file(file)
+    try:
+        return {"bytes": file.stat().st_size, "sha256": sha256_file(file)}
+    except OSError as err:
+        raise DataError(f"{file}: cannot read ({os_reason(err)})") from None
+
+
+def prepare_shards(
+    cfg: Config,
+    tokenizers: tuple[Tokenizer, Tokenizer] | None = None,
+    workers: int = 0,
+    repair: bool = False,
+) -> Shards:
+    """The shards of `cfg`'s training corpora: reused when up to date, else (re)built.
+
+    tokenizers: use these (a resumed run's, or rank 0's) instead of training SentencePiece.
+    workers: encoding processes (0 = every core). repair: rebuild a damaged folder instead
+    of refusing it (what `attn-mt prepare` does).
+    """
+    target = plan(cfg)
+    if (target.folder / MANIFEST).is_file():
+        try:
+            shards = open_shards(target.folder)
+        except DataError as err:
+            if not repair:
+                raise
+            log.warning("%s; rebuilding it", str(err).split("; rebuild")[0])
+        else:
+            same_tokens = tokenizers is None or shards.tokenizer_hashes() == _hashes(tokenizers)
+            if shards.manifest.get("identity") == target.identity and same_tokens:
+                log.info("prepared data: %s is up to date (%d pairs)", target.folder, len(shards))
+                return shards
+            log.info("prepared data: %s is outdated (another tokenizer)", target.folder)
+    if tokenizers is None:
+        tokenizers = _train_tokenizers(cfg, target.corpora)
+    write_shards(cfg, target, tokenizers, workers or _cores())
+    return open_shards(target.folder)
+
+
+def shards_for_run(
+    cfg: Config,
+    tokenizers: tuple[Tokenizer, Tokenizer] | None,
+    world: distributed.World,
+    workers: int = 0,
+) -> Shards:
+    """The shards for every process of a run, prepared once per machine.
+
+    Global rank 0 prepares first (training SentencePiece if need be: its models are the run's)
+    while the others wait; then the first process of every other machine prepares with rank
+    0's models (a quick check where it shares rank 0's folder). Every process maps its
+    machine's folder, and the shards' digests must agree across machines. torchrun numbers a
+    machine's processes from `rank - local_rank`, where its first process is.
+    """
+    mine: list[Shards] = []  # what this process prepared itself, if anything
+    if world.distributed and not workers:
+        # Encode in this process: forking one whose process group has threads running can
+        # leave a child deadlocked on a lock held at the fork (a test's pool worker hung so).
+        # A large corpus is prepared beforehand with `attn-mt prepare --workers N`.
+        workers = 1
+
+    def first() -> tuple[Path, tuple[Tokenizer, Tokenizer]]:
+        mine.append(prepare_shards(cfg, tokenizers, workers))
+        return mine[0].folder, mine[0].tokenizers()
+
+    folder, tokenizers = distributed.from_main(first, world)
+    error = None
+    if world.local_rank == 0 and not world.is_main:
+        try:
+            mine.append(prepare_shards(cfg, tokenizers, workers))
+            folder = mine[0].folder
+        except UserError as err:
+            error = str(err)
+    reports = distributed.gather((folder, error), world)
+    for _, failed in reports:
+        if failed:
+            raise DataError(failed)
+    shards = mine[0] if mine else open_shards(reports[world.rank - world.local_rank][0])
+    if len(set(distributed.gather(shards.digest, world))) > 1:
+        raise DataError(
+            "the prepared training data differ between machines (their manifests' file hashes "
+            "differ); give every machine the same training files"
+        )
+    return shards
+
+
+def prepared_corpus_lines(cfg: Config) -> list[str]:
+    """`corpus_lines` of the prepared data, or of the raw files when not prepared yet."""
+    target = plan(cfg)
+    weights = cfg.data.weights()
+    if not (target.folder / MANIFEST).is_file():
+        entries = []
+        for c in target.corpora:
+            pairs = sum(1 for _ in iter_parallel(c.src, c.tgt))
+            entries.append({"src_path": c.src, "kept": pairs, "pairs": pairs, "tag": c.tag})
+        note = "not prepared yet (attn-mt prepare --config FILE): counts before cleaning"
+        return [f"training corpora {note}", *corpus_lines(entries, weights)]
+    manifest = open_shards(target.folder).manifest  # a damaged folder: say so
+    return [
+        f"training corpora prepared in {target.folder}",
+        *corpus_lines(manifest["corpora"], weights),
+    ]
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------------------------------------
+# SentencePiece on a bounded sample
+
+
+def sample_pairs(
+    corpora: Iterable[TrainCorpus], limit: int, seed: int = 0
+) -> tuple[list[str], list[str]]:
+    """At most `limit` pairs drawn uniformly from all corpora (reservoir sampling, one pass),
+    in corpus order; every pair when there are no more than `limit`."""
+    rng = random.Random(seed)
+    kept: list[tuple[int, str, str]] = []
+    seen = 0
+    for corpus in corpora:
+        for src, tgt in iter_parallel(corpus.src, corpus.tgt):
+            if seen < limit:
+                kept.append((seen, src, tgt))
+            elif (slot := rng.randrange(seen + 1)) < limit:
+                kept[slot] = (seen, src, tgt)
+            seen += 1
+    kept.sort()
+    return [src for _, src, _ in kept], [tgt for _, _, tgt in kept]
+
+
+def _train_tokenizers(cfg: Config, corpora: list[TrainCorpus]) -> tuple[Tokenizer, Tokenizer]:
+    """SentencePiece (cached by sample and settings) on a sample of `max_sentences` lines."""
+    t = cfg.tokenizer
+    src, tgt = sample_pairs(corpora, t.max_sentences // 2 if t.joint else t.max_sentences)
+    if not any(s.strip() and g.strip() for s, g in zip(src, tgt, strict=True)):
+        raise DataError(f"{corpora[0].src}: the training corpus has no non-empty pairs")
+    log.info("prepared data: SentencePiece on %d sampled pairs", len(src))
+    return build_tokenizers(t, src, tgt, cache_dir() / "spm", cfg.data.tags())
+
+
+# ---------------------------------------------------------------------------------------------
+# What a training run reads
+
+
+@dataclass
+class Corpus:
+    """The training pairs (memory-mapped token shards) and the validation split (in memory)."""
+
+    shards: Shards
+    weights: list[float]  # of each training corpus, for the start-up log
+    valid_src: list[str]
+    valid_ref: list[str]
+    valid_src_ids: list[list[int]]
+    valid_tgt_ids: list[list[int]]
+
+    @property
+    def src_ids(self) -> TokenView:
+        """Source ids of each kept training pair (without <eos>), read from the map."""
+        return self.shards.src
+
+    @property
+    def tgt_ids(self) -> TokenView:
+        """Target ids of each kept training pair (without <eos>), read from the map."""
+        return self.shards.tgt
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(N, 2): source + <eos> and target + <eos> tokens of each kept pair."""
+        return self.shards.lengths + 1
+
+    @property
+    def stats(self) -> FilterStats:
+        """What cleaning kept and dropped, over all training corpora."""
+        total = FilterStats()
+        for entry in self.shards.manifest["corpora"]:
+            total.add(FilterStats.read(entry))
+        return total
+
+    def describe(self) -> list[str]:
+        """One line per training corpus: pairs kept, weight, tag and share of an epoch."""
+        return corpus_lines(self.shards.manifest["corpora"], self.weights)
+
+
+def training_data(
+    cfg: Config, tokenizers: tuple[Tokenizer, Tokenizer] | None, world: distributed.World
+) -> tuple[Tokenizer, Tokenizer, Corpus]:
+    """Prepare (or reuse) the training shards, then read and encode the validation split.
+
+    tokenizers: a resumed run's SentencePiece models; None trains (or reuses) them, on rank 0,
+    whose models every process then uses (machines of a multi-node run need not share a cache).
+    """
+    valid_files = split_files(cfg.data, "valid")
+    with stage("reading the validation split"):  # checked before the training data's work
+        valid_src, valid_ref = read_parallel(*valid_files)
+    if not any(s.strip() and t.strip() for s, t in zip(valid_src, valid_ref, strict=True)):
+        raise DataError(f"{valid_files[0]}: the validation corpus has no non-empty pairs")
+    with stage("preparing the training data"):
+        shards = shards_for_run(cfg, tokenizers, world)
+    src_tok, tgt_tok = tokenizers or shards.tokenizers()
+    corpus = Corpus(
+        shards=shards,
+        weights=cfg.data.weights(),
+        valid_src=valid_src,
+        valid_ref=valid_ref,
+        valid_src_ids=src_tok.encode(valid_src),
+        valid_tgt_ids=tgt_tok.encode(valid_ref),
+    )
+    return src_tok, tgt_tok, corpus
+
+
+def valid_subset(corpus: Corpus, size: int, seed: int) -> Corpus:
+    """`corpus` with `size` of its validation pairs (0 = all): a fixed seeded choice, kept in
+    file order, drawn from its own generator (the training streams never move)."""
+    if not size or size >= len(corpus.valid_src):
+        return corpus
+    rows = sorted(random.Random(seed).sample(range(len(corpus.valid_src)), size))
+    return dataclasses.replace(
+        corpus,
+        **{
+            name: [getattr(corpus, name)[i] for i in rows]
+            for name in ("valid_src", "valid_ref", "valid_src_ids", "valid_tgt_ids")
+        },
+    )

@@ -1,0 +1,353 @@
+"""Token shards: the prepared training corpus on disk, written once and memory-mapped by every
+process (fairseq's `indexed_dataset` pattern: the writer and the reader in one module).
+
+A prepared folder (written by `attn_mt.prepare`) holds
+
+    src.bin, tgt.bin      every kept sentence's token ids end to end (uint16, or int32 when the
+                          vocabulary has more than 65,535 pieces), read through numpy.memmap
+    index.npy             (N + 1, 2) int64: where pair i starts in src.bin and tgt.bin
+    corpus.npy            (N,) int16: which corpus of `data.train` pair i comes from
+    src.model, tgt.model  the SentencePiece models the ids belong to
+    manifest.json         the inputs' sizes and sha256, the settings, the counts, and the size
+                          and sha256 of each file above (written last: no manifest, no trust)
+
+The format is nanoGPT's flat token file with fairseq's offsets index: nothing but numpy, a file
+per array, and the page cache shares one copy between all processes of a machine. A sentence is
+sliced out only when its batch is built; the lengths (what the batcher needs) are in memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import itertools
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attn_mt.config import Config, TrainCorpus
+from attn_mt.data.text import FilterStats, clean_pairs, iter_parallel
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.errors import DataError
+
+FORMAT = "attn-mt-shards/1"
+
+
+MANIFEST = "manifest.json"
+
+
+SHARD_FILES = ("src.bin", "tgt.bin", "index.npy", "corpus.npy", "src.model", "tgt.model")
+
+
+REBUILD = "rebuild it with `attn-mt prepare --config FILE` (or delete {folder})"
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _damaged(path: Path, reason: str) -> DataError:
+    return DataError(f"{path}: {reason}; {REBUILD.format(folder=path.parent)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+class TokenView(Sequence):
+    """One side of the shards as a read-only sequence of sentences (lists of ids)."""
+
+    def __init__(self, tokens: np.ndarray, offsets: np.ndarray):
+        self.tokens, self.offsets = tokens, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> list[int]:  # type: ignore[override]
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]].tolist()
+
+    @classmethod
+    def of(cls, sentences: Sequence[Sequence[int]]) -> TokenView:
+        """Sentences held in memory laid out as the shards hold them: one flat array of ids
+        and the offsets where each sentence starts."""
+        lengths = np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences))
+        offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = itertools.chain.from_iterable(sentences)
+        return cls(np.fromiter(flat, dtype=np.int64, count=int(offsets[-1])), offsets)
+
+
+@dataclass
+class Shards:
+    """A verified prepared folder, mapped: token views, lengths and the corpus of each pair."""
+
+    folder: Path
+    manifest: dict[str, Any]
+    src: TokenView
+    tgt: TokenView
+    lengths: np.ndarray  # (N, 2) tokens of (source, target), without <eos>
+    corpus: np.ndarray  # (N,) index into data.train
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def digest(self) -> str:
+        """sha256 of every file's size and hash: equal on two machines exactly when the shards
+        are (the inputs' paths, which may differ, are left out)."""
+        return hashlib.sha256(
+            json.dumps(self.manifest["files"], sort_keys=True).encode()
+        ).hexdigest()
+
+    def tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
+        """The (source, target) SentencePiece models; one object when they are the same."""
+        src = Tokenizer((self.folder / "src.model").read_bytes())
+        tgt_bytes = (self.folder / "tgt.model").read_bytes()
+        return src, (src if tgt_bytes == src.model_bytes else Tokenizer(tgt_bytes))
+
+    def tokenizer_hashes(self) -> list[str]:
+        return list(self.manifest["tokenizer_sha256"])
+
+
+def open_shards(folder: Path) -> Shards:
+    """Map a prepared folder after checking every file's size and sha256 against the manifest;
+    anything missing, truncated or altered is a one-line `DataError` naming the file."""
+    manifest_path = folder / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files, dtype = manifest["files"], np.dtype(manifest["dtype"])
+        if manifest["format"] != FORMAT:
+            raise _damaged(manifest_path, f"format {manifest['format']}, expected {FORMAT}")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+        raise _damaged(manifest_path, f"unreadable manifest ({type(err).__name__})") from None
+    for name, expected in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise _damaged(path, "missing")
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            raise _damaged(path, f"truncated: {size} bytes, expected {expected['bytes']}")
+        if sha256_file(path) != expected["sha256"]:
+            raise _damaged(path, "corrupt: its sha256 differs from the manifest's")
+    offsets = np.load(folder / "index.npy", mmap_mode="r")
+    src_tokens, tgt_tokens = (
+        np.memmap(folder / name, dtype=dtype, mode="r") if count else np.zeros(0, dtype)
+        for name, count in zip(("src.bin", "tgt.bin"), manifest["tokens"], strict=True)
+    )
+    return Shards(
+        folder=folder,
+        manifest=manifest,
+        src=TokenView(src_tokens, offsets[:, 0]),
+        tgt=TokenView(tgt_tokens, offsets[:, 1]),
+        lengths=np.diff(offsets, axis=0),
+        corpus=np.load(folder / "corpus.npy"),
+    )
+
+
+def corpus_lines(entries: Sequence[dict[str, Any]], weights: Sequence[float]) -> list[str]:
+    """One line per corpus (a manifest's `corpora`): pairs kept, weight, tag, share of an epoch."""
+    sizes = [w * e["kept"] for w, e in zip(weights, entries, strict=True)]
+    lines = []
+    for i, (entry, weight, size) in enumerate(zip(entries, weights, sizes, strict=True)):
+        tag = f", tag {entry['tag']}" if entry["tag"] else ""
+        lines.append(
+            f"corpus {i + 1}: {entry['src_path']}: {entry['kept']:,} of {entry['pairs']:,} pairs "
+            f"kept, weight {weight:g}{tag}, {100 * size / max(sum(sizes), 1):.1f}% of an epoch"
+        )
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+CHUNK = 20_000  # sentence pairs per encoding task
+
+
+@dataclasses.dataclass
+class Plan:
+    """What a prepared folder must hold for this config, and where it is."""
+
+    corpora: list[TrainCorpus]
+    identity: dict[str, Any]  # what decides the tokens: input hashes, tags, settings
+    folder: Path
+
+
+def _hashes(tokenizers: tuple[Tokenizer, Tokenizer]) -> list[str]:
+    return [hashlib.sha256(tok.model_bytes).hexdigest() for tok in tokenizers]
+
+
+_WORKER: dict[str, Any] = {}  # each worker's tokenizers and settings, set once
+
+
+def _init_worker(src_model: bytes, tgt_model: bytes, max_len: int, ratio: float, dtype: str):
+    _WORKER.update(src=Tokenizer(src_model), tgt=Tokenizer(tgt_model))
+    _WORKER.update(max_len=max_len, ratio=ratio, dtype=dtype)
+
+
+def encode_chunk(
+    task: tuple[int, str | None, list[str], list[str]],
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, FilterStats]:
+    """Encode and clean one chunk of a corpus: (corpus, src tokens, tgt tokens, lengths, stats).
+
+    A tag is put before each kept source sentence; cleaning looks at the sentences alone.
+    """
+    corpus, tag, src_lines, tgt_lines = task
+    w = _WORKER
+    src_ids, tgt_ids = w["src"].encode(src_lines), w["tgt"].encode(tgt_lines)
+    keep, stats = clean_pairs(src_ids, tgt_ids, w["max_len"], w["ratio"])
+    prefix = [w["src"].sp.piece_to_id(tag)] if tag else []
+    src_kept = [prefix + src_ids[i] for i in keep]
+    tgt_kept = [tgt_ids[i] for i in keep]
+    lengths = np.array([[len(s), len(t)] for s, t in zip(src_kept, tgt_kept, strict=True)])
+    return (
+        corpus,
+        np.fromiter(itertools.chain.from_iterable(src_kept), w["dtype"]),
+        np.fromiter(itertools.chain.from_iterable(tgt_kept), w["dtype"]),
+        lengths.reshape(-1, 2),
+        stats,
+    )
+
+
+def _tasks(corpora: list[TrainCorpus]) -> Iterator[tuple[int, str | None, list[str], list[str]]]:
+    """Chunks of `CHUNK` pairs, corpus after corpus, read as a stream."""
+    for index, corpus in enumerate(corpora):
+        pairs = iter_parallel(corpus.src, corpus.tgt)
+        while chunk := list(itertools.islice(pairs, CHUNK)):
+            yield index, corpus.tag, [s for s, _ in chunk], [t for _, t in chunk]
+
+
+def _encoded(tasks: Iterator[Any], workers: int, init_args: tuple[Any, ...]) -> Iterator[Any]:
+    """`encode_chunk` over `tasks` in order; at most 2 chunks per worker are in flight."""
+    if workers == 1:
+        _init_worker(*init_args)
+        yield from map(encode_chunk, tasks)
+        return
+    # fork: the workers need no imports of their own (spawn would import torch in each)
+    with multiprocessing.get_context("fork").Pool(workers, _init_worker, init_args) as pool:
+        pending: collections.deque = collections.deque()
+        for task in tasks:
+            pending.append(pool.apply_async(encode_chunk, (task,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def write_shards(
+    cfg: Config, target: Plan, tokenizers: tuple[Tokenizer, Tokenizer], workers: int
+) -> None:
+    """Encode every corpus into a temp folder, then rename it to `target.folder`."""
+    src_tok, tgt_tok = tokenizers
+    for tag in cfg.data.tags():
+        if src_tok.sp.piece_to_id(tag) == src_tok.sp.unk_id():
+            raise DataError(
+                f"data.train: tag {tag} is not a piece of the source tokenizer (a resumed run's "
+                "tokenizer was trained without it); start a new run to add tags"
+            )
+    dtype = "uint16" if max(src_tok.vocab_size, tgt_tok.vocab_size) <= 65535 else "int32"
+    target.folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.folder.with_name(f".{target.folder.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    log.info("prepared data: encoding into %s with %d process(es)", target.folder, workers)
+    stats = [FilterStats() for _ in target.corpora]
+    lengths: list[np.ndarray] = []
+    corpus_of: list[np.ndarray] = []
+    try:
+        init = (src_tok.model_bytes, tgt_tok.model_bytes, cfg.data.max_len)
+        init += (cfg.data.max_len_ratio, dtype)
+        with open(tmp / "src.bin", "wb") as src_out, open(tmp / "tgt.bin", "wb") as tgt_out:
+            for corpus, src, tgt, rows, chunk_stats in _encoded(
+                _tasks(target.corpora), workers, init
+            ):
+                src_out.write(src.tobytes())
+                tgt_out.write(tgt.tobytes())
+                lengths.append(rows)
+                corpus_of.append(np.full(len(rows), corpus, dtype=np.int16))
+                stats[corpus].add(chunk_stats)
+        _check_kept(cfg, stats)
+        all_lengths = np.concatenate(lengths)
+        offsets = np.zeros((len(all_lengths) + 1, 2), dtype=np.int64)
+        np.cumsum(all_lengths, axis=0, out=offsets[1:])
+        np.save(tmp / "index.npy", offsets)
+        np.save(tmp / "corpus.npy", np.concatenate(corpus_of))
+        (tmp / "src.model").write_bytes(src_tok.model_bytes)
+        (tmp / "tgt.model").write_bytes(tgt_tok.model_bytes)
+        manifest = {
+            "format": FORMAT,
+            "corpora": [
+                {
+                    **ident,
+                    "src_path": c.src,
+                    "tgt_path": c.tgt,
+                    **dataclasses.asdict(s),
+                    "pairs": s.pairs,
+                }
+                for ident, c, s in zip(
+                    target.identity["corpora"], target.corpora, stats, strict=True
+                )
+            ],
+            "identity": target.identity,
+            "dtype": dtype,
+            "pairs": int(len(all_lengths)),
+            "tokens": [int(n) for n in offsets[-1]],
+            "tokenizer_sha256": _hashes(tokenizers),
+            "files": {
+                name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+                for name in SHARD_FILES
+            },
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        _move_into_place(tmp, target.folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for c, s in zip(target.corpora, stats, strict=True):
+        log.info(
+            "prepared data: %s: %d pairs kept; dropped %d empty, %d longer than %d tokens, "
+            "%d over the length ratio",
+            c.src,
+            s.kept,
+            s.empty,
+            s.too_long,
+            cfg.data.max_len,
+            s.bad_ratio,
+        )
+
+
+def _check_kept(cfg: Config, stats: list[FilterStats]) -> None:
+    total = FilterStats()
+    for s in stats:
+        total.add(s)
+    if not total.kept:
+        raise DataError(
+            f"every training pair was filtered out ({total.empty} empty, {total.too_long} longer "
+            f"than data.max_len={cfg.data.max_len} tokens, {total.bad_ratio} over "
+            f"data.max_len_ratio={cfg.data.max_len_ratio:g}); raise data.max_len"
+        )
+
+
+def _move_into_place(tmp: Path, folder: Path) -> None:
+    """Rename the finished temp folder to `folder`, replacing an outdated one."""
+    if folder.exists():
+        old = folder.with_name(f".{folder.name}.{os.getpid()}.old")
+        os.replace(folder, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, folder)
+
+
+log = logging.getLogger("attn_mt")

@@ -1,0 +1,135 @@
+"""Reading parallel text and cleaning it.
+
+Reading is strict and loud: a missing file, a line-count mismatch or invalid UTF-8 is a
+`DataError` naming the file (and line). Files are plain text or gzip, read as a stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import itertools
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from attn_mt.errors import DataError
+from attn_mt.fileio import os_reason
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """All lines of a UTF-8 text file (plain or gzip), without line endings (LF or CRLF)."""
+    return list(iter_lines(path))
+
+
+def check_text_file(path: Path) -> None:
+    """A DataError unless `path` names a file (not a folder, not missing)."""
+    if path.is_dir():
+        raise DataError(f"{path}: is a folder, not a text file")
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+
+
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file (plain or gzip), read as a stream: memory stays flat."""
+    path = Path(path)
+    check_text_file(path)
+    number = 0
+    try:
+        with open(path, "rb") as handle:
+            gzipped = handle.read(2) == b"\x1f\x8b"
+        opener = gzip.open if gzipped else open
+        with opener(path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):  # noqa: B007 (used after the loop)
+                yield raw.removesuffix(b"\n").decode("utf-8").removesuffix("\r")
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # before OSError: BadGzipFile is one
+        raise DataError(
+            f"{path}: cannot read, damaged gzip data ({err}); download or compress it again"
+        ) from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({os_reason(err)})") from None
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path}:{number}: invalid UTF-8 at byte {err.start}; convert the file to UTF-8 "
+            "(e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+
+
+def iter_parallel(src: str | Path, tgt: str | Path) -> Iterator[tuple[str, str]]:
+    """(source, target) line pairs of a parallel corpus, streamed; the counts must match."""
+    src_lines, tgt_lines = iter_lines(src), iter_lines(tgt)
+    count = 0
+    for count, pair in enumerate(itertools.zip_longest(src_lines, tgt_lines), start=1):
+        if None in pair:
+            extra_src = sum(1 for _ in src_lines) + (pair[0] is not None)
+            extra_tgt = sum(1 for _ in tgt_lines) + (pair[1] is not None)
+            _mismatch(src, count - 1 + extra_src, tgt, count - 1 + extra_tgt)
+        yield pair
+
+
+def _mismatch(src: str | Path, src_count: int, tgt: str | Path, tgt_count: int) -> NoReturn:
+    raise DataError(
+        f"{src} has {src_count} lines but {tgt} has {tgt_count}; "
+        "a parallel corpus needs one target line per source line"
+    )
+
+
+def read_parallel(src: str | Path, tgt: str | Path) -> tuple[list[str], list[str]]:
+    """Source and target lines of a parallel corpus; their counts must match."""
+    src_lines, tgt_lines = read_lines(src), read_lines(tgt)
+    if len(src_lines) != len(tgt_lines):
+        _mismatch(src, len(src_lines), tgt, len(tgt_lines))
+    return src_lines, tgt_lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Cleaning
+
+
+@dataclass
+class FilterStats:
+    """What cleaning removed from a training corpus."""
+
+    kept: int = 0
+    empty: int = 0
+    too_long: int = 0
+    bad_ratio: int = 0  # one side over data.max_len_ratio times longer than the other
+
+    @classmethod
+    def read(cls, record: dict[str, Any]) -> FilterStats:
+        """The counts of a record that holds them (a prepared manifest's corpus entry)."""
+        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls)})
+
+    @property
+    def pairs(self) -> int:
+        """Every pair read: kept or dropped."""
+        return sum(dataclasses.astuple(self))
+
+    def add(self, other: FilterStats) -> None:
+        """Count `other`'s pairs too."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+def clean_pairs(
+    src_ids: Sequence[list[int]],
+    tgt_ids: Sequence[list[int]],
+    max_len: int,
+    max_ratio: float = 0,
+) -> tuple[list[int], FilterStats]:
+    """Indices of pairs to train on: drop empty pairs, pairs over `max_len` tokens, and (when
+    `max_ratio` > 0) pairs whose longer side has more than `max_ratio` times the tokens."""
+    keep, stats = [], FilterStats()
+    for i, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True)):
+        if not s or not t:
+            stats.empty += 1
+        elif len(s) > max_len or len(t) > max_len:
+            stats.too_long += 1
+        elif max_ratio and max(len(s), len(t)) > max_ratio * min(len(s), len(t)):
+            stats.bad_ratio += 1
+        else:
+            keep.append(i)
+    stats.kept = len(keep)
+    return keep, stats

@@ -1,0 +1,174 @@
+"""SentencePiece: train on the training split (cached by a hash of inputs and settings), load
+from bytes, encode and decode. The special ids are `attn_mt.model.vocab`'s.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+
+from attn_mt.config import TokenizerConfig
+from attn_mt.errors import ConfigError, UserError
+from attn_mt.fileio import atomic_write, os_reason, writable_dir
+from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+log = logging.getLogger("attn_mt")
+
+
+class Tokenizer:
+    """A SentencePiece model held as bytes, so it can live inside a checkpoint."""
+
+    def __init__(self, model_bytes: bytes):
+        self.model_bytes = bytes(model_bytes)
+        self.sp = spm.SentencePieceProcessor(model_proto=self.model_bytes)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of pieces, special symbols included."""
+        return self.sp.get_piece_size()
+
+    def encode(self, lines: Sequence[str]) -> list[list[int]]:
+        """Text -> piece ids (no <bos>/<eos>; the batcher adds them)."""
+        return self.sp.encode(list(lines), out_type=int)
+
+    def sample(self, lines: Sequence[str], alpha: float, seed: int) -> list[list[int]]:
+        """One sampled segmentation per line: subword regularization (Kudo, 2018) for a unigram
+        model, `alpha` the smoothing of P(segmentation)^alpha over all segmentations (smaller
+        samples more); BPE-dropout (Provilkov et al., 2020) for a BPE model, `alpha` the
+        probability of dropping a merge.
+
+        Reproducible for a `seed`: SentencePiece's generator is seeded, then the lines are
+        encoded in order on one thread of their own (a batch call starts fresh threads, whose
+        generators start from the seed), so the same seed gives the same ids.
+        """
+        spm.set_random_generator_seed(seed)
+        return self.sp.encode(
+            list(lines),
+            out_type=int,
+            enable_sampling=True,
+            alpha=alpha,
+            nbest_size=-1,
+            num_threads=1,
+        )
+
+    def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        """Piece ids -> detokenized text; special ids are dropped."""
+        specials = {PAD_ID, BOS_ID, EOS_ID}
+        return self.sp.decode([[i for i in seq if i not in specials] for seq in ids])
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """Piece strings of `ids`, for attention plots and export vocabularies."""
+        return [self.sp.id_to_piece(int(i)) for i in ids]
+
+    def all_pieces(self) -> list[str]:
+        """Every piece in id order."""
+        return [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
+
+
+def train_tokenizer(
+    cfg: TokenizerConfig, lines: Sequence[str], cache: Path, symbols: Sequence[str] = ()
+) -> Tokenizer:
+    """Train (or fetch from `cache`) a SentencePiece model on `lines` with `cfg`'s settings.
+
+    `symbols` (corpus tags such as <bt>) become pieces of their own, never split.
+    """
+    settings: dict[str, Any] = {
+        "vocab_size": cfg.vocab_size,
+        "model_type": cfg.model_type,
+        "character_coverage": cfg.character_coverage,
+        "byte_fallback": cfg.byte_fallback,
+        "input_sentence_size": cfg.max_sentences,
+    }
+    if symbols:  # only then: the cache key of a model without tags stays what it was
+        settings["user_defined_symbols"] = list(symbols)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for line in lines:
+        digest.update(line.encode("utf-8") + b"\n")
+    cached = cache / f"{digest.hexdigest()[:32]}.model"
+    try:
+        if cached.is_file():
+            tokenizer = Tokenizer(cached.read_bytes())
+            log.info("SentencePiece: found in the cache (%s)", cached)
+            return tokenizer
+        cache.mkdir(parents=True, exist_ok=True)
+        if not writable_dir(cache):  # known before SentencePiece trains, not after
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except RuntimeError:
+        pass  # a damaged cache entry: train again and replace it
+    except OSError as err:
+        raise _cache_error(cache, err) from None
+    log.info(
+        "SentencePiece: training a %d-piece %s model on %s lines ...",
+        cfg.vocab_size,
+        cfg.model_type,
+        f"{len(lines):,}",
+    )
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(line for line in lines if line.strip()),
+            model_writer=model,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            hard_vocab_limit=False,
+            shuffle_input_sentence=True,
+            num_threads=1,  # one thread keeps the training deterministic
+            minloglevel=2,
+            **settings,
+        )
+    except RuntimeError as err:
+        reason = str(err).splitlines()[-1] if str(err) else "unknown"
+        hint = ""
+        if cfg.byte_fallback and cfg.vocab_size < 300:
+            hint = (
+                "; byte_fallback takes 256 byte pieces plus one per character: raise "
+                "tokenizer.vocab_size or set tokenizer.byte_fallback: false"
+            )
+        raise ConfigError(
+            f"tokenizer: SentencePiece could not train with vocab_size {cfg.vocab_size} "
+            f"({reason}){hint}"
+        ) from None
+    try:
+        with atomic_write(cached) as out:
+            out.write(model.getvalue())
+    except OSError as err:
+        raise _cache_error(cache, err) from None
+    return Tokenizer(model.getvalue())
+
+
+def _cache_error(cache: Path, err: OSError) -> UserError:
+    return UserError(
+        f"{cache}: cannot use the SentencePiece cache ({os_reason(err)}); make it writable "
+        "or set ATTN_MT_CACHE to another folder"
+    )
+
+
+def build_tokenizers(
+    cfg: TokenizerConfig,
+    src_lines: Sequence[str],
+    tgt_lines: Sequence[str],
+    cache: Path,
+    src_symbols: Sequence[str] = (),
+) -> tuple[Tokenizer, Tokenizer]:
+    """(source, target) tokenizers: the same object when the vocabulary is joint.
+
+    `src_symbols` (corpus tags) are reserved pieces of the source vocabulary.
+    """
+    if cfg.joint:
+        joint = train_tokenizer(cfg, list(src_lines) + list(tgt_lines), cache, src_symbols)
+        return joint, joint
+    return (
+        train_tokenizer(cfg, src_lines, cache, src_symbols),
+        train_tokenizer(cfg, tgt_lines, cache),
+    )

@@ -1,0 +1,1 @@
+"""Inference: `load` -> Translator, search, the packed and int8 layers, and export."""

@@ -1,0 +1,311 @@
+"""Export a checkpoint to CTranslate2, a C++ inference engine for Transformer translation.
+
+`AttnMTConverter` is a `ctranslate2.converters.Converter`: its `_load` fills a
+`TransformerSpec` from our modules, and CTranslate2's own `convert` validates, quantizes and
+writes it. `export_ctranslate2` wraps it for `attn-mt export`: it checks the arguments, writes
+into a staging folder beside `--out` and moves it into place only when complete, with the
+SentencePiece models (`source.model`, `target.model`), the search settings as
+`translate_batch` keywords (`decode.json`) and a README.txt beside the weights.
+
+The mapping, module by module (D model width):
+    Embedder               embeddings (x sqrt(D): `scale_embeddings`) + position_encodings
+    MultiHeadAttention     self: in_proj -> linear[0] (fused W_q; W_k; W_v), out_proj -> linear[1]
+                           cross: in_proj[:D] -> linear[0] (W_q), in_proj[D:] -> linear[1]
+                           (fused W_k; W_v), out_proj -> linear[2]
+    Residual.norm          the sub-layer's layer_norm (before it in pre-norm, after in post-norm)
+    encoder/decoder_norm   the stack's final layer_norm (pre-norm only)
+    output                 decoder.projection
+Our sources end with <eos> and have no <bos> (`add_source_eos`); the decoder starts from <bos>.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from attn_mt.checkpoint import load_checkpoint, model_from, resolve_checkpoint, tokenizers_from
+from attn_mt.config import Config, DecodeConfig
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.errors import UserError
+from attn_mt.fileio import check_output_dir, umask
+from attn_mt.model.attention import MultiHeadAttention
+from attn_mt.model.transformer import Embedder, FeedForward, Transformer
+from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID
+
+try:
+    import ctranslate2
+    from ctranslate2.converters import Converter
+    from ctranslate2.specs import common_spec, transformer_spec
+    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
+except ImportError:  # an optional extra: `export_ctranslate2` says how to install it
+    ctranslate2 = None
+    Converter = object
+    ACCEPTED_MODEL_TYPES = ()
+
+# "none" keeps the trained weights' type; the others are whatever this CTranslate2 accepts.
+QUANTIZATIONS = ("none", *ACCEPTED_MODEL_TYPES)
+# The config values CTranslate2's Transformer can express; anything else is refused by name.
+SUPPORTED = {
+    "attention": ("dot",),
+    "norm": ("pre", "post"),
+    "activation": ("relu", "gelu"),
+    "positions": ("sinusoidal", "learned"),
+}
+SINUSOIDAL_ROWS = 1024  # our table grows on demand; CTranslate2 needs a fixed one
+PAD_PIECE = "<blank>"  # CTranslate2's converters name the padding piece so
+# `translate_batch` options that make CTranslate2 search as ours: never generate <bos> or
+# <pad>, and allow an empty output (<eos> first). The engine takes them per call, not per model.
+DECODE_OPTIONS = {
+    "suppress_sequences": [[SPECIAL_PIECES["bos"]], [PAD_PIECE]],
+    "min_decoding_length": 0,
+}
+INSTALL_HINT = "pip install 'attn-mt[ct2]'"
+
+
+class AttnMTConverter(Converter):
+    """Converts an attn-mt checkpoint (a run folder or a .pt file) to CTranslate2."""
+
+    def __init__(self, path: str | Path):
+        self.path = resolve_checkpoint(path)
+        state = load_checkpoint(self.path)
+        self.model, self.config = model_from(state, self.path)
+        self.src_tokenizer, self.tgt_tokenizer = tokenizers_from(state, self.path)
+        check_exportable(self.config)
+
+    @torch.no_grad()
+    def _load(self) -> transformer_spec.TransformerSpec:
+        """The TransformerSpec of our model, weights, vocabularies and special tokens filled."""
+        model, m = self.model.eval(), self.config.model
+        activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
+        spec = transformer_spec.TransformerSpec.from_config(
+            (m.encoder_layers, m.decoder_layers),
+            m.heads,
+            pre_norm=model.pre_norm,
+            activation=activation[m.activation],
+        )
+        # A learned table goes whole; the sinusoidal one as far as an input can reach.
+        rows = model.max_positions or max(SINUSOIDAL_ROWS, self.config.decode.max_input_len + 1)
+        _set_embeddings(spec.encoder.embeddings[0], spec.encoder, model.src_embed, rows)
+        _set_embeddings(spec.decoder.embeddings, spec.decoder, model.tgt_embed, rows)
+        for layer_spec, layer in zip(spec.encoder.layer, model.encoder, strict=True):
+            _set_attention(layer_spec.self_attention, layer.self_attn, layer.res_attn.norm)
+            _set_feed_forward(layer_spec.ffn, layer.ff, layer.res_ff.norm)
+        for layer_spec, layer in zip(spec.decoder.layer, model.decoder, strict=True):
+            _set_attention(layer_spec.self_attention, layer.self_attn, layer.res_self.norm)
+            _set_attention(layer_spec.attention, layer.cross_attn, layer.res_cross.norm)
+            _set_feed_forward(layer_spec.ffn, layer.ff, layer.res_ff.norm)
+        if model.pre_norm:
+            _set_layer_norm(spec.encoder.layer_norm, model.encoder_norm)
+            _set_layer_norm(spec.decoder.layer_norm, model.decoder_norm)
+        _set_linear(spec.decoder.projection, model.output.weight)
+
+        spec.register_source_vocabulary(_vocabulary(self.src_tokenizer))
+        spec.register_target_vocabulary(_vocabulary(self.tgt_tokenizer))
+        pieces = self.tgt_tokenizer.pieces([UNK_ID, BOS_ID, EOS_ID])
+        spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = pieces
+        spec.config.decoder_start_token = spec.config.bos_token  # our decoder input: <bos> y
+        spec.config.add_source_bos, spec.config.add_source_eos = False, True  # source: x <eos>
+        spec.config.layer_norm_epsilon = _layer_norm_epsilon(model)
+        return spec
+
+
+def translate_as_attn_mt(engine, translator, pieces: list[list[str]], **options) -> list:
+    """CTranslate2 results for source `pieces` under attn-mt's output limits.
+
+    Our limit is per sentence (a * source length + b tokens, <eos> included, forced at the
+    limit); the engine takes one `max_decoding_length` per call, so sentences go in groups of
+    one limit. `engine` is a `ctranslate2.Translator`, `translator` the attn-mt one.
+    """
+    cfg = translator.config.decode
+    groups: dict[int, list[int]] = {}
+    for i, seq in enumerate(pieces):
+        source_len = min(len(seq), cfg.max_input_len) + 1  # + </s>
+        limit = max(int(cfg.max_len_a * source_len + cfg.max_len_b), 1)
+        limit = max(min(limit, translator.max_output_len or limit) - 1, 1)  # tokens before </s>
+        groups.setdefault(limit, []).append(i)
+    results: list = [None] * len(pieces)
+    for limit, rows in groups.items():
+        batch = [pieces[i] for i in rows]
+        found = engine.translate_batch(
+            batch, max_decoding_length=limit, **DECODE_OPTIONS, **options
+        )
+        for i, result in zip(rows, found, strict=True):
+            results[i] = result
+    return results
+
+
+def check_exportable(config: Config) -> None:
+    """Refuse, naming the config key, a model CTranslate2's Transformer cannot express."""
+    for key, values in SUPPORTED.items():
+        value = getattr(config.model, key)
+        if value not in values:
+            raise UserError(
+                f"model.{key}: {value!r} cannot be exported to CTranslate2, which supports "
+                f"model.{key} {' or '.join(map(repr, values))} only"
+            )
+
+
+def decode_options(decode: DecodeConfig, max_output_len: int | None) -> dict:
+    """`translate_batch` keywords that search as attn-mt does with `decode`.
+
+    CTranslate2 takes one output limit per call, so it gets the longest of ours (for a
+    source of `decode.max_input_len` tokens); beam search ranks with its own length penalty.
+    """
+    limit = int(decode.max_len_a * (decode.max_input_len + 1) + decode.max_len_b)
+    return {
+        "beam_size": decode.beam,
+        "length_penalty": decode.length_penalty,
+        "max_decoding_length": max(min(limit, max_output_len or limit) - 1, 1),
+        **DECODE_OPTIONS,
+    }
+
+
+def export_ctranslate2(
+    model: str | Path,
+    out: str | Path,
+    quantization: str = "none",
+    force: bool = False,
+    decode: DecodeConfig | None = None,
+) -> Path:
+    """Write checkpoint `model` as a CTranslate2 model folder `out`; returns `out`.
+
+    `decode` (default: the checkpoint's) becomes the folder's decode.json.
+    """
+    if ctranslate2 is None:
+        raise UserError(f"export needs the ctranslate2 package: {INSTALL_HINT}")
+    if quantization not in QUANTIZATIONS:
+        raise UserError(
+            f"--quantization {quantization}: unknown; use one of {', '.join(QUANTIZATIONS)}"
+        )
+    out = Path(out)
+    checkpoint = resolve_checkpoint(model)
+    _check_out_dir(out, checkpoint, force)
+    converter = AttnMTConverter(checkpoint)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Build the folder beside `out` and move it into place whole: a failed export leaves
+    # neither a half-written folder nor a damaged earlier one.
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        staging.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide the model from the team
+        weights = None if quantization == "none" else quantization
+        converter.convert(str(staging), quantization=weights, force=True)
+        (staging / "source.model").write_bytes(converter.src_tokenizer.model_bytes)
+        (staging / "target.model").write_bytes(converter.tgt_tokenizer.model_bytes)
+        options = decode_options(decode or converter.config.decode, converter.model.max_positions)
+        (staging / "decode.json").write_text(json.dumps(options, indent=2) + "\n")
+        (staging / "README.txt").write_text(_readme(converter, out, quantization, options))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _check_out_dir(out: Path, checkpoint: Path, force: bool) -> None:
+    """`out` may be new or empty; a non-empty folder only with --force, never the run itself."""
+    check_output_dir(out)
+    if checkpoint.resolve().is_relative_to(out.resolve()):
+        raise UserError(f"--out {out}: holds the checkpoint being exported; choose another folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UserError(f"--out {out}: folder exists and is not empty; add --force to replace it")
+
+
+# ---------------------------------------------------------------------------------------------
+# Filling the spec
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A float32 copy of a parameter, as CTranslate2's spec takes it."""
+    return tensor.detach().float().cpu().numpy().copy()
+
+
+def _set_linear(spec, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    """y = x W^T + b: torch and CTranslate2 both store W as (out, in)."""
+    spec.weight = _numpy(weight)
+    if bias is not None:
+        spec.bias = _numpy(bias)
+
+
+def _set_layer_norm(spec, norm: nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _numpy(norm.weight), _numpy(norm.bias)
+
+
+def _set_attention(spec, attn: MultiHeadAttention, norm: nn.LayerNorm) -> None:
+    """Self-attention keeps in_proj whole (CTranslate2 fuses Q, K, V the same way, rows
+    W_q; W_k; W_v); cross-attention splits it into W_q and the fused W_k; W_v."""
+    weight, bias = attn.in_proj.weight, attn.in_proj.bias  # (3D, D), (3D,)
+    d_model = attn.out_proj.in_features
+    if len(spec.linear) == 2:  # self-attention
+        _set_linear(spec.linear[0], weight, bias)
+    else:
+        _set_linear(spec.linear[0], weight[:d_model], bias[:d_model])
+        _set_linear(spec.linear[1], weight[d_model:], bias[d_model:])
+    _set_linear(spec.linear[-1], attn.out_proj.weight, attn.out_proj.bias)
+    _set_layer_norm(spec.layer_norm, norm)
+
+
+def _set_feed_forward(spec, ff: FeedForward, norm: nn.LayerNorm) -> None:
+    _set_linear(spec.linear_0, ff.w_1.weight, ff.w_1.bias)
+    _set_linear(spec.linear_1, ff.w_2.weight, ff.w_2.bias)
+    _set_layer_norm(spec.layer_norm, norm)
+
+
+def _set_embeddings(embeddings_spec, stack_spec, embedder: Embedder, rows: int) -> None:
+    """Token embeddings (scaled by sqrt(D) in the engine, as ours) and the first `rows` rows
+    of our own position table (CTranslate2's built-in sinusoidal one orders sin and cos
+    differently)."""
+    embeddings_spec.weight = _numpy(embedder.embedding.weight)
+    stack_spec.scale_embeddings = True
+    stack_spec.position_encodings.encodings = _numpy(embedder.positions.encodings(rows))
+
+
+def _vocabulary(tokenizer: Tokenizer) -> list[str]:
+    """The pieces in id order; <pad> is named <blank>, as CTranslate2's own converters do."""
+    pieces = tokenizer.all_pieces()
+    pieces[PAD_ID] = PAD_PIECE
+    return pieces
+
+
+def _layer_norm_epsilon(model: Transformer) -> float:
+    """The epsilon of our layer norms (all share torch's default)."""
+    return next(m.eps for m in model.modules() if isinstance(m, nn.LayerNorm))
+
+
+def _readme(converter: AttnMTConverter, out: Path, quantization: str, options: dict) -> str:
+    """How to translate with the exported folder."""
+    cfg = converter.config
+    return f"""\
+CTranslate2 model exported by attn-mt from {converter.path}
+({cfg.data.src_lang} -> {cfg.data.tgt_lang}, quantization {quantization}).
+Files: model.bin and the vocabularies (CTranslate2), source.model and target.model
+(SentencePiece), decode.json (attn-mt's search settings as translate_batch keywords:
+beam_size {options["beam_size"]}, never <s> or <blank>, </s> may come first).
+Install: pip install ctranslate2 sentencepiece
+
+    import json, ctranslate2, sentencepiece as spm
+
+    model = "{out}"
+    translator = ctranslate2.Translator(model, device="cpu")
+    source = spm.SentencePieceProcessor(model_file=f"{{model}}/source.model")
+    target = spm.SentencePieceProcessor(model_file=f"{{model}}/target.model")
+    decode = json.load(open(f"{{model}}/decode.json"))
+    lines = ["your sentence here"]
+    results = translator.translate_batch(source.encode(lines, out_type=str), **decode)
+    print([target.decode(r.hypotheses[0]) for r in results])
+
+The source gets its </s> from the model's config: do not add <s> or </s> yourself.
+With beam_size 1 this is greedy search, as `attn-mt translate --beam 1`
+(`attn-mt export --beam 1` writes that). Differences: attn-mt caps each output at
+{cfg.decode.max_len_a} x source tokens + {cfg.decode.max_len_b}, CTranslate2 at one \
+max_decoding_length per call ({options["max_decoding_length"]} here); beam search ranks by
+score / length^length_penalty in CTranslate2 and by GNMT's score / ((5 + length) / 6)^alpha in
+attn-mt, so beam outputs may differ slightly.
+"""

@@ -1,0 +1,160 @@
+"""Inference copies of a model's linear layers on the CPU: weights prepacked for oneDNN, and
+the attention input projection split by use.
+
+Prepacking. `nn.Linear` multiplies by its weight through MKL's sgemm, which copies the weight
+into its own blocked layout at every call. `PackedLinear` stores the weight already in oneDNN's
+layout (`torch.ops.mkldnn._reorder_linear_weight`, the op torch's own compiler uses when it
+freezes a CPU model) and multiplies with `torch.ops.mkldnn._linear_pointwise`: the same
+float32 products. Packing every layer cut beam search by ~9% on an AMD EPYC; this version
+took ~16% more time than plain `nn.Linear` on an Intel Xeon (AMX) (`scripts/bench_decode.py`),
+so it is opt-in: `attn_mt.load(..., prepack=True)`. oneDNN builds (and keeps, up to 1,024) a
+kernel of ~0.5-0.8 MiB for every number of input rows it meets: packing every layer grew the
+memory of translating 100k short lines by 544 MiB. So only the layers a decoding step runs
+are packed (their rows are the batch's live hypotheses; the encoder's are source tokens, a
+new count per batch), and their inputs are padded to one of a few row counts (`padded_rows`),
+at most ~12% more rows: 100k lines then grew the peak by 27 MiB. Where this torch build or CPU
+has no such op, `pack` leaves the model as it is.
+
+Splitting. `MultiHeadAttention.in_proj` stacks W_q, W_k and W_v; cross-attention needs only
+the W_q rows for the decoder's queries at each step (and the W_k, W_v rows once, for the
+encoder output). Training slices the weight; a packed or int8 layer cannot be sliced, so
+`InProj` keeps the three uses as three layers: all rows, the Q rows, the K and V rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attn_mt.errors import UserError
+from attn_mt.model.attention import MultiHeadAttention
+from attn_mt.model.transformer import Transformer
+
+
+class InProj(nn.Module):
+    """`in_proj` split by use: `all` (self-attention: Q, K, V from one input), `q` and `kv`
+    (cross-attention), each a plain `nn.Linear` copy of those rows that `pack` or
+    `attn_mt.quantize` may then replace."""
+
+    def __init__(self, in_proj: nn.Linear):
+        super().__init__()
+        d_model = in_proj.in_features
+        self.all = in_proj
+        self.q = _rows(in_proj, 0, d_model)
+        self.kv = _rows(in_proj, d_model, 3 * d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.all(x)  # (B, L, 3D)
+
+    def rows(self, x: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        """x times blocks first..last-1 (0 = W_q, 1 = W_k, 2 = W_v): (0, 1) or (1, 3)."""
+        if (first, last) not in ((0, 1), (1, 3)):
+            raise ValueError(f"in_proj blocks {first}..{last - 1}: only Q or K and V are split")
+        return self.q(x) if first == 0 else self.kv(x)
+
+
+def _rows(linear: nn.Linear, first: int, last: int) -> nn.Linear:
+    part = nn.Linear(linear.in_features, last - first, bias=linear.bias is not None)
+    with torch.no_grad():
+        part.weight.copy_(linear.weight[first:last])
+        if linear.bias is not None:
+            part.bias.copy_(linear.bias[first:last])
+    return part
+
+
+def split_in_proj(model: nn.Module) -> nn.Module:
+    """`model`, for inference from now on, with an `InProj` in each attention layer (in place:
+    a copy would double the memory at load time)."""
+    model.eval()
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention) and isinstance(module.in_proj, nn.Linear):
+            module.in_proj = InProj(module.in_proj)
+    return model
+
+
+# The layers of a DecoderLayer that run at every decoding step; cross-attention's keys and
+# values (`cross_attn.in_proj.kv`) are computed once per batch, from the encoder's output.
+STEP_LAYERS = (
+    "self_attn.in_proj.all", "self_attn.out_proj", "cross_attn.in_proj.q", "cross_attn.out_proj",
+    "ff.w_1", "ff.w_2",
+)  # fmt: skip
+ROW_BLOCK = 16  # the finest row padding; coarser (up to 1/8 of the rows) for larger batches
+
+
+def padded_rows(rows: int) -> int:
+    """`rows` rounded up to a multiple of 16, or of 1/8 to 1/16 of it for 256 rows or more:
+    16 sizes up to 256 rows and 8 per doubling above, so oneDNN builds a bounded number of
+    kernels."""
+    block = max(ROW_BLOCK, 1 << max(rows.bit_length() - 4, 0))
+    return -(-rows // block) * block
+
+
+class PackedLinear(nn.Module):
+    """y = x W^T + b with W held in oneDNN's blocked layout (inference only: no gradient, and
+    the packed weight is not in the state dict). Inputs are padded to `padded_rows` rows."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float().contiguous()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        count = rows.size(0)
+        if (padding := padded_rows(count) - count) > 0:
+            rows = F.pad(rows, (0, 0, 0, padding))
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return y[:count].view(*x.shape[:-1], self.out_features)
+
+
+@functools.cache
+def packing_available() -> bool:
+    """Whether this torch build and CPU run `PackedLinear` (tried once on a small layer)."""
+    try:
+        layer, x = nn.Linear(8, 4), torch.randn(3, 8)
+        return torch.allclose(PackedLinear(layer)(x), layer(x), atol=1e-5)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+
+
+def pack(model: Transformer) -> Transformer:
+    """`model`, for float32 inference on the CPU from now on, with the linear layers of a
+    decoding step (`STEP_LAYERS` and the output layer) prepacked (in place); unchanged where
+    packing is not available."""
+    if not packing_available():
+        return model
+    model = split_in_proj(model)
+    for layer in model.decoder:
+        for name in STEP_LAYERS:
+            parent, _, leaf = name.rpartition(".")
+            owner = layer.get_submodule(parent)
+            setattr(owner, leaf, PackedLinear(getattr(owner, leaf)))
+    model.output = PackedLinear(model.output)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# int8
+
+
+QUANTIZE_SCHEMES = ("int8",)
+
+
+def quantize(model: nn.Module, scheme: str, device: torch.device) -> nn.Module:
+    """`model` with int8 linear layers, for inference on the CPU (in place)."""
+    if scheme not in QUANTIZE_SCHEMES:
+        choices = ", ".join(QUANTIZE_SCHEMES)
+        raise UserError(f"--quantize {scheme}: unknown; the choice is {choices}")
+    if device.type != "cpu":
+        raise UserError(f"--quantize {scheme}: runs on the CPU only; add --device cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecation notices of torch.ao.quantization
+        from torch.ao.quantization import quantize_dynamic
+
+        return quantize_dynamic(split_in_proj(model), {nn.Linear}, torch.qint8, inplace=True)

@@ -1,0 +1,335 @@
+"""Greedy search, beam search and sampling over `Transformer.encode` / `decode`, batched over
+sentences, for one model or an ensemble.
+
+The encoder runs once; the decoder runs one step at a time, with the key/value cache (or, for
+checking, recomputing the whole prefix). Sentences that finish leave the batch, and the search
+ends as soon as every sentence is done. An ensemble's next-token log-probabilities are the mean
+of its models' log-probabilities (not renormalised, so a hypothesis scores the mean of the
+models' log P(y | x)); each model keeps its own encoder output and KV cache.
+
+Shape legend: B sentences still searching, K beam size (or samples per sentence), N = B * K
+rows, V vocabulary, t step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from attn_mt.errors import UserError
+from attn_mt.model.attention import padding_mask
+from attn_mt.model.transformer import Transformer
+from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
+
+# One model, or an ensemble of models of one vocabulary whose log-probabilities are averaged.
+Models = Transformer | Sequence[Transformer]
+
+
+@dataclass
+class Hypothesis:
+    """One output: token ids (no <bos>/<eos>), summed log-probability, and its search score."""
+
+    tokens: list[int]
+    logprob: float  # log P(tokens, <eos> | source)
+    score: float  # logprob / length_penalty(len(tokens) + 1)
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_output_lengths(src: torch.Tensor, a: float, b: int, cap: int | None = None) -> torch.Tensor:
+    """Per-sentence output limit a * source_length + b (source without padding), capped."""
+    src_len = (src != PAD_ID).sum(dim=1).float()
+    limit = (a * src_len + b).long().clamp(min=1)
+    return limit.clamp(max=cap) if cap is not None else limit
+
+
+class _StepDecoder:
+    """Next-token log-probabilities for a batch of prefixes, with or without a KV cache: of one
+    model, or the mean over an ensemble's models, each with its own memory and cache."""
+
+    def __init__(self, models: Models, src: torch.Tensor, use_cache: bool, repeat: int = 1):
+        self.models = [models] if isinstance(models, Transformer) else list(models)
+        self.use_cache = use_cache
+        src_mask = padding_mask(src, PAD_ID)  # (B, 1, 1, S)
+        self.src_mask = src_mask.repeat_interleave(repeat, dim=0)  # (N, 1, 1, S)
+        self.memories = [  # per model (N, S, D)
+            model.encode(src, src_mask).repeat_interleave(repeat, dim=0) for model in self.models
+        ]
+        self.caches = [model.new_cache() if use_cache else None for model in self.models]
+
+    def log_probs(self, prefix: torch.Tensor) -> torch.Tensor:
+        """prefix (N, t) -> log P(next token | prefix, source) (N, V), in float32."""
+        step_input = prefix[:, -1:] if self.use_cache else prefix
+        per_model = [
+            # Mask after the softmax, so that scores are the models' own log-probabilities.
+            model.decode(step_input, memory, self.src_mask, cache)[:, -1].float().log_softmax(-1)
+            for model, memory, cache in zip(self.models, self.memories, self.caches, strict=True)
+        ]  # each (N, V)
+        log_probs = torch.stack(per_model).mean(dim=0) if len(per_model) > 1 else per_model[0]
+        log_probs[:, PAD_ID] = float("-inf")  # never generated (two column fills: a list
+        log_probs[:, BOS_ID] = float("-inf")  # index would take an index_put over the rows)
+        return log_probs
+
+    def reorder_beams(self, rows: torch.Tensor) -> None:
+        """Reorder rows within their sentences (beam search's survivors, `rows` (N,) from the
+        same sentence's K rows): only the self-attention caches differ between a sentence's
+        beams; its memory, mask and cross-attention keys and values are K equal copies, so they
+        stay where they are."""
+        for cache in self.caches:
+            for self_cache, _ in cache or ():
+                self_cache.select(rows)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep rows `rows` (the sentences still searching, or any reordering)."""
+        self.memories = [memory.index_select(0, rows) for memory in self.memories]
+        self.src_mask = self.src_mask.index_select(0, rows)
+        for cache in self.caches:
+            for self_cache, cross_cache in cache or ():
+                self_cache.select(rows)
+                cross_cache.select(rows)
+
+
+@torch.no_grad()
+def greedy_search(
+    model: Models,
+    src: torch.Tensor,
+    max_lengths: torch.Tensor,
+    alpha: float = 0.0,
+    use_cache: bool = True,
+) -> list[Hypothesis]:
+    """Pick the most probable token at every step; one Hypothesis per source row.
+
+    Args:
+        src: (B, S) source ids, right-padded.  max_lengths: (B,) output limits in tokens.
+        alpha: length-penalty exponent, used only for the reported score.
+    """
+    return _one_path_search(
+        model,
+        src,
+        max_lengths,
+        alpha,
+        use_cache,
+        lambda log_probs, rows, step: log_probs.argmax(-1),
+    )
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Draw each output token at random instead of searching (e.g. for back-translation): from
+    the model's distribution at `temperature`, cut to the `top_k` most probable tokens (0 = no
+    cut) and to the nucleus, the fewest most probable tokens whose probability reaches `top_p`
+    (1 = no cut). The draws of a source line come from its own random stream, seeded from
+    (`seed`, the line's number, the sample's number): the same line number gives the same
+    samples whatever else is in its batch."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise UserError(f"temperature {self.temperature}: must be > 0")
+        if self.top_k < 0:
+            raise UserError(f"top-k {self.top_k}: must be >= 0 (0 = no cut)")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"top-p {self.top_p}: must be in (0, 1] (1 = no cut)")
+
+    def uniforms(self, line: int, sample: int, steps: int) -> torch.Tensor:
+        """The uniform draws in [0, 1) of one output, one per step; (steps,), on the CPU."""
+        key = hashlib.blake2b(f"{self.seed}/{line}/{sample}".encode(), digest_size=8).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(key, "little"))
+        return torch.rand(steps, generator=generator)
+
+    def pick(self, log_probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+        """One token per row of log_probs (N, V) by inverse transform sampling: in order of
+        probability, the first token at which the kept tokens' cumulative probability reaches
+        uniform (N,) times their total; (N,)."""
+        scaled, order = (log_probs / self.temperature).sort(dim=-1, descending=True, stable=True)
+        probs = scaled.softmax(dim=-1)  # (N, V), most probable first; masked tokens get 0
+        keep = torch.ones_like(probs, dtype=torch.bool)
+        if self.top_k:
+            keep[:, self.top_k :] = False
+        if self.top_p < 1:
+            keep &= probs.cumsum(dim=-1) - probs < self.top_p  # the mass before it < top_p
+        cdf = (probs * keep).cumsum(dim=-1)  # (N, V)
+        rank = (cdf < uniform[:, None] * cdf[:, -1:]).sum(dim=-1).clamp(max=cdf.size(1) - 1)
+        return order.gather(1, rank[:, None]).squeeze(1)
+
+
+@torch.no_grad()
+def sample(
+    model: Models,
+    src: torch.Tensor,
+    max_lengths: torch.Tensor,
+    sampling: Sampling,
+    lines: Sequence[int],
+    samples: int = 1,
+    alpha: float = 0.0,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """`samples` random outputs of every source row, in the order drawn.
+
+    Args:
+        src: (B, S) source ids, right-padded.  max_lengths: (B,) output limits in tokens.
+        lines: (B,) the number of each row in the user's input; it seeds the row's draws.
+        alpha: length-penalty exponent, used only for the reported score.
+    """
+    limits = max_lengths.repeat_interleave(samples)  # (N,)
+    uniforms = torch.zeros(limits.numel(), int(limits.max()))  # (N, longest)
+    for row, (line, j) in enumerate((line, j) for line in lines for j in range(samples)):
+        uniforms[row, : int(limits[row])] = sampling.uniforms(line, j, int(limits[row]))
+    uniforms = uniforms.to(src.device)
+    hyps = _one_path_search(
+        model,
+        src,
+        limits,
+        alpha,
+        use_cache,
+        lambda log_probs, rows, step: sampling.pick(log_probs, uniforms[rows, step]),
+        repeat=samples,
+    )
+    return [hyps[i : i + samples] for i in range(0, len(hyps), samples)]
+
+
+# (log_probs (N, V), the original rows of those N, step) -> the next token of each row (N,)
+TokenChoice = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def _one_path_search(
+    model: Models,
+    src: torch.Tensor,
+    max_lengths: torch.Tensor,
+    alpha: float,
+    use_cache: bool,
+    choose: TokenChoice,
+    repeat: int = 1,
+) -> list[Hypothesis]:
+    """Extend one prefix per row by the token `choose` picks until it picks <eos>; `repeat`
+    rows per source row, with max_lengths (B * repeat,)."""
+    decoder = _StepDecoder(model, src, use_cache, repeat)
+    rows = src.size(0) * repeat
+    alive = torch.arange(rows, device=src.device)  # original row of each live row
+    prefix = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=src.device)  # (N, 1)
+    logprob = torch.zeros(rows, device=src.device)
+    results: list[Hypothesis | None] = [None] * rows
+    for step in range(int(max_lengths.max())):
+        log_probs = decoder.log_probs(prefix)  # (N, V)
+        at_limit = step + 1 >= max_lengths[alive]  # the last allowed token must be <eos>
+        if at_limit.any():  # rarely: the masked copies are skipped when no row is at its limit
+            log_probs[at_limit, :EOS_ID] = float("-inf")
+            log_probs[at_limit, EOS_ID + 1 :] = float("-inf")
+        token = choose(log_probs, alive, step)  # (N,)
+        logprob += log_probs.gather(1, token[:, None]).squeeze(1)
+        prefix = torch.cat([prefix, token[:, None]], dim=1)  # (N, t + 1)
+        done = token == EOS_ID
+        for row in done.nonzero().flatten().tolist():
+            tokens = prefix[row, 1:-1].tolist()
+            total = float(logprob[row])
+            results[int(alive[row])] = Hypothesis(
+                tokens, total, total / length_penalty(len(tokens) + 1, alpha)
+            )
+        if done.all():
+            break
+        if done.any():
+            keep = (~done).nonzero().flatten()
+            alive, prefix, logprob = alive[keep], prefix[keep], logprob[keep]
+            decoder.select(keep)
+    return results  # type: ignore[return-value]
+
+
+@torch.no_grad()
+def beam_search(
+    model: Models,
+    src: torch.Tensor,
+    max_lengths: torch.Tensor,
+    beam_size: int,
+    alpha: float = 1.0,
+    nbest: int = 1,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """Beam search; returns the `nbest` best hypotheses of every source row, best first.
+
+    At each step the 2K best continuations of each sentence's K beams are ranked; an <eos>
+    among the first K ends a hypothesis, scored logprob / lp(length), and the best K others
+    go on. A sentence is done once it holds K finished hypotheses and the best open beam,
+    scored logprob / lp(its length so far), does not beat the K-th of them (`_sentence_done`).
+    """
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest ({nbest}) must be between 1 and the beam size ({beam_size})")
+    batch, k = src.size(0), beam_size
+    device = src.device
+    # All K beams of a sentence would start as the same <s>: the first step runs one row per
+    # sentence (the encoder output and cross-attention keys too), then its K best become K.
+    width = 1  # beams per sentence: 1 for the first step, K after it
+    decoder = _StepDecoder(model, src, use_cache)
+    alive = torch.arange(batch, device=device)  # original sentence of each live sentence
+    prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)  # (N, 1)
+    beam_scores = torch.zeros(batch, width, device=device)  # (B, width)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    for step in range(int(max_lengths.max())):
+        n = alive.numel()
+        log_probs = decoder.log_probs(prefix).view(n, width, -1)  # (B, width, V)
+        vocab = log_probs.size(-1)
+        at_limit = step + 1 >= max_lengths[alive]  # (B,) these may only end now
+        if at_limit.any():
+            log_probs[at_limit, :, :EOS_ID] = float("-inf")
+            log_probs[at_limit, :, EOS_ID + 1 :] = float("-inf")
+        candidates = (beam_scores[:, :, None] + log_probs).view(n, width * vocab)
+        top_scores, top_index = candidates.topk(2 * k, dim=1)  # (B, 2K)
+        top_beam, top_token = top_index // vocab, top_index % vocab  # (B, 2K)
+        is_eos = top_token == EOS_ID
+        # Finish the <eos> candidates ranked among the first K.
+        ended = (is_eos[:, :k] & top_scores[:, :k].isfinite()).nonzero().tolist()
+        for i, j in ended:
+            row = i * width + int(top_beam[i, j])
+            tokens = prefix[row, 1:].tolist()
+            total = float(top_scores[i, j])
+            hyp = Hypothesis(tokens, total, total / length_penalty(len(tokens) + 1, alpha))
+            finished[int(alive[i])].append(hyp)
+        # The best K non-<eos> candidates become the next beams.
+        open_scores = top_scores.masked_fill(is_eos, float("-inf"))
+        beam_scores, pick = open_scores.topk(k, dim=1)  # (B, K)
+        source_row = torch.arange(n, device=device)[:, None] * width + top_beam.gather(1, pick)
+        next_token = top_token.gather(1, pick).view(-1, 1)  # (N, 1)
+        prefix = torch.cat([prefix.index_select(0, source_row.view(-1)), next_token], dim=1)
+        if width == 1:  # one row per sentence becomes K: every tensor of the decoder grows
+            decoder.select(source_row.view(-1))
+            width = k
+        else:
+            decoder.reorder_beams(source_row.view(-1))
+        open_lp = length_penalty(step + 1, alpha)  # the open beams hold step + 1 tokens
+        best_open = [score / open_lp for score in beam_scores.max(dim=1).values.tolist()]
+        done = torch.tensor(
+            [_sentence_done(finished[s], k, best_open[i]) for i, s in enumerate(alive.tolist())],
+            device=device,
+        )
+        if done.all():
+            break
+        if done.any():
+            keep = (~done).nonzero().flatten()
+            rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B' * K,)
+            alive, beam_scores = alive[keep], beam_scores[keep]
+            prefix = prefix.index_select(0, rows)
+            decoder.select(rows)
+    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
+
+
+def _sentence_done(finished: list[Hypothesis], beam_size: int, best_open_score: float) -> bool:
+    """True once the K-th best finished score reaches the best open beam's score so far.
+
+    Log-probabilities only fall as a beam grows, so with alpha = 0 no open beam can still
+    overtake; with alpha > 0 the bound is a heuristic (as in Hugging Face's beam search). With
+    K = 1 the one finished hypothesis outranked every open beam, so this is exactly greedy.
+    A sentence without open beams (score -inf) is done.
+    """
+    if len(finished) < beam_size:
+        return best_open_score == float("-inf")
+    kth_best = sorted((h.score for h in finished), reverse=True)[beam_size - 1]
+    return kth_best >= best_open_score

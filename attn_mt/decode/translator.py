@@ -1,0 +1,211 @@
+"""The translation API: `attn_mt.load(PATH)` -> Translator, `attn_mt.load([PATH, PATH])` -> a
+Translator over the ensemble; the CLI's `translate` and `evaluate` are thin wrappers over it, so
+a notebook gets exactly what the command line gets.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attn_mt.checkpoint import config_differences, load_checkpoint, model_from, tokenizers_from
+from attn_mt.config import Config
+from attn_mt.data.batching import length_batches, source_batch
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decode.inference import pack
+from attn_mt.decode.inference import quantize as quantize_model
+from attn_mt.decode.search import (
+    Models,
+    Sampling,
+    beam_search,
+    greedy_search,
+    max_output_lengths,
+    sample,
+)
+from attn_mt.errors import UserError
+from attn_mt.model.transformer import Transformer
+from attn_mt.precision import autocast_context, resolve_device
+
+_LINE_BREAKS = re.compile(r"[\r\n]+")
+LANGUAGE_KEYS = ("data.src_lang", "data.tgt_lang")
+
+
+@dataclass
+class Translation:
+    """One n-best entry: the text and its search score (length-normalised log-probability)."""
+
+    text: str
+    score: float
+    tokens: list[int]
+
+
+class Translator:
+    """Translate lists of sentences with a trained model or an ensemble of models of one
+    vocabulary (greedy search, beam search or sampling)."""
+
+    def __init__(
+        self,
+        model: Models,
+        config: Config,
+        src_tokenizer: Tokenizer,
+        tgt_tokenizer: Tokenizer,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+    ):
+        self.device = torch.device(device) if isinstance(device, str) else device
+        models = [model] if isinstance(model, Transformer) else list(model)
+        self.models = [m.to(self.device).eval() for m in models]
+        self.model = self.models[0]  # the one model (an ensemble's first, for attention plots)
+        self.config, self.src_tokenizer, self.tgt_tokenizer = config, src_tokenizer, tgt_tokenizer
+        self.dtype = dtype  # autocast dtype, None = float32
+        bounded = [m.max_positions for m in self.models if m.max_positions]
+        self.max_output_len = min(bounded) if bounded else None  # every model's table fits
+
+    @property
+    def max_input_len(self) -> int:
+        """decode.max_input_len, within the positional table (the source gets one <eos>)."""
+        limit, positions = self.config.decode.max_input_len, self.max_output_len
+        return min(limit, positions - 1) if positions else limit
+
+    def translate(self, lines: Sequence[str], beam: int | None = None, **options) -> list[str]:
+        """One translation per input line, in order; empty lines give empty strings."""
+        return [best[0].text for best in self.translate_nbest(lines, beam, nbest=1, **options)]
+
+    def translate_nbest(
+        self,
+        lines: Sequence[str],
+        beam: int | None = None,
+        nbest: int = 1,
+        length_penalty: float | None = None,
+        use_cache: bool = True,
+        batch_tokens: int | None = None,
+        first_line: int = 1,
+        on_batch: Callable[[int], None] | None = None,
+        sampling: Sampling | None = None,
+    ) -> list[list[Translation]]:
+        """The `nbest` best translations of every line (best first), in input order; with
+        `sampling`, `nbest` samples of every line instead, in the order drawn (no beam).
+
+        `first_line` is the number of `lines[0]` in the user's input, for warnings and for
+        the samples' random streams (so a line samples the same in any chunk of the input);
+        `on_batch(n)` is called after each batch with the number of lines it finished.
+        """
+        if isinstance(lines, (str, bytes)):
+            raise TypeError("translate: give a list of sentences (e.g. [text]), not one str")
+        lines = list(lines)
+        if not all(isinstance(line, str) for line in lines):
+            raise TypeError("translate: every sentence must be a str")
+        cfg = self.config.decode
+        if sampling is not None:
+            if beam is not None:
+                raise UserError(f"--beam {beam}: sampling searches no beam; leave --beam out")
+            if nbest < 1:
+                raise UserError(f"--nbest {nbest}: need at least 1 sample per line")
+        else:
+            beam = cfg.beam if beam is None else beam
+            if beam < 1 or not 1 <= nbest <= beam:
+                raise UserError(
+                    f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam"
+                )
+        alpha = cfg.length_penalty if length_penalty is None else length_penalty
+        rows_per_line = nbest if sampling is not None else beam
+        budget = batch_tokens or cfg.batch_tokens
+        ids = self._encode(lines, first_line)
+        # Blank lines stay "": `nbest` empty entries, as many as any other line gets.
+        results = [[Translation("", 0.0, []) for _ in range(nbest)] for _ in lines]
+        todo = [i for i, seq in enumerate(ids) if seq]
+        if on_batch is not None and len(todo) < len(lines):
+            on_batch(len(lines) - len(todo))
+        lengths = [(len(seq) + 1,) for seq in ids]  # + <eos>
+        for rows in length_batches(lengths, max(budget // rows_per_line, 1), order=todo):
+            src = source_batch(ids, rows).to(self.device)
+            limits = max_output_lengths(src, cfg.max_len_a, cfg.max_len_b, self.max_output_len)
+            with autocast_context(self.device, self.dtype):
+                if sampling is not None:
+                    numbers = [first_line + i for i in rows]
+                    hyps = sample(
+                        self.models, src, limits, sampling, numbers, nbest, alpha, use_cache
+                    )
+                elif beam == 1:
+                    hyps = [[h] for h in greedy_search(self.models, src, limits, alpha, use_cache)]
+                else:
+                    hyps = beam_search(self.models, src, limits, beam, alpha, nbest, use_cache)
+            for row, row_hyps in zip(rows, hyps, strict=True):
+                texts = self.tgt_tokenizer.decode([h.tokens for h in row_hyps])
+                results[row] = [
+                    Translation(_one_line(text), h.score, h.tokens)
+                    for text, h in zip(texts, row_hyps, strict=True)
+                ]
+            if on_batch is not None:
+                on_batch(len(rows))
+        return results
+
+    def _encode(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:
+        """Piece ids per line; blank lines become []; over-long lines are cut, with a warning."""
+        ids = self.src_tokenizer.encode([line.strip() for line in lines])
+        for number, seq in enumerate(ids, start=first_line):
+            if len(seq) > self.max_input_len:
+                warnings.warn(
+                    f"line {number}: {len(seq)} source tokens, truncated to {self.max_input_len} "
+                    "(decode.max_input_len)",
+                    stacklevel=3,
+                )
+                del seq[self.max_input_len :]
+        return ids
+
+
+def _one_line(text: str) -> str:
+    """`text` without line breaks: a model may emit pieces that decode to \\n or \\r, and the
+    output must keep one line per input line."""
+    return _LINE_BREAKS.sub(" ", text)
+
+
+def load(
+    path: str | Path | Sequence[str | Path],
+    device: str | torch.device = "auto",
+    dtype: torch.dtype | None = None,
+    quantize: str | None = None,
+    prepack: bool = False,
+) -> Translator:
+    """Load a run folder (its checkpoints/best.pt) or a .pt file as a Translator; a list of them
+    as one Translator over the ensemble, which averages the models' log-probabilities at every
+    step (they must share the SentencePiece models and language pair; decode settings are the
+    first one's). `dtype`: autocast to bf16/fp16 (None = float32); `quantize="int8"`: int8
+    linear layers on the CPU (`attn_mt.quantize`); `prepack=True`: in float32 on the CPU, the
+    decoding step's linear layers prepacked for oneDNN (`attn_mt.packed`: the same hypotheses;
+    faster on one CPU we measured, slower on another, so not the default)."""
+    device = resolve_device(device) if isinstance(device, str) else device
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    if not paths:
+        raise UserError("load: give at least one checkpoint")
+    states = [load_checkpoint(p) for p in paths]
+    for other, state in zip(paths[1:], states[1:], strict=True):
+        if why := _ensemble_mismatch(states[0], state):
+            raise UserError(f"{other} cannot join an ensemble with {paths[0]}: {why}")
+    models, configs = zip(
+        *(model_from(s, p) for s, p in zip(states, paths, strict=True)), strict=True
+    )
+    src_tok, tgt_tok = tokenizers_from(states[0], paths[0])
+    if quantize is not None:
+        if dtype is not None:
+            raise UserError(
+                f"--quantize {quantize} computes in int8 and float32; leave out --precision"
+            )
+        models = [quantize_model(m, quantize, device) for m in models]
+    elif prepack and dtype is None and device.type == "cpu":
+        models = [pack(m) for m in models]
+    return Translator(list(models), configs[0], src_tok, tgt_tok, device, dtype)
+
+
+def _ensemble_mismatch(first: dict, other: dict) -> str | None:
+    """Why the checkpoint `other` cannot decode together with `first`, or None."""
+    if other["tokenizers"] != first["tokenizers"]:
+        return "their SentencePiece models differ (an ensemble needs one vocabulary)"
+    if keys := config_differences(first["config"], other["config"], LANGUAGE_KEYS):
+        return f"they translate different languages ({', '.join(keys)} differ)"
+    return None

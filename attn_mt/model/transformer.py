@@ -1,0 +1,371 @@
+"""The Transformer encoder-decoder (Vaswani et al., 2017) with our own attention.
+
+Shape legend: B batch, S source length, T target length, D model width, V vocabulary size.
+`encode` and `decode` are separate so search can run the decoder one step at a time with a
+key/value cache; `build_model` is the only function that reads the config.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attn_mt.config import Config
+from attn_mt.errors import UserError
+from attn_mt.model.attention import KVCache, MultiHeadAttention, causal_mask
+from attn_mt.model.vocab import PAD_ID
+
+DecoderCache = list[tuple[KVCache, KVCache]]  # per decoder layer: (self-attention, cross)
+
+
+# ---------------------------------------------------------------------------------------------
+# Positions
+
+
+def sinusoidal_table(length: int, d_model: int, offset: int = 0) -> torch.Tensor:
+    """P[i, 2j] = sin(i / 10000^(2j/d)), P[i, 2j+1] = cos(i / 10000^(2j/d)); (length, d)."""
+    position = torch.arange(offset, offset + length, dtype=torch.float64)[:, None]  # (L, 1)
+    inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d/2,)
+    angle = position * inv_freq  # (L, d/2)
+    table = torch.empty(length, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle)
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """The fixed sinusoidal table; it grows on demand, so no input is too long for it."""
+
+    max_positions = None  # unbounded
+
+    def __init__(self, d_model: int, initial_length: int = 512):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoidal_table(initial_length, d_model), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> torch.Tensor:
+        """Rows offset..offset+length-1 of the table; (length, D)."""
+        if offset + length > self.table.size(0):
+            grown = sinusoidal_table(2 * (offset + length), self.d_model)
+            self.table = grown.to(self.table.device)
+        return self.table[offset : offset + length]
+
+    def encodings(self, rows: int) -> torch.Tensor:
+        """The first `rows` position vectors, as the model adds them; (rows, D)."""
+        return self.forward(rows).detach()
+
+
+class LearnedPositions(nn.Module):
+    """A trained embedding per position, up to `max_positions`."""
+
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__()
+        self.max_positions = max_positions
+        self.embedding = nn.Embedding(max_positions, d_model)
+        nn.init.normal_(self.embedding.weight, std=d_model**-0.5)
+
+    def forward(self, length: int, offset: int = 0) -> torch.Tensor:
+        """Embeddings of positions offset..offset+length-1; (length, D)."""
+        if offset + length > self.max_positions:
+            raise UserError(
+                f"input of {offset + length} tokens is longer than model.max_positions "
+                f"({self.max_positions}) of this learned-position model"
+            )
+        return self.embedding.weight[offset : offset + length]
+
+    def encodings(self, rows: int) -> torch.Tensor:
+        """The first `rows` position vectors (all of them at most); (rows, D)."""
+        return self.embedding.weight[:rows].detach()
+
+
+# model.positions -> the module class; each is built as kind(d_model, max_positions)
+POSITIONS: dict[str, type[SinusoidalPositions] | type[LearnedPositions]] = {
+    "sinusoidal": SinusoidalPositions,
+    "learned": LearnedPositions,
+}
+
+
+class Embedder(nn.Module):
+    """x = dropout(E[token] * sqrt(D) + P[position])."""
+
+    def __init__(self, embedding: nn.Embedding, positions: nn.Module, dropout: float):
+        super().__init__()
+        self.embedding, self.positions = embedding, positions
+        self.scale = math.sqrt(embedding.embedding_dim)
+        self.dropout = Dropout(dropout)
+
+    def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Ids (B, L) -> (B, L, D), the first token at position `offset`."""
+        x = self.embedding(tokens) * self.scale  # (B, L, D)
+        return self.dropout(x + self.positions(tokens.size(1), offset).to(x.dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers
+
+
+class Dropout(nn.Module):
+    """Inverted dropout: each element is zeroed with probability p, the rest scaled by 1/(1-p).
+
+    On the CPU, torch's dropout draws one 32-bit random number per element, which took 15% of
+    a bf16 training step; here each 64-bit draw gives four 16-bit numbers, 3-4x faster. So p is
+    rounded to a multiple of 1/65536, and the scale uses the rounded p (E[output] = input).
+    On other devices torch's fused dropout kernel is used.
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+        self.threshold = min(round(p * 65536), 65535)  # drop where a uniform 16-bit draw < this
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.threshold == 0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, training=True)
+        n = x.numel()
+        draws = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # 64 bits
+        signed16 = draws.view(torch.int16)[:n].view(x.shape)  # uniform in [-32768, 32767]
+        keep = signed16 >= self.threshold - 32768  # probability 1 - threshold / 65536
+        return x * (keep.to(x.dtype) * (65536 / (65536 - self.threshold)))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = W_2 dropout(act(W_1 x + b_1)) + b_2, applied at every position."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str):
+        super().__init__()
+        self.w_1, self.w_2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.activation = F.gelu if activation == "gelu" else F.relu
+        self.dropout = Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, D) -> (B, L, D) through a (B, L, d_ff) hidden layer."""
+        return self.w_2(self.dropout(self.activation(self.w_1(x))))
+
+
+class Residual(nn.Module):
+    """A residual block: pre-norm x + dropout(f(LN(x))), or post-norm LN(x + dropout(f(x)))."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(
+        self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """x (B, L, D) -> (B, L, D) with `sublayer` wrapped in the residual block."""
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What each encoder and decoder layer is made of (`build_model` fills it from `model:`)."""
+
+    d_model: int  # D
+    heads: int  # H, divides D
+    d_ff: int  # feed-forward hidden width
+    dropout: float = 0.0  # on sub-layer outputs and the feed-forward hidden layer
+    attention_dropout: float = 0.0  # on attention weights
+    scoring: str = "dot"  # "dot" or "additive"
+    pre_norm: bool = True  # LayerNorm before (pre) or after (post) each block
+    activation: str = "relu"  # "relu" or "gelu"
+    fused_attention: bool = True  # torch's scaled_dot_product_attention kernel where it applies
+
+    def attention(self) -> MultiHeadAttention:
+        """A multi-head attention block of this spec."""
+        return MultiHeadAttention(
+            self.d_model, self.heads, self.attention_dropout, self.scoring, self.fused_attention
+        )
+
+    def residual(self) -> Residual:
+        """A residual block of this spec."""
+        return Residual(self.d_model, self.dropout, self.pre_norm)
+
+    def feed_forward(self) -> FeedForward:
+        """A feed-forward block of this spec."""
+        return FeedForward(self.d_model, self.d_ff, self.dropout, self.activation)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each inside a residual block."""
+
+    def __init__(self, spec: LayerSpec):
+        super().__init__()
+        self.self_attn = spec.attention()
+        self.ff = spec.feed_forward()
+        self.res_attn = spec.residual()
+        self.res_ff = spec.residual()
+
+    def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """x (B, S, D) and the source padding mask (B, 1, 1, S) -> (B, S, D)."""
+        x = self.res_attn(x, lambda h: self.self_attn(h, h, src_mask))  # (B, S, D)
+        return self.res_ff(x, self.ff)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the encoder, then feed-forward."""
+
+    def __init__(self, spec: LayerSpec):
+        super().__init__()
+        self.self_attn = spec.attention()
+        self.cross_attn = spec.attention()
+        self.ff = spec.feed_forward()
+        self.res_self = spec.residual()
+        self.res_cross = spec.residual()
+        self.res_ff = spec.residual()
+
+    def forward(
+        self,
+        y: torch.Tensor,
+        memory: torch.Tensor,
+        self_mask: torch.Tensor | None,
+        src_mask: torch.Tensor,
+        cache: tuple[KVCache, KVCache] | None = None,
+    ) -> torch.Tensor:
+        """y (B, T, D) attending to itself (`self_mask`) and to memory (B, S, D) -> (B, T, D)."""
+        self_cache, cross_cache = cache if cache is not None else (None, None)
+        y = self.res_self(y, lambda h: self.self_attn(h, h, self_mask, self_cache))  # (B, T, D)
+        y = self.res_cross(y, lambda h: self.cross_attn(h, memory, src_mask, cross_cache))
+        return self.res_ff(y, self.ff)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer. Use `encode` once, then `decode` (whole or step by step)."""
+
+    def __init__(
+        self,
+        src_vocab: int,
+        tgt_vocab: int,
+        layer: LayerSpec,
+        encoder_layers: int = 3,
+        decoder_layers: int = 3,
+        positions: str = "sinusoidal",
+        max_positions: int = 1024,
+        share_embeddings: bool = True,
+        tie_output: bool = True,
+    ):
+        super().__init__()
+        if share_embeddings and src_vocab != tgt_vocab:
+            raise ValueError("shared embeddings need one vocabulary for both sides")
+        d_model = layer.d_model
+        self.d_model, self.pre_norm = d_model, layer.pre_norm
+        tgt_embedding = nn.Embedding(tgt_vocab, d_model, padding_idx=PAD_ID)
+        src_embedding = (
+            tgt_embedding if share_embeddings else nn.Embedding(src_vocab, d_model, PAD_ID)
+        )
+        for emb in {id(e): e for e in (src_embedding, tgt_embedding)}.values():
+            nn.init.normal_(emb.weight, std=d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[PAD_ID].zero_()
+        kind = POSITIONS[positions]
+        self.src_embed = Embedder(src_embedding, kind(d_model, max_positions), layer.dropout)
+        self.tgt_embed = Embedder(tgt_embedding, kind(d_model, max_positions), layer.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(layer) for _ in range(encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(layer) for _ in range(decoder_layers))
+        # Pre-norm stacks end with a LayerNorm; post-norm layers already end normalised.
+        self.encoder_norm = nn.LayerNorm(d_model) if layer.pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d_model) if layer.pre_norm else nn.Identity()
+        self.output = nn.Linear(d_model, tgt_vocab, bias=False)
+        if tie_output:
+            self.output.weight = tgt_embedding.weight
+        else:
+            nn.init.normal_(self.output.weight, std=d_model**-0.5)
+        self._init_linear_layers()
+
+    def _init_linear_layers(self) -> None:
+        """Xavier-uniform weights and zero biases for every projection (Vaswani et al.)."""
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear) and name != "output":
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the positional encoding allows (None: unbounded)."""
+        return self.src_embed.positions.max_positions
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """Source ids (B, S) and their padding mask (B, 1, 1, S) -> memory (B, S, D)."""
+        x = self.src_embed(src)  # (B, S, D)
+        for layer in self.encoder:
+            x = layer(x, src_mask)
+        return self.encoder_norm(x)
+
+    def decode(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        cache: DecoderCache | None = None,
+    ) -> torch.Tensor:
+        """Target prefix ids (B, T) -> next-token logits (B, T, V).
+
+        Without a cache, `tgt` is the whole prefix and position t sees positions <= t that are
+        not padding. With a cache, `tgt` holds only the new step(s) (no padding): earlier keys
+        and values come from the cache and positions continue where the cache ends.
+        """
+        offset = cache[0][0].length if cache else 0
+        y = self.tgt_embed(tgt, offset)  # (B, T, D)
+        if cache is None:
+            self_mask = causal_mask(tgt.size(1), tgt.device) & (tgt != PAD_ID)[:, None, None, :]
+        elif tgt.size(1) > 1:
+            self_mask = causal_mask(tgt.size(1), tgt.device, offset)  # (1, 1, T, offset + T)
+        else:
+            self_mask = None  # one new position may attend everything cached
+        for i, layer in enumerate(self.decoder):
+            y = layer(y, memory, self_mask, src_mask, cache[i] if cache else None)
+        return self.output(self.decoder_norm(y))  # (B, T, V)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing: logits (B, T, V) for every position of `tgt_in` (B, T)."""
+        src_mask = (src != PAD_ID)[:, None, None, :]  # (B, 1, 1, S)
+        return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
+
+    def new_cache(self) -> DecoderCache:
+        """An empty key/value cache for step-by-step decoding."""
+        return [(KVCache(), KVCache(static=True)) for _ in self.decoder]
+
+
+def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> Transformer:
+    """The model a config describes; the only place that reads `cfg.model`."""
+    m = cfg.model
+    layer = LayerSpec(
+        d_model=m.d_model,
+        heads=m.heads,
+        d_ff=m.d_ff,
+        dropout=m.dropout,
+        attention_dropout=m.attention_dropout,
+        scoring=m.attention,
+        pre_norm=m.norm == "pre",
+        activation=m.activation,
+        fused_attention=m.fused_attention,
+    )
+    return Transformer(
+        src_vocab,
+        tgt_vocab,
+        layer,
+        encoder_layers=m.encoder_layers,
+        decoder_layers=m.decoder_layers,
+        positions=m.positions,
+        max_positions=m.max_positions,
+        share_embeddings=cfg.tokenizer.joint and m.tie_embeddings,
+        tie_output=m.tie_embeddings,
+    )

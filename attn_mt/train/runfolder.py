@@ -1,0 +1,121 @@
+"""One training process per run folder: an OS lock held for the whole run.
+
+`lock_run_folder` takes an exclusive `flock` on `OUT/.lock` before anything else is written
+there. The kernel drops the lock when the process ends, however it ends, so a SIGKILL never
+leaves a stale lock; the file only names the holder's pid for the message a second process
+prints. A run that fails before its first checkpoint takes away the files it created (and the
+folder, if it made it), so the retry finds the folder as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from attn_mt.errors import UserError
+from attn_mt.fileio import os_reason
+
+LOCK_NAME = ".lock"
+# What a run writes into its folder (DESIGN.md); removed again when it fails before last.pt.
+RUN_ENTRIES = ("checkpoints", "config.yaml", "metrics.jsonl", "train.log", "tb")
+
+
+@contextlib.contextmanager
+def lock_run_folder(out_dir: str | Path) -> Iterator[None]:
+    """Hold the run folder `out_dir` (created if needed) for this process until the block ends."""
+    out = Path(out_dir)
+    created = _make_folders(out)
+    try:
+        handle = _acquire(out)
+    except BaseException:
+        _remove_folders(created)
+        raise
+    existed = {name for name in RUN_ENTRIES if (out / name).exists()}
+    try:
+        yield
+    except BaseException:
+        if not (out / "checkpoints" / "last.pt").exists():  # nothing to resume: leave no trace
+            for name in sorted(set(RUN_ENTRIES) - existed):
+                _remove(out / name)
+        raise
+    finally:
+        (out / LOCK_NAME).unlink(missing_ok=True)  # the next holder makes a new one
+        handle.close()
+        _remove_folders(created)
+
+
+def _acquire(out: Path):
+    """The open lock file, locked; a UserError naming the holder if another process has it."""
+    path = out / LOCK_NAME
+    while True:
+        try:
+            handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held until the run ends)
+        except OSError as err:
+            raise UserError(f"{out}: cannot write in the run folder ({os_reason(err)})") from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise UserError(
+                f"{out}: another attn-mt train (pid {holder}) is running in this folder; wait for "
+                "it to end or choose another train.out_dir"
+            ) from None
+        # The holder before us may have removed the file after we opened it: lock the new one.
+        try:
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            handle.truncate(0)
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            return handle
+        handle.close()
+
+
+def _make_folders(out: Path) -> list[Path]:
+    """Create `out` and any missing parents; return those created, deepest first."""
+    missing = []
+    folder = out.absolute()
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: train.out_dir exists and is not a folder")
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue  # made by someone else meanwhile
+        except OSError as err:
+            _remove_folders([p for p in missing if p.is_dir()])
+            if path.parent.exists() and not path.parent.is_dir():
+                why = f"{path.parent} is a file, not a folder"
+            elif isinstance(err, PermissionError):
+                why = f"permission denied in {path.parent}"
+            else:
+                why = os_reason(err)
+            raise UserError(f"{out}: cannot create the run folder ({why})") from None
+    return missing
+
+
+def _remove_folders(folders: list[Path]) -> None:
+    """Remove the folders this process created, deepest first, while they are empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

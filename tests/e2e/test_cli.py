@@ -1,0 +1,231 @@
+"""The command-line skeleton: help texts, `python -m attn_mt`, user errors, `data` commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer.main
+import yaml
+from helpers import REPO
+from typer.testing import CliRunner
+
+from attn_mt.cli import app
+
+COMMANDS = ["train", "translate", "evaluate", "average", "attention", "export", "data"]
+CONSOLE_SCRIPT = Path(sys.executable).parent / "attn-mt"
+
+
+def run_cli(*args: str, module: bool = False, **env: str) -> subprocess.CompletedProcess:
+    """Run `attn-mt ARGS` (or `python -m attn_mt ARGS`) in a fresh process."""
+    if module or not CONSOLE_SCRIPT.is_file():
+        command = [sys.executable, "-m", "attn_mt", *args]
+    else:
+        command = [str(CONSOLE_SCRIPT), *args]
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def multi30k_env(monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = Path(os.environ.get("ATTN_MT_DATA") or REPO.parent / "shared" / "data")
+    if not (root / "multi30k" / "train.de.gz").is_file():
+        pytest.skip("Multi30k not found; set ATTN_MT_DATA")
+    monkeypatch.setenv("ATTN_MT_DATA", str(root))
+    return root
+
+
+@pytest.mark.parametrize("module", [False, True], ids=["attn-mt", "python -m attn_mt"])
+def test_help_lists_every_command(module: bool):
+    result = run_cli("--help", module=module)
+    assert result.returncode == 0, result.stderr
+    commands = result.stdout.split("Commands:", 1)[1].split()
+    for name in COMMANDS:
+        assert name in commands
+
+
+def test_every_command_has_help_text():
+    root = typer.main.get_command(app)
+    assert set(COMMANDS) <= set(root.commands)
+    groups = [root, root.commands["data"]]
+    assert {"fetch", "info"} <= set(groups[1].commands)
+    for group in groups:
+        for name, command in group.commands.items():
+            assert command.help and command.help.strip(), f"{name} has no help text"
+            if name == "data":
+                continue
+            for param in command.params:
+                if param.name != "help":
+                    assert getattr(param, "help", None), f"{name} {param.name}: no help text"
+
+
+@pytest.mark.parametrize(
+    "args", [[name, "--help"] for name in COMMANDS] + [["data", "fetch", "--help"]]
+)
+def test_subcommand_help(args: list[str]):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+
+
+def test_user_error_is_one_line_and_exit_2(tmp_path: Path):
+    config = tmp_path / "typo.yaml"
+    config.write_text(yaml.safe_dump({"data": {"dataset": "multi30k", "tran": {"src": "x"}}}))
+    result = run_cli("train", "--config", str(config))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "attn-mt: error: data.tran: unknown key; did you mean data.train?"
+    ]
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_set_is_a_user_error():
+    result = run_cli("train", "--config", str(REPO / "configs" / "tiny.yaml"), "--set", "train.lr")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "attn-mt: error: --set train.lr: expected KEY=VALUE, e.g. --set train.lr=0.0005"
+    ]
+
+
+def test_data_info(multi30k_env: Path):
+    result = CliRunner().invoke(app, ["data", "info"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert str(multi30k_env) in lines[0]
+    assert "multi30k/train.de.gz: 29000 lines, sha256 ok" in result.output
+    assert "multi30k/val.en.gz: 1014 lines, sha256 ok" in result.output
+    assert len(lines) == 13 and "MISMATCH" not in result.output
+
+
+def test_data_info_reports_missing_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("ATTN_MT_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("ATTN_MT_CACHE", str(tmp_path / "cache"))
+    result = CliRunner().invoke(app, ["data", "info"])
+    assert result.exit_code == 0, result.output
+    assert "multi30k/train.de.gz: missing (attn-mt data fetch multi30k)" in result.output
+
+
+def test_data_fetch(multi30k_env: Path):
+    result = CliRunner().invoke(app, ["data", "fetch", "multi30k"])
+    assert result.exit_code == 0, result.output
+    paths = [Path(line) for line in result.output.splitlines()]
+    assert len(paths) == 12
+    assert all(p.is_file() and p.parent == multi30k_env / "multi30k" for p in paths)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast help, --version, choices
+
+
+def test_help_does_not_import_torch():
+    """Every help screen in one fresh process: no torch (help takes ~0.15 s, not ~2 s)."""
+    script = f"""
+import sys
+from attn_mt.cli import main
+for args in {[["--help"], ["-h"], ["--version"], *([c, "--help"] for c in COMMANDS)]!r}:
+    sys.argv = ["attn-mt", *args]
+    try:
+        main()
+    except SystemExit as exit:
+        assert exit.code in (0, None), (args, exit.code)
+print("torch" in sys.modules, file=sys.stderr)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "False"
+    assert "attn-mt 0.1.0" in done.stdout
+
+
+def test_version_and_short_help():
+    import attn_mt
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output == f"attn-mt {attn_mt.__version__}\n"
+    for args in (["-h"], ["translate", "-h"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0 and result.output.startswith("Usage: ")
+        assert "-h, --help" in result.output
+
+
+def test_python_api_still_loads_lazily():
+    import attn_mt
+    from attn_mt.decode.translator import Translator, load
+
+    assert attn_mt.load is load and attn_mt.Translator is Translator
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        attn_mt.nothing  # noqa: B018
+
+
+def test_fixed_sets_are_listed_in_help():
+    ctranslate2_specs = pytest.importorskip("ctranslate2.specs.model_spec")
+    export_help = CliRunner().invoke(app, ["export", "--help"]).output
+    types = ["none", *ctranslate2_specs.ACCEPTED_MODEL_TYPES]
+    assert f"--quantization <{'|'.join(types)}>" in export_help
+    assert "--kind <cross|encoder|decoder>" in CliRunner().invoke(app, ["attention", "-h"]).output
+    translate_help = CliRunner().invoke(app, ["translate", "-h"]).output
+    assert "--device auto|cpu|cuda|cuda:N" in translate_help
+    assert "--nbest-format <tsv|marian>" in translate_help
+    assert "--split <valid|test>" in CliRunner().invoke(app, ["evaluate", "-h"]).output
+
+
+def test_a_value_outside_a_fixed_set_is_refused():
+    result = CliRunner().invoke(app, ["attention", "--kind", "self", "--out", "x.png", "--pe"])
+    assert result.exit_code == 2 and "'self' is not one of 'cross', 'encoder'" in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# train --resume RUN_DIR
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["runs/x"], "train: runs/x given without --resume; continue that run with"),
+        (["--resume", "runs/x", "--config", "c.yaml"], "give --config FILE [--resume] or --resume"),
+        (["--resume"], "train: give --config FILE (or --resume RUN_DIR to continue a run)"),
+        ([], "train: give --config FILE (or --resume RUN_DIR to continue a run)"),
+    ],
+)
+def test_train_misuse_is_one_clear_line(args: list[str], message: str):
+    result = CliRunner().invoke(app, ["train", *args])
+    assert result.exit_code == 1 and message in str(result.exception), result.output
+    assert "\n" not in str(result.exception)
+
+
+def test_resume_a_folder_that_is_not_a_run(tmp_path: Path):
+    result = run_cli("train", "--resume", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"attn-mt: error: --resume {tmp_path}: not a run folder (no config.yaml); "
+        "give the train.out_dir of an earlier run"
+    ]
+
+
+def test_resume_by_folder_continues_that_folder(trained_run: Path, tmp_path: Path):
+    """A copied run folder resumes in place (its config.yaml still names the original)."""
+    import shutil
+
+    import torch
+
+    copy = tmp_path / "moved"
+    shutil.copytree(trained_run, copy)
+    before = (trained_run / "checkpoints" / "last.pt").read_bytes()
+    result = CliRunner().invoke(
+        app,
+        ["train", "--resume", str(copy), "--set", "train.max_steps=402", "--device", "cpu"],
+    )
+    assert result.exit_code == 0, result.output
+    assert torch.load(copy / "checkpoints" / "last.pt", weights_only=True)["step"] == 402
+    assert (trained_run / "checkpoints" / "last.pt").read_bytes() == before

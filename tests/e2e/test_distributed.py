@@ -1,0 +1,264 @@
+"""DDP under torchrun on the CPU: gloo, two processes, a tiny model, a few updates.
+
+The corpus makes an odd number of batches per epoch, so the ranks' shares are cut at every epoch
+end. Four torchrun launches are shared by the tests:
+- `straight`: 3 epochs in one go (tests/ddp_worker.py dumps each rank's parameters and batches);
+- `stopped`: the same config, stopped by a SIGTERM to torchrun in epoch 1, then resumed with
+  `torchrun --no-python attn-mt train --resume` to the same end;
+- `one_epoch`: `torchrun -m attn_mt train` for one epoch without dropout, the twin of a single
+  process that accumulates two batches per update.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+import yaml
+from helpers import REPO
+from helpers.ddp_worker import record_batches
+from helpers.toy import epoch_lists, toy_config_dict, toy_pairs, write_lines
+
+import attn_mt
+from attn_mt.checkpoint import load_checkpoint
+from attn_mt.config import config_from_dict
+from attn_mt.train.loop import Trainer
+
+pytestmark = pytest.mark.slow
+
+WORKER = REPO / "tests" / "helpers" / "ddp_worker.py"
+BIN = Path(sys.executable).parent  # the virtualenv's torchrun and attn-mt
+RANKS = 2
+BATCHES = 9  # an epoch of the corpus below: odd, so one batch is left over at every epoch end
+PER_RANK = BATCHES // RANKS
+EPOCHS = 3
+STEPS = EPOCHS * PER_RANK
+SIGTERM_AT = PER_RANK + 2  # inside epoch 1
+TRAIN = {
+    "batch_tokens": 384,  # 200 toy pairs -> BATCHES batches
+    "max_steps": 0,
+    "max_epochs": EPOCHS,
+    "warmup": 1,  # full-size updates from the start, so parameters move well beyond tolerance
+    "log_every": 1,
+    "eval_every": 1000,
+    "threads": 1,  # two processes on a small machine: no oversubscription
+}
+
+
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    """`torchrun --standalone` (a free port on localhost) with `args`; output captured."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={RANKS}", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def check(proc: subprocess.CompletedProcess) -> None:
+    output = proc.stdout[-2000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, f"torchrun exited with {proc.returncode}:\n{output}"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ddp")
+
+
+@pytest.fixture(scope="module")
+def data(folder: Path) -> dict[str, Path]:
+    """A small toy corpus: 200 training pairs, a few validation and test pairs."""
+    files = {}
+    for split, count, seed in (("train", 200, 11), ("valid", 6, 12), ("test", 6, 13)):
+        src, tgt = toy_pairs(count, seed)
+        files[f"{split}.src"] = write_lines(folder / f"{split}.src", src)
+        files[f"{split}.tgt"] = write_lines(folder / f"{split}.tgt", tgt)
+    return files
+
+
+def write_config(data: dict[str, Path], folder: Path, name: str, dropout: float, **train) -> Path:
+    raw = toy_config_dict(data, folder / name, **{**TRAIN, **train})
+    raw["model"]["dropout"] = dropout
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def train_lines(run: Path) -> list[dict[str, Any]]:
+    """The `train` lines of a run's metrics.jsonl."""
+    lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    return [line for line in lines if line["split"] == "train"]
+
+
+def dumps(out: Path) -> list[dict[str, Any]]:
+    """What tests/ddp_worker.py saved for each rank."""
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(RANKS)]
+
+
+@pytest.fixture(scope="module")
+def straight(data: dict[str, Path], folder: Path) -> tuple[Path, list[dict[str, Any]]]:
+    """Three epochs with dropout in one torchrun launch: (run folder, per-rank dumps)."""
+    config = write_config(data, folder, "straight", dropout=0.1)
+    check(torchrun(str(WORKER), str(config), str(folder / "straight-dumps")))
+    return folder / "straight", dumps(folder / "straight-dumps")
+
+
+class Stopped(NamedTuple):
+    config: Path
+    run: Path
+    ranks: list[dict[str, Any]]  # what each rank's worker saved once run() returned
+    last_step: int  # of last.pt right after the stop (the resume test moves it on)
+    log: str  # train.log right after the stop
+    stderr: str  # torchrun's
+
+
+@pytest.fixture(scope="module")
+def stopped(data: dict[str, Path], folder: Path) -> Stopped:
+    """The `straight` config, stopped by SIGTERM to torchrun in epoch 1."""
+    config = write_config(data, folder, "stopped", dropout=0.1)
+    proc = torchrun(
+        str(WORKER), str(config), str(folder / "stopped-dumps"), f"--sigterm-at={SIGTERM_AT}"
+    )
+    run = folder / "stopped"
+    return Stopped(
+        config,
+        run,
+        dumps(folder / "stopped-dumps"),  # present only if no rank was killed
+        load_checkpoint(run / "checkpoints" / "last.pt")["step"],
+        (run / "train.log").read_text(),
+        proc.stderr,
+    )
+
+
+def test_ranks_end_with_identical_parameters(straight):
+    _, (rank0, rank1) = straight
+    assert rank0["world_size"] == rank1["world_size"] == RANKS
+    assert rank0["params"].keys() == rank1["params"].keys()
+    for name, value in rank0["params"].items():
+        assert torch.equal(value, rank1["params"][name]), name
+
+
+def test_ranks_take_disjoint_shares_of_one_seeded_order(straight):
+    _, ranks = straight
+    cfg = load_checkpoint(straight[0] / "checkpoints" / "last.pt")["config"]["train"]
+    lengths = [tuple(pair) for pair in ranks[0]["lengths"]]
+    for epoch in range(EPOCHS):
+        everything = epoch_lists(lengths, cfg["batch_tokens"], cfg["seed"], epoch)
+        assert len(everything) == BATCHES
+        taken = [[ids for e, ids in rank["rows"] if e == epoch] for rank in ranks]
+        for rank, batches in enumerate(taken):  # rank r takes batches r, r + 2, r + 4, ...
+            assert batches == everything[rank : PER_RANK * RANKS : RANKS]
+        rows = [i for batches in taken for ids in batches for i in ids]
+        assert len(rows) == len(set(rows)), "a sentence was trained on twice in one epoch"
+    assert all(rank["step"] == STEPS for rank in ranks)
+    assert all(rank["stopped_by"] == "max_epochs" for rank in ranks)
+
+
+def test_only_rank_zero_writes(straight):
+    run, _ = straight
+    assert len(list((run / "tb").iterdir())) == 1, "one TensorBoard event file, not one per rank"
+    lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    keys = [(line["split"], line["step"]) for line in lines]
+    assert len(keys) == len(set(keys)), "a metrics.jsonl line was written twice"
+    assert [step for split, step in keys if split == "train"] == list(range(1, STEPS + 1))
+    log = (run / "train.log").read_text()
+    assert "2 process(es)" in log
+    assert log.count(f"finished at step {STEPS} ") == 1
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.pt", "last.pt"]
+
+
+def test_ddp_checkpoint_translates_in_one_process(straight):
+    run, _ = straight
+    state = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert state["train_state"]["data"]["world_size"] == RANKS
+    assert not any(key.startswith("module.") for key in state["model"])
+    translator = attn_mt.load(run / "checkpoints" / "best.pt", device="cpu")
+    assert len(translator.translate(["qb qc qd", "", "qz"], beam=2)) == 3
+
+
+def test_sigterm_to_torchrun_stops_every_rank_cleanly(stopped):
+    stops = [(rank["step"], rank["stopped_by"]) for rank in stopped.ranks]
+    assert stops == [(SIGTERM_AT, "signal")] * RANKS, stopped.stderr[-3000:]
+    assert stopped.last_step == SIGTERM_AT
+    assert f"stopped by SIGTERM at step {SIGTERM_AT}" in stopped.log
+
+
+def test_resume_under_ddp_ends_where_a_straight_run_does(stopped, straight):
+    """Resumed with the console script: the same parameters, bit for bit, as without a stop
+    (dropout on, so every rank's own RNG stream must come back)."""
+    run = stopped.run
+    check(torchrun("--no-python", "attn-mt", "train", "--config", str(stopped.config), "--resume"))
+    resumed = load_checkpoint(run / "checkpoints" / "last.pt")
+    reference = load_checkpoint(straight[0] / "checkpoints" / "last.pt")
+    assert resumed["step"] == reference["step"] == STEPS
+    for name, value in reference["model"].items():
+        assert torch.equal(value, resumed["model"][name]), name
+    assert [line["step"] for line in train_lines(run)] == list(range(1, STEPS + 1))
+    rng = resumed["train_state"]["rng"]  # the ranks' streams differ: each needs its own
+    assert len(rng) == RANKS and not torch.equal(rng[0][0], rng[1][0])
+
+
+def test_two_ranks_equal_one_rank_accumulating_two(data, folder, straight):
+    """One epoch on two ranks (`python -m attn_mt` under torchrun) and one process taking the
+    same batches two at a time reach the same parameters: the loss is normalised over both."""
+    config = write_config(data, folder, "one-epoch", dropout=0.0, max_epochs=1)
+    check(torchrun("-m", "attn_mt", "train", "--config", str(config)))
+    ddp = load_checkpoint(folder / "one-epoch" / "checkpoints" / "last.pt")
+
+    raw = yaml.safe_load(config.read_text())
+    raw["train"].update(out_dir=str(folder / "single"), accumulate=2, max_epochs=0)
+    raw["train"]["max_steps"] = ddp["step"]
+    trainer = Trainer(config_from_dict(raw))
+    taken = record_batches(trainer)
+    initial = {name: value.clone() for name, value in trainer.model.state_dict().items()}
+    trainer.run()
+
+    # Update k: the single process takes [b2k, b2k+1]; rank r takes b2k+r (same seeded order).
+    rank0, rank1 = ([ids for epoch, ids in rank["rows"] if epoch == 0] for rank in straight[1])
+    assert [ids for _, ids in taken[0::2]] == rank0
+    assert [ids for _, ids in taken[1::2]] == rank1
+    moved = 0.0
+    for name, value in trainer.model.state_dict().items():
+        # Sums in another order (all-reduce, thread counts) may differ in the last bits.
+        torch.testing.assert_close(ddp["model"][name], value, rtol=0, atol=1e-6, msg=name)
+        moved = max(moved, float((value - initial[name]).abs().max()))
+    assert moved > 1e-3, "the parameters should move far beyond the tolerance"
+    # Adam hides a constant factor in the gradients; the logged loss and norm do not.
+    ddp_log, single_log = (train_lines(folder / name) for name in ("one-epoch", "single"))
+    assert len(ddp_log) == len(single_log) == ddp["step"]
+    for ours, theirs in zip(ddp_log, single_log, strict=True):
+        for key in ("loss", "ppl", "grad_norm"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-5), (ours["step"], key)
+
+
+def test_ddp_run_resumes_in_one_process(straight, folder):
+    """A checkpoint of two processes resumes in one, at the same place in the epoch order."""
+    run = folder / "single-resume"
+    shutil.copytree(straight[0], run)
+    raw = yaml.safe_load((run / "config.yaml").read_text())
+    raw["train"].update(out_dir=str(run), max_epochs=EPOCHS + 1)
+    result = Trainer(config_from_dict(raw), resume=True).run()
+    # The batch the two processes left over at the end of epoch 2, then all of epoch 3.
+    assert result.step == STEPS + 1 + BATCHES
+    assert "resuming a 2-process run with 1 processes" in (run / "train.log").read_text()
+
+
+def test_a_user_error_on_rank_zero_stops_every_rank(data, folder):
+    """Rank 0 alone checks the run folder; its error reaches the others instead of a hang."""
+    config = write_config(data, folder, "nothing-yet", dropout=0.0)
+    proc = torchrun("-m", "attn_mt", "train", "--config", str(config), "--resume")
+    assert proc.returncode != 0
+    assert proc.stderr.count("attn-mt: error: ") == RANKS, proc.stderr[-3000:]
+    assert "nothing to resume" in proc.stderr
+    assert "Traceback" not in proc.stderr.split("attn-mt: error: ")[0]

@@ -1,0 +1,183 @@
+"""Progress displays: live on a terminal (a pseudo-terminal here), never in a pipe or a file.
+
+Each command runs once with stderr on a pty and once with stderr piped (in-process through
+CliRunner where the command allows it: a fresh process costs a torch import).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers.toy import toy_config_dict
+from typer.testing import CliRunner
+
+from attn_mt.cli import app
+from attn_mt.data.text import read_lines
+
+ATTN_MT = Path(sys.executable).parent / "attn-mt"
+CONTROL = ("\r", "\x1b")
+# The training line, in the log and on the terminal alike.
+LINE = (
+    r"step \d+(/\d+)?  elapsed \d+:\d\d  ETA (\d+:)?\d+:\d\d  epoch \d+  loss [\d.]+  "
+    r"ppl [\d.]+  lr [\d.e+-]+  grad [\d.]+  [\d,]+ tgt tok/s"
+)
+
+
+def run_on_terminal(*args: str | Path) -> tuple[int, str, str]:
+    """`attn-mt ARGS` with stderr on a pseudo-terminal: (exit code, stdout, terminal text)."""
+    master, slave = os.openpty()
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
+    with subprocess.Popen(
+        [str(ATTN_MT), *map(str, args)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env=env,
+    ) as proc:
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        stdout = proc.stdout.read().decode()
+    os.close(master)
+    return proc.returncode, stdout, b"".join(chunks).decode(errors="replace")
+
+
+def test_translate_input_shows_progress_on_a_terminal(trained_run: Path, toy_data, tmp_path):
+    out = tmp_path / "out.txt"
+    code, stdout, terminal = run_on_terminal(
+        "translate", "--model", trained_run, "--input", toy_data["test.src"], "--output", out,
+        "--device", "cpu",
+    )  # fmt: skip
+    assert code == 0, terminal
+    assert stdout == ""
+    assert "translate" in terminal and "sentences" in terminal and "sent/s" in terminal
+    assert "ETA" in terminal and any(c in terminal for c in CONTROL)
+    assert len(read_lines(out)) == len(read_lines(toy_data["test.src"]))
+
+
+def test_translate_input_prints_no_progress_in_a_pipe(trained_run: Path, toy_data, tmp_path):
+    out = tmp_path / "out.txt"
+    result = CliRunner().invoke(
+        app,
+        ["translate", "--model", str(trained_run), "--input", str(toy_data["test.src"]),
+         "--output", str(out), "--device", "cpu"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output == ""  # nothing on stdout or stderr: no bar, no control characters
+    assert len(read_lines(out)) == 100
+
+
+def test_evaluate_shows_progress_on_a_terminal_only(trained_run: Path, tmp_path: Path):
+    out = tmp_path / "hyp.txt"
+    args = ["evaluate", "--model", str(trained_run), "--out", str(out), "--device", "cpu"]
+    code, stdout, terminal = run_on_terminal(*args)
+    assert code == 0, terminal
+    assert stdout.startswith("BLEU ")
+    assert "evaluate" in terminal and "sent/s" in terminal and "ETA" in terminal
+    assert any(c in terminal for c in CONTROL)
+    piped = CliRunner().invoke(app, args)
+    assert piped.exit_code == 0, piped.output
+    assert piped.stdout == stdout
+    assert piped.stderr.splitlines() == [f"hypotheses: {out}"]
+    assert not any(c in piped.output for c in CONTROL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+def test_remaining_time_is_the_first_budget_to_end() -> None:
+    from attn_mt.config import TrainConfig
+    from attn_mt.train.runlog import clock, remaining_seconds
+
+    # 100 of 1,000 steps in 60 s: 540 s left by steps; 10 minutes give 540 s too; 0.5 epochs
+    # of 2 in 60 s: 180 s left. The epochs end first.
+    budget = TrainConfig(max_steps=1000, max_minutes=10, max_epochs=2)
+    assert remaining_seconds(budget, 100, 60.0, 0.5) == pytest.approx(180)
+    assert remaining_seconds(TrainConfig(max_steps=1000), 100, 60.0, 0.5) == pytest.approx(540)
+    assert remaining_seconds(TrainConfig(max_minutes=2), 100, 150.0, 0.5) == 0.0
+    assert remaining_seconds(TrainConfig(max_steps=-1), 100, 60.0, 0.5) is None
+    assert remaining_seconds(TrainConfig(patience=3), 100, 60.0, 0.5) is None
+    assert [clock(s) for s in (0, 59.9, 61, 3600, 3 * 3600 + 62, None)] == [
+        "0:00", "0:59", "1:01", "1:00:00", "3:01:02", "?",
+    ]  # fmt: skip
+
+
+def labels(line: str) -> str:
+    """A training line with its numbers blanked: what the log and the display must share."""
+    return re.sub(r"\d[\d.,:e+-]*", "#", line)
+
+
+class Recorder:
+    """A training monitor that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.validations: list[tuple[int, int]] = []
+
+    def training(self, line: str) -> None:
+        self.lines.append(line)
+
+    def validating(self, done: int, total: int) -> None:
+        self.validations.append((done, total))
+
+
+def test_training_reports_to_its_monitor(toy_config, caplog) -> None:
+    """One line per update with the log line's labels; validation progress on a subset."""
+    from attn_mt.train.loop import train
+
+    recorder = Recorder()
+    cfg = toy_config(max_steps=4, eval_every=2, log_every=2, valid_max_sentences=30)
+    with caplog.at_level(logging.INFO, logger="attn_mt"):
+        result = train(cfg, device="cpu", monitor=recorder)
+    assert result.step == 4 and len(recorder.lines) == 4
+    assert re.fullmatch(LINE, recorder.lines[1]) and recorder.lines[1].startswith("step 2/4 ")
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert [labels(line) for line in logged] == [labels(line) for line in recorder.lines[1::2]]
+    assert recorder.validations[-1] == (30, 30)  # two validations of the 30-pair subset
+    assert sum(done == total for done, total in recorder.validations) == 2
+    valid = [json.loads(line) for line in (cfg_out(cfg) / "metrics.jsonl").read_text().splitlines()]
+    assert [m["sentences"] for m in valid if m["split"] == "valid"] == [30, 30]
+    log_text = (cfg_out(cfg) / "train.log").read_text()
+    assert "valid step 4 (on 30 of 100 validation sentences): loss" in log_text
+    finished = next(line for line in log_text.splitlines() if "finished at step 4" in line)
+    assert finished.endswith("(on 30 of 100 validation sentences)"), finished
+
+
+def cfg_out(cfg) -> Path:
+    return Path(cfg.train.out_dir)
+
+
+def test_training_shows_a_live_line_on_a_terminal(toy_data, tmp_path: Path) -> None:
+    """Start-up stages, the live line and a validation bar on a terminal; the log lines
+    printed above the display keep their labels."""
+    raw = toy_config_dict(toy_data, tmp_path / "run", max_steps=6, eval_every=3, log_every=3)
+    raw["train"]["valid_max_sentences"] = 20
+    config = tmp_path / "toy.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    code, _, terminal = run_on_terminal("train", "--config", config, "--device", "cpu")
+    assert code == 0, terminal
+    stages = ("reading the validation split ...", "preparing the training data ...",
+              "prepared data: ", "building the model ...")  # fmt: skip
+    for stage in stages:
+        assert stage in terminal, stage
+    assert re.search(r"\r\x1b\[2Kstep [1-6]/6  elapsed \d+:\d\d  ETA \d+:\d\d  epoch", terminal)
+    assert "validating" in terminal and "sent/s" in terminal
+    assert "valid step 6 (on 20 of 100 validation sentences)" in terminal
+    logged = (tmp_path / "run" / "train.log").read_text()
+    assert re.search(LINE, logged) and not any(c in logged for c in CONTROL)

@@ -1,0 +1,77 @@
+"""A training process for tests/test_distributed.py, started by torchrun.
+
+It trains with `attn_mt.train.Trainer` as `attn-mt train` does, records the corpus rows of every
+batch this rank takes, and saves what the rank ended with to OUT/rank{RANK}.pt.
+
+    torchrun --nproc_per_node 2 tests/ddp_worker.py CONFIG OUT [--sigterm-at N]
+
+--sigterm-at N: rank 0 sends SIGTERM to torchrun while taking its N-th batch (as a cluster
+scheduler would) and waits until torchrun has passed it on, so the run stops after update N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+from attn_mt.config import load_config
+from attn_mt.data.batching import Batch
+from attn_mt.train import distributed
+from attn_mt.train.loop import Trainer
+
+
+def record_batches(trainer: Trainer, sigterm_at: int = 0) -> list[tuple[int, list[int]]]:
+    """Make `trainer` note the (epoch, corpus rows) of each batch it takes, in a list it returns.
+
+    sigterm_at: on rank 0, send SIGTERM to the parent (torchrun) while taking that batch.
+    """
+    rows: list[tuple[int, list[int]]] = []
+    take = trainer.source.next
+
+    def next_batch() -> Batch:
+        batch = take()
+        rows.append((trainer.source.epoch, batch.ids))
+        if trainer.world.is_main and len(rows) == sigterm_at:
+            os.kill(os.getppid(), signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while trainer.stop_signal is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return batch
+
+    trainer.source.next = next_batch
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("config", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--sigterm-at", type=int, default=0)
+    args = parser.parse_args()
+    # torchrun's SIGTERM may land after `run()` has restored the handlers: keep the dump.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with distributed.process_group(torch.device("cpu")) as (world, device):
+        trainer = Trainer(load_config(args.config, []), world, device)
+        rows = record_batches(trainer, args.sigterm_at)
+        result = trainer.run()
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {
+            "step": result.step,
+            "stopped_by": result.stopped_by,
+            "world_size": trainer.world.size,
+            "params": trainer.model.state_dict(),
+            "rows": rows,
+            "lengths": trainer.corpus.lengths.tolist(),
+        },
+        args.out / f"rank{trainer.world.rank}.pt",
+    )
+
+
+if __name__ == "__main__":
+    main()

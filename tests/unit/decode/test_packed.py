@@ -1,0 +1,102 @@
+"""Prepacked float32 inference (`attn_mt.packed`): the same function as the model it was made
+from, the same hypotheses, the original left untouched, and the plain model where torch cannot
+pack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.models import assert_same, random_model, random_sources
+from torch import nn
+
+import attn_mt
+from attn_mt.data.text import read_lines
+from attn_mt.decode import inference as packed
+from attn_mt.decode.search import beam_search, greedy_search, max_output_lengths
+from attn_mt.model.attention import MultiHeadAttention
+from attn_mt.model.vocab import PAD_ID
+
+
+def logits(model: nn.Module, src: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced logits for the source itself as target prefix (any ids will do)."""
+    return model(src, src.clamp(min=1))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_packed_model_computes_the_same_function(seed: int) -> None:
+    model, src = random_model(seed), random_sources(seed)
+    fast = packed.pack(random_model(seed))
+    packed_layers = [n for n, m in fast.named_modules() if isinstance(m, packed.PackedLinear)]
+    # What a decoding step runs: 6 layers in each decoder layer, and the output layer.
+    assert len(packed_layers) == 6 * len(model.decoder) + 1 and "output" in packed_layers
+    assert not any(n.startswith("encoder") or n.endswith("in_proj.kv") for n in packed_layers)
+    torch.testing.assert_close(logits(fast, src), logits(model, src), rtol=1e-5, atol=1e-5)
+    # Cross-attention's query rows alone (what a decoding step uses) equal the slice of W_q.
+    x = torch.randn(3, 4, 32)
+    layer = next(m for m in model.modules() if isinstance(m, MultiHeadAttention))
+    split = next(m for m in fast.modules() if isinstance(m, MultiHeadAttention))
+    for first, last in ((0, 1), (1, 3)):
+        torch.testing.assert_close(
+            split._in_proj_rows(x, first, last), layer._in_proj_rows(x, first, last),
+            rtol=1e-5, atol=1e-5,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_packing_changes_no_hypothesis(seed: int) -> None:
+    model, src = random_model(seed), random_sources(seed)
+    fast, limits = packed.pack(random_model(seed)), max_output_lengths(src, 1.5, 5)
+    greedy = greedy_search(fast, src, limits), greedy_search(model, src, limits)
+    for a, b in zip(*greedy, strict=True):
+        assert_same([a], [b])
+    beams = beam_search(fast, src, limits, 4, nbest=4), beam_search(model, src, limits, 4, nbest=4)
+    for a, b in zip(*beams, strict=True):
+        assert_same(a, b)
+    # Batch-independent: each sentence alone finds what it found in the batch.
+    for row in range(3):
+        alone = src[row : row + 1, : int((src[row] != PAD_ID).sum())]
+        assert_same(beam_search(fast, alone, limits[row : row + 1], 4, nbest=4)[0], beams[0][row])
+
+
+def test_padded_rows_are_few_sizes_and_little_waste() -> None:
+    sizes = [packed.padded_rows(n) for n in range(1, 4097)]
+    assert all(size >= n and size % 16 == 0 for n, size in enumerate(sizes, 1))
+    assert all(size - n < max(16, n / 8) for n, size in enumerate(sizes, 1))  # <= 15 or 12%
+    assert sizes == sorted(sizes)  # more rows never pad to fewer
+    assert len(set(sizes)) == 16 + 8 * 4  # 16 up to 256 rows, then 8 per doubling to 4,096
+
+
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 300])
+def test_a_packed_layer_pads_any_row_count(rows: int) -> None:
+    layer = nn.Linear(32, 48)
+    x = torch.randn(rows, 2, 32)  # 2 * rows input rows: padded inside, not in the output
+    torch.testing.assert_close(packed.PackedLinear(layer)(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_packing_is_in_place_and_keeps_the_state_dict_keys() -> None:
+    """load() packs the model it just built: no second copy of the weights at load time."""
+    model = random_model(3)
+    keys = list(model.state_dict())
+    assert packed.pack(model) is model
+    assert any(isinstance(m, packed.InProj) for m in model.modules())
+    assert list(model.state_dict()) != keys  # in_proj.all.weight, ...: inference only
+
+
+def test_without_the_op_pack_returns_the_model_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = random_model(0)
+    monkeypatch.setattr(packed, "packing_available", lambda: False)
+    assert packed.pack(model) is model
+
+
+def test_load_packs_float32_on_the_cpu_and_translates_the_same(trained_run: Path) -> None:
+    fast = attn_mt.load(trained_run, device="cpu", prepack=True)
+    plain = attn_mt.load(trained_run, device="cpu")
+    assert any(isinstance(m, packed.PackedLinear) for m in fast.model.modules())
+    assert not any(isinstance(m, packed.PackedLinear) for m in plain.model.modules())
+    bf16 = attn_mt.load(trained_run, device="cpu", dtype=torch.bfloat16, prepack=True)
+    assert not any(isinstance(m, packed.PackedLinear) for m in bf16.model.modules())
+    lines = read_lines(fast.config.data.test.src)
+    for beam in (1, 4):
+        assert fast.translate(lines, beam=beam) == plain.translate(lines, beam=beam)

@@ -1,0 +1,268 @@
+"""Config loading: shipped configs, key and type checks, value rules, `--set`, paths, round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import REPO
+from helpers.toy import toy_config_dict
+
+from attn_mt.config import (
+    Config,
+    apply_override,
+    config_from_dict,
+    config_keys,
+    load_config,
+    save_config,
+)
+from attn_mt.errors import ConfigError
+
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+def write_yaml(path: Path, raw: object) -> Path:
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def toy_raw(toy_data: dict[str, Path], tmp_path: Path) -> dict:
+    return toy_config_dict(toy_data, tmp_path / "run")
+
+
+def config_error(raw: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(raw)
+    return str(info.value)
+
+
+def test_configs_are_shipped():
+    assert CONFIGS, "configs/*.yaml should hold at least one config"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_config_loads(path: Path):
+    config = load_config(path)
+    assert isinstance(config, Config)
+    assert config.data.dataset == "multi30k" or config.data.train.src is not None
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "message"),
+    [
+        (None, "dat", "dat: unknown key; did you mean data?"),
+        ("data", "tran", "data.tran: unknown key; did you mean data.train?"),
+        ("model", "head", "model.head: unknown key; did you mean model.heads?"),
+        ("train", "warmpu", "train.warmpu: unknown key; did you mean train.warmup?"),
+    ],
+)
+def test_unknown_key_names_path_and_closest_key(toy_raw, section, key, message):
+    (toy_raw if section is None else toy_raw[section])[key] = 1
+    assert config_error(toy_raw).startswith(message)
+
+
+def test_unknown_nested_key(toy_raw):
+    toy_raw["data"]["train"]["scr"] = "x"
+    assert config_error(toy_raw) == "data.train.scr: unknown key; did you mean data.train.src?"
+
+
+def test_unknown_key_without_close_match_lists_valid_keys(toy_raw):
+    toy_raw["decode"]["zzzzzz"] = 1
+    message = config_error(toy_raw)
+    assert message.startswith("decode.zzzzzz: unknown key; valid keys:")
+    assert "beam" in message and "length_penalty" in message
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "fragments"),
+    [
+        ("model", "d_model", "big", ["model.d_model", "'big'", "expected int"]),
+        ("model", "d_model", 256.0, ["model.d_model", "256.0", "expected int"]),
+        ("model", "d_model", True, ["model.d_model", "True", "expected int"]),
+        ("train", "lr", "fast", ["train.lr", "'fast'", "expected float"]),
+        ("tokenizer", "joint", "maybe", ["tokenizer.joint", "'maybe'", "expected bool"]),
+        ("train", "max_steps", None, ["train.max_steps", "must not be null"]),
+        ("model", "norm", "pr", ["model.norm", "'pr'", "one of ['pre', 'post']", "'pre'"]),
+        ("train", "seed", [1, 2], ["train.seed", "[1, 2]", "a list", "expected int"]),
+    ],
+)
+def test_wrong_type_names_key_and_value(toy_raw, section, key, value, fragments):
+    toy_raw[section][key] = value
+    message = config_error(toy_raw)
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_section_must_be_a_mapping(toy_raw):
+    toy_raw["model"] = 5
+    assert config_error(toy_raw) == "model: expected a mapping of keys, got int 5"
+
+
+def test_ints_are_accepted_as_floats_and_exponents_without_dot(toy_raw):
+    toy_raw["train"]["max_minutes"] = 2
+    toy_raw["train"]["lr"] = "5e-4"  # YAML 1.1 reads this as a string
+    config = config_from_dict(toy_raw)
+    assert config.train.max_minutes == 2.0 and isinstance(config.train.max_minutes, float)
+    assert config.train.lr == 5e-4
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "rule"),
+    [
+        ("model", "heads", 3, "must divide model.d_model (64)"),
+        ("model", "dropout", 1.0, "must be in [0, 1)"),
+        ("model", "dropout", -0.1, "must be in [0, 1)"),
+        ("tokenizer", "vocab_size", 7, "must be >= 8"),
+        ("decode", "beam", 0, "must be >= 1"),
+        ("train", "lr", -0.5, "must be > 0"),
+        ("data", "tgt_lang", "xx", "must differ from data.src_lang"),
+    ],
+)
+def test_invalid_value_names_key_value_and_rule(toy_raw, section, key, value, rule):
+    toy_raw[section][key] = value
+    message = config_error(toy_raw)
+    assert message.startswith(f"{section}.{key}: {value!r} is invalid; ")
+    assert rule in message
+
+
+def test_missing_files_without_dataset(toy_raw):
+    del toy_raw["data"]["valid"]
+    assert config_error(toy_raw).startswith("data.valid.src: missing;")
+
+
+def test_yaml_syntax_error_reports_file_and_line(tmp_path: Path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("data:\n  dataset: multi30k\n  src_lang: de\n   tgt_lang: en\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:4: YAML syntax error"):
+        load_config(path)
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path):
+    path = write_yaml(tmp_path / "list.yaml", [1, 2])
+    with pytest.raises(ConfigError, match="top level must be a mapping of sections, not a list"):
+        load_config(path)
+
+
+def test_missing_config_file(tmp_path: Path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_overrides_are_typed_and_validated(toy_raw, tmp_path: Path):
+    path = write_yaml(tmp_path / "toy.yaml", toy_raw)
+    config = load_config(
+        path, ["train.lr=5e-4", "model.heads=8", "tokenizer.joint=false", "train.out_dir=runs/x"]
+    )
+    assert config.train.lr == 5e-4
+    assert config.model.heads == 8
+    assert config.tokenizer.joint is False
+    assert config.train.out_dir == "runs/x"
+    with pytest.raises(ConfigError, match=r"^model\.heads: 5 is invalid; must divide"):
+        load_config(path, ["model.heads=5"])
+    with pytest.raises(ConfigError, match=r"^model\.d_model: 'wide' is a string, expected int"):
+        load_config(path, ["model.d_model=wide"])
+
+
+def test_string_override_is_kept_verbatim(toy_raw):
+    apply_override(toy_raw, "data.src_lang=1e5")
+    apply_override(toy_raw, "data.dataset=null")
+    assert toy_raw["data"]["src_lang"] == "1e5"
+    assert toy_raw["data"]["dataset"] is None
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("train.lrr=1", "train.lrr: unknown key; did you mean train.lr?"),
+        ("modle.heads=2", "modle: unknown key; did you mean model?"),
+        ("train.lr", "--set train.lr: expected KEY=VALUE"),
+        ("model=3", "model: is a section; set one of its keys"),
+        ("model.heads.x=3", "model.heads: is a value, not a section"),
+        ("train.lr=[1, 2", "--set train.lr=[1, 2: cannot parse"),
+    ],
+)
+def test_bad_override(toy_raw, item, message):
+    with pytest.raises(ConfigError) as info:
+        apply_override(toy_raw, item)
+    assert str(info.value).startswith(message)
+
+
+def test_override_creates_missing_sections():
+    raw: dict = {}
+    apply_override(raw, "decode.beam=2")
+    assert raw == {"decode": {"beam": 2}}
+
+
+def test_relative_data_paths_resolve_against_config_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    raw = {
+        "data": {
+            "train": {"src": "corpus/train.de", "tgt": "/abs/train.en"},
+            "valid": {"src": "../valid.de", "tgt": "valid.en"},
+        },
+        "train": {"max_steps": 10},
+    }
+    config = load_config(write_yaml(folder / "c.yaml", raw), ["data.test.src=mine/test.de"])
+    assert config.data.train.src == str(folder / "corpus" / "train.de")
+    assert config.data.train.tgt == "/abs/train.en"
+    assert config.data.valid.src == str(tmp_path / "valid.de")
+    assert config.data.valid.tgt == str(folder / "valid.en")
+    assert config.data.test.src == str(elsewhere / "mine" / "test.de")  # --set: the shell's cwd
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_resolved_config_round_trips(path: Path, tmp_path: Path):
+    config = load_config(path, ["train.lr=3e-4"])
+    saved = tmp_path / "config.yaml"
+    save_config(config, saved)
+    assert load_config(saved) == config
+    assert set(yaml.safe_load(saved.read_text())) == {f.name for f in dataclasses.fields(Config)}
+
+
+def test_toy_config_round_trips_with_every_key(toy_raw, tmp_path: Path):
+    config = config_from_dict(toy_raw)
+    saved = tmp_path / "config.yaml"
+    save_config(config, saved)
+    assert load_config(saved) == config
+    raw = yaml.safe_load(saved.read_text())
+    for key, _type, _default, _meaning in config_keys():
+        node = raw
+        for part in key.split("."):
+            node = node[part]  # every leaf key is written out
+
+
+def test_every_key_has_a_meaning():
+    for key, _type, _default, meaning in config_keys():
+        assert meaning, f"{key} has no comment in config.py"
+
+
+# ---------------------------------------------------------------------------------------------
+# A training budget
+
+
+@pytest.mark.parametrize("budget", ["max_steps", "max_minutes", "max_epochs", "patience"])
+def test_a_config_without_budget_is_refused(toy_raw: dict, tmp_path: Path, budget: str):
+    toy_raw["train"]["max_steps"] = 0
+    path = write_yaml(tmp_path / "endless.yaml", toy_raw)
+    with pytest.raises(ConfigError, match="no budget") as info:
+        load_config(path)
+    assert "--set train.max_minutes=60" in str(info.value)
+    assert "train.max_steps: -1" in str(info.value) and "\n" not in str(info.value)
+    assert getattr(load_config(path, [f"train.{budget}=2"]).train, budget) == 2  # any one will do
+
+
+def test_max_steps_minus_one_runs_until_stopped(toy_raw: dict, tmp_path: Path):
+    toy_raw["train"]["max_steps"] = -1
+    assert load_config(write_yaml(tmp_path / "until-stopped.yaml", toy_raw)).train.max_steps == -1
+    toy_raw["train"]["max_steps"] = -2
+    with pytest.raises(ConfigError, match=r"train\.max_steps: -2 is invalid; must be >= -1"):
+        config_from_dict(toy_raw)

@@ -1,0 +1,489 @@
+"""The training loop: the loss and schedule formulas, teacher forcing, learning the toy task,
+exact resume, the run folder's logs, atomic checkpoints, and every way a run can stop.
+
+Runs are tiny (a few updates of a 1-layer model on the toy task) so the file stays fast; the
+one long run is the session fixture `trained_run`, shared with other test files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from helpers.toy import assert_identical, load_raw, make_config, resumable_state, run
+
+import attn_mt
+import attn_mt.train.loop as train_module
+from attn_mt.checkpoint import FORMAT, load_checkpoint, model_from, save_checkpoint
+from attn_mt.config import Config, config_from_dict
+from attn_mt.data.corpora import split_files
+from attn_mt.data.text import read_parallel
+from attn_mt.errors import UserError
+from attn_mt.evaluate import score
+from attn_mt.train.loop import Trainer, TrainingDiverged, Validation
+from attn_mt.train.loss import label_smoothed_loss
+
+REAL_TORCH_SAVE = torch.save
+
+# A run where exact resume is hard: dropout (so the RNG matters), accumulation over batches
+# that cross an epoch boundary (9 batches per epoch at 6000 tokens), validation in between.
+RESUME_MODEL = {"dropout": 0.1, "attention_dropout": 0.1}
+RESUME_TRAIN = {
+    "max_steps": 6,
+    "accumulate": 2,
+    "batch_tokens": 6000,
+    "eval_every": 3,
+    "log_every": 2,
+    "warmup": 4,
+}
+
+
+def resume_config(toy_data: dict[str, Path], out: Path, precision: str, **train) -> Config:
+    return make_config(
+        toy_data, out, RESUME_MODEL, **{**RESUME_TRAIN, "precision": precision, **train}
+    )
+
+
+def metrics_lines(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def straight_states(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """resumable_state of the uninterrupted RESUME run, per precision (computed once)."""
+    cache: dict[str, dict[str, Any]] = {}
+
+    def get(precision: str) -> dict[str, Any]:
+        if precision not in cache:
+            out = tmp_path_factory.mktemp(f"straight-{precision}") / "run"
+            result = run(resume_config(toy_data, out, precision))
+            assert (result.step, result.stopped_by) == (6, "max_steps")
+            cache[precision] = resumable_state(load_raw(out / "checkpoints" / "last.pt"))
+        return cache[precision]
+
+    return get
+
+
+def signal_after_update(monkeypatch: pytest.MonkeyPatch, update: int, signum: int) -> None:
+    """Send `signum` to this process right after update number `update` (a real signal)."""
+    original = Trainer.update
+    calls = []
+
+    def update_then_signal(self: Trainer):
+        result = original(self)
+        calls.append(1)
+        if len(calls) == update:
+            os.kill(os.getpid(), signum)
+        return result
+
+    monkeypatch.setattr(Trainer, "update", update_then_signal)
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning the toy task, and what the run folder holds
+
+
+def test_trained_model_translates_held_out_sentences(trained_run: Path) -> None:
+    valid = [m for m in metrics_lines(trained_run) if m["split"] == "valid"]
+    assert valid[-1]["bleu"] > 80 and valid[-1]["chrf"] > 80
+    translator = attn_mt.load(trained_run, device="cpu")
+    sources, references = read_parallel(*split_files(translator.config.data, "test"))
+    scores = score(translator.translate(sources), references)
+    assert scores.bleu > 80, f"test BLEU {scores.bleu:.1f}"
+
+
+def test_tensorboard_and_metrics_hold_the_same_figures(trained_run: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(trained_run / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    lines = metrics_lines(trained_run)
+    train_keys = {"loss", "ppl", "lr", "grad_norm", "tokens_per_sec"}
+    valid_keys = {"loss", "ppl", "bleu", "chrf"}
+    for split, keys in (("train", train_keys), ("valid", valid_keys)):
+        rows = [m for m in lines if m["split"] == split]
+        assert rows and all(keys <= m.keys() for m in rows)
+        assert [m["step"] for m in rows] == sorted({m["step"] for m in rows})
+        for key in keys:
+            tag = f"{split}/{key}"
+            assert tag in events.Tags()["scalars"]
+            curve = {e.step: e.value for e in events.Scalars(tag)}
+            assert curve == pytest.approx({m["step"]: m[key] for m in rows}, rel=1e-5), tag
+    assert [m["step"] for m in lines if m["split"] == "valid"] == [200, 400]
+
+    assert "valid/samples/text_summary" in events.Tags()["tensors"]
+    sample = events.Tensors("valid/samples/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert all(part in sample for part in ("src: ", "hyp: ", "ref: "))
+
+
+def test_config_yaml_is_the_resolved_config(trained_run: Path) -> None:
+    written = yaml.safe_load((trained_run / "config.yaml").read_text())
+    assert config_from_dict(written).to_dict() == written  # every default filled in
+    assert written.keys() == Config().to_dict().keys()
+    assert written["train"].keys() == Config().to_dict()["train"].keys()
+    assert written == load_checkpoint(trained_run / "checkpoints" / "best.pt")["config"]
+    assert Path(written["train"]["out_dir"]) == trained_run
+
+
+def test_train_log_has_parameters_device_precision_and_data(trained_run: Path) -> None:
+    text = (trained_run / "train.log").read_text()
+    model, _ = model_from(load_checkpoint(trained_run / "checkpoints" / "best.pt"))
+    params = sum(p.numel() for p in model.parameters())  # parameters() yields tied ones once
+    assert f"{params:,} parameters" in text
+    assert "device cpu" in text or "device cuda" in text
+    assert "precision fp32" in text
+    assert "3000 training pairs kept" in text and "100 validation pairs" in text
+    assert "valid step 400" in text and "BLEU" in text
+
+
+def test_finished_run_has_best_last_and_kept_checkpoints(trained_run: Path) -> None:
+    names = sorted(p.name for p in (trained_run / "checkpoints").glob("*.pt"))
+    assert names == ["best.pt", "last.pt", "step_200.pt", "step_400.pt"]
+    last = load_raw(trained_run / "checkpoints" / "last.pt")
+    assert last["step"] == 400 and last["format"] == FORMAT and "train_state" in last
+    best = load_raw(trained_run / "checkpoints" / "best.pt")
+    assert "train_state" not in best  # only last.pt carries the resume state
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact resume
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_half_then_resume_equals_straight_run(
+    precision: str, toy_data: dict[str, Path], tmp_path: Path, straight_states
+) -> None:
+    out = tmp_path / "run"
+    first = run(resume_config(toy_data, out, precision, max_steps=3))
+    assert (first.step, first.stopped_by) == (3, "max_steps")
+    assert (out / "checkpoints" / "best.pt").is_file()
+    second = run(resume_config(toy_data, out, precision), resume=True)  # max_steps 3 -> 6
+    assert (second.step, second.stopped_by) == (6, "max_steps")
+    resumed = resumable_state(load_raw(out / "checkpoints" / "last.pt"))
+    assert resumed["data"]["epoch"] == 1  # the run crossed an epoch boundary
+    assert_identical(resumed, straight_states(precision))
+    lines = [(m["step"], m["split"]) for m in metrics_lines(out)]
+    assert lines == [(2, "train"), (3, "valid"), (4, "train"), (6, "train"), (6, "valid")]
+
+
+def test_validation_does_not_change_training(
+    toy_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, straight_states
+) -> None:
+    """Validating after every update (with dropout on) leaves the training bits unchanged,
+    even a validation that draws random numbers (as sampling or dropout would)."""
+    original = Trainer.validate
+
+    def validate_drawing_random_numbers(self: Trainer) -> Validation:
+        torch.rand(1000)
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "validate", validate_drawing_random_numbers)
+    out = tmp_path / "run"
+    run(resume_config(toy_data, out, "fp32", eval_every=1))
+    assert [m["step"] for m in metrics_lines(out) if m["split"] == "valid"] == [1, 2, 3, 4, 5, 6]
+    assert_identical(
+        resumable_state(load_raw(out / "checkpoints" / "last.pt")), straight_states("fp32")
+    )
+
+
+def test_resume_depends_on_the_restored_rng(
+    toy_data: dict[str, Path], tmp_path: Path, straight_states
+) -> None:
+    """Control: with another RNG state in last.pt the resumed run differs (dropout draws)."""
+    out = tmp_path / "run"
+    run(resume_config(toy_data, out, "fp32", max_steps=3))
+    last = out / "checkpoints" / "last.pt"
+    state = load_raw(last)
+    state["train_state"]["rng"] = [(torch.Generator().manual_seed(12345).get_state(), None)]
+    save_checkpoint(state, last)
+    run(resume_config(toy_data, out, "fp32"), resume=True)
+    resumed = load_raw(last)["model"]
+    reference = straight_states("fp32")["model"]
+    assert any(not torch.equal(resumed[k], reference[k]) for k in reference)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_writes_last_and_resume_finishes_the_same(
+    signum: int,
+    toy_data: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    straight_states,
+) -> None:
+    out = tmp_path / "run"
+    before = signal.getsignal(signum)
+    with monkeypatch.context() as patch:
+        signal_after_update(patch, 2, signum)
+        stopped = run(resume_config(toy_data, out, "fp32"))
+    assert (stopped.step, stopped.stopped_by) == (2, "signal")
+    assert signal.getsignal(signum) is before  # the trainer put the old handler back
+    last = load_raw(out / "checkpoints" / "last.pt")
+    assert last["step"] == 2 and "train_state" in last
+    finished = run(resume_config(toy_data, out, "fp32"), resume=True)
+    assert (finished.step, finished.stopped_by) == (6, "max_steps")
+    assert_identical(
+        resumable_state(load_raw(out / "checkpoints" / "last.pt")), straight_states("fp32")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The run folder: refusing to overwrite, resume errors
+
+
+def test_refuses_to_overwrite_a_run(toy_config, scripted_validation) -> None:
+    scripted_validation()
+    cfg = toy_config(max_steps=2)
+    run(cfg)
+    out = Path(cfg.train.out_dir)
+    last = out / "checkpoints" / "last.pt"
+    before = last.read_bytes()
+    with pytest.raises(UserError) as err:
+        Trainer(cfg)
+    message = str(err.value)
+    assert str(out) in message and "--resume" in message and "train.out_dir" in message
+    assert last.read_bytes() == before
+
+
+def test_empty_existing_out_dir_is_fine(toy_config, scripted_validation) -> None:
+    scripted_validation()
+    cfg = toy_config(max_steps=1)
+    Path(cfg.train.out_dir).mkdir(parents=True)
+    assert run(cfg).step == 1
+
+
+def test_resume_with_nothing_to_resume(toy_config) -> None:
+    cfg = toy_config()
+    with pytest.raises(UserError, match="nothing to resume") as err:
+        Trainer(cfg, resume=True)
+    assert "without --resume" in str(err.value)
+    assert not Path(cfg.train.out_dir).exists()  # a failed start leaves nothing behind
+
+
+def test_run_that_died_before_its_first_checkpoint(toy_config) -> None:
+    """A folder with a config but no last.pt can be neither resumed nor overwritten: say so."""
+    cfg = toy_config()
+    out = Path(cfg.train.out_dir)
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "config.yaml").write_text("{}\n")
+    for resume in (False, True):
+        with pytest.raises(UserError) as err:
+            Trainer(cfg, resume=resume)
+        message = str(err.value)
+        assert "before its first checkpoint" in message and "train.out_dir" in message
+        assert "continue it with" not in message and "start without --resume" not in message
+
+
+def test_resume_with_a_changed_model_names_the_keys(
+    toy_data: dict[str, Path], tmp_path: Path, scripted_validation
+) -> None:
+    scripted_validation()
+    out = tmp_path / "run"
+    run(make_config(toy_data, out, max_steps=1))
+    changed = make_config(toy_data, out, {"d_model": 32, "d_ff": 64}, max_steps=2)
+    with pytest.raises(UserError) as err:
+        Trainer(changed, resume=True)
+    message = str(err.value)
+    assert "model.d_model" in message and "model.d_ff" in message
+    assert "model.heads" not in message
+
+
+# ---------------------------------------------------------------------------------------------
+# Non-finite losses
+
+
+def nan_on_updates(monkeypatch: pytest.MonkeyPatch, bad: set[int] | None, from_: int = 0):
+    """Make the training loss NaN on the given update numbers (1-based), or on all >= from_."""
+    calls = []
+
+    def loss(logits, target, epsilon):
+        result = label_smoothed_loss(logits, target, epsilon)
+        if not torch.is_grad_enabled():  # validation
+            return result
+        calls.append(1)
+        n = len(calls)
+        if (bad is not None and n in bad) or (bad is None and n >= from_):
+            return tuple(x * float("nan") for x in result)
+        return result
+
+    monkeypatch.setattr(train_module, "label_smoothed_loss", loss)
+
+
+def record_updates(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, bool]]:
+    """Per update attempt: (finite, parameters and optimizer state unchanged)."""
+    original = Trainer.update
+    records = []
+
+    def update(self: Trainer):
+        params = [p.detach().clone() for p in self.model.parameters()]
+        adam_steps = [float(s["step"]) for s in self.optimizer.state.values()]
+        result = original(self)
+        unchanged = all(
+            torch.equal(a, b) for a, b in zip(params, self.model.parameters(), strict=True)
+        )
+        unchanged &= adam_steps == [float(s["step"]) for s in self.optimizer.state.values()]
+        records.append((result.finite, unchanged))
+        return result
+
+    monkeypatch.setattr(Trainer, "update", update)
+    return records
+
+
+def test_nan_loss_skips_the_update(
+    toy_config, monkeypatch: pytest.MonkeyPatch, scripted_validation
+) -> None:
+    scripted_validation()
+    nan_on_updates(monkeypatch, {2})
+    records = record_updates(monkeypatch)
+    cfg = toy_config(max_steps=4)
+    result = run(cfg)
+    assert result.step == 4 and result.stopped_by == "max_steps"
+    assert records == [(True, False), (False, True), (True, False), (True, False), (True, False)]
+    log_text = (Path(cfg.train.out_dir) / "train.log").read_text()
+    assert "step 2: non-finite loss or gradient; update skipped (1 in a row)" in log_text
+    adam = load_raw(Path(cfg.train.out_dir) / "checkpoints" / "last.pt")["train_state"]
+    assert {int(s["step"]) for s in adam["optimizer"]["state"].values()} == {4}
+
+
+def test_repeated_nan_loss_stops_with_a_clear_error(
+    toy_config, monkeypatch: pytest.MonkeyPatch, scripted_validation
+) -> None:
+    scripted_validation()
+    nan_on_updates(monkeypatch, None, from_=5)
+    cfg = toy_config(max_steps=20, eval_every=2, max_nonfinite=3)
+    trainer = Trainer(cfg)
+    with pytest.raises(TrainingDiverged) as err:
+        trainer.run()
+    assert isinstance(err.value, UserError)
+    message = str(err.value)
+    assert "NaN/inf for 3 updates in a row" in message and "train.lr" in message
+    last = Path(cfg.train.out_dir) / "checkpoints" / "last.pt"
+    assert str(last) in message
+    state = load_raw(last)
+    assert state["step"] == 4  # the last good update; nothing written after the NaNs
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert_identical(state["model"], trainer.model.state_dict())  # skipped updates changed nothing
+
+
+def test_nan_before_any_checkpoint_says_none_was_written(
+    toy_config, monkeypatch: pytest.MonkeyPatch, scripted_validation
+) -> None:
+    scripted_validation()
+    nan_on_updates(monkeypatch, None, from_=1)
+    cfg = toy_config(max_steps=20, max_nonfinite=2)
+    with pytest.raises(TrainingDiverged, match="no checkpoint"):
+        run(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stopping rules; every stop leaves a loadable last.pt (and best.pt unless interrupted)
+
+
+@pytest.mark.parametrize(
+    ("reason", "train", "bleus", "steps"),
+    [
+        ("max_steps", {"max_steps": 3}, (), 3),
+        ("max_epochs", {"max_steps": 0, "max_epochs": 1, "batch_tokens": 6000}, (), 9),
+        ("early stopping", {"max_steps": 50, "eval_every": 1, "patience": 2}, (10, 20, 15, 15), 4),
+        ("max_minutes", {"max_steps": 0, "max_minutes": 1e-6}, (), None),
+        ("signal", {"max_steps": 50}, (), 2),
+    ],
+    ids=["max_steps", "max_epochs", "early_stopping", "max_minutes", "signal"],
+)
+def test_every_stop_writes_a_loadable_last_checkpoint(
+    reason: str,
+    train: dict,
+    bleus: tuple,
+    steps: int | None,
+    toy_config,
+    monkeypatch: pytest.MonkeyPatch,
+    scripted_validation,
+) -> None:
+    scripted_validation(bleus)
+    if reason == "signal":
+        signal_after_update(monkeypatch, 2, signal.SIGTERM)
+    cfg = toy_config(**train)
+    result = run(cfg)
+    assert result.stopped_by == reason
+    if steps is not None:
+        assert result.step == steps
+    folder = Path(cfg.train.out_dir) / "checkpoints"
+    last = load_raw(folder / "last.pt")
+    assert last["step"] == result.step and "train_state" in last
+    if reason == "signal":
+        assert not (folder / "best.pt").exists()  # interrupted before any validation
+        return
+    best = load_raw(folder / "best.pt")
+    assert best["format"] == FORMAT and best["metrics"]["bleu"] == max(bleus, default=0.0)
+    if reason == "early stopping":
+        assert best["step"] == 2 and last["train_state"]["progress"]["bad_evals"] == 2
+
+
+def test_keep_checkpoints_keeps_the_last_n_across_resume(toy_config, scripted_validation) -> None:
+    scripted_validation()
+    cfg = toy_config(max_steps=5, eval_every=1, keep_checkpoints=2)
+    run(cfg)
+    folder = Path(cfg.train.out_dir) / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "best.pt",
+        "last.pt",
+        "step_4.pt",
+        "step_5.pt",
+    ]
+    assert load_raw(folder / "step_5.pt")["step"] == 5
+    run(toy_config(max_steps=7, eval_every=1, keep_checkpoints=2), resume=True)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "best.pt",
+        "last.pt",
+        "step_6.pt",
+        "step_7.pt",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The best checkpoint follows train.select_metric; a Trainer holds nothing until it runs
+
+
+@pytest.mark.parametrize(
+    ("metric", "best_step", "best_score"),
+    [("bleu", 2, 30.0), ("chrf", 3, 50.0), ("loss", 1, 1.0)],
+)
+def test_best_checkpoint_follows_select_metric(
+    metric: str, best_step: int, best_score: float, toy_config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validations at steps 1, 2, 3 score (bleu, chrf, loss): each metric picks its own best,
+    higher BLEU/chrF or lower loss; early stopping counts by the same metric."""
+    figures = iter([(10.0, 20.0, 1.0), (30.0, 40.0, 2.0), (20.0, 50.0, 3.0)])
+
+    def validate(self: Trainer) -> Validation:
+        bleu, chrf, loss = next(figures)
+        return Validation({"loss": loss, "ppl": math.e, "bleu": bleu, "chrf": chrf}, [])
+
+    monkeypatch.setattr(Trainer, "validate", validate)
+    cfg = toy_config(max_steps=3, eval_every=1, select_metric=metric, patience=2)
+    result = run(cfg)
+    assert (result.best_score, result.select_metric) == (best_score, metric)
+    checkpoints = Path(cfg.train.out_dir) / "checkpoints"
+    assert load_raw(checkpoints / "best.pt")["step"] == best_step
+    stopped_early = metric == "loss"  # two validations without a lower loss
+    assert result.stopped_by == ("early stopping" if stopped_early else "max_steps")
+    log_text = (Path(cfg.train.out_dir) / "train.log").read_text()
+    assert f"best valid {metric} {best_score:.2f}" in log_text
+
+
+def test_a_trainer_built_but_not_run_holds_nothing(toy_config) -> None:
+    """No log handler, signal handler or open writer outlives a Trainer that never ran."""
+    logger = logging.getLogger("attn_mt")
+    handlers, sigterm = list(logger.handlers), signal.getsignal(signal.SIGTERM)
+    cfg = toy_config(max_steps=1)
+    Trainer(cfg)
+    assert logger.handlers == handlers and signal.getsignal(signal.SIGTERM) is sigterm
+    out = Path(cfg.train.out_dir)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.yaml"]
