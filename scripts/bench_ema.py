@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `attn-mt` sets it
 
-from attn_mt.config import load_config  # noqa: E402
+from attn_mt.configfile import load_config  # noqa: E402
 from attn_mt.model.transformer import build_model  # noqa: E402
 from attn_mt.precision import DTYPES, autocast_context, resolve_precision  # noqa: E402
 from attn_mt.train.ema import WeightEMA  # noqa: E402

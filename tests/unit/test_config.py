@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from helpers import REPO
 from helpers.toy import toy_config_dict
 
-from attn_mt.config import (
-    Config,
-    apply_override,
-    config_from_dict,
-    config_keys,
-    load_config,
-    save_config,
-)
+from attn_mt.config import Config, TrainCorpus, base_type, config_keys
+from attn_mt.configfile import apply_override, config_from_dict, load_config, save_config
 from attn_mt.errors import ConfigError
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -242,7 +239,84 @@ def test_toy_config_round_trips_with_every_key(toy_raw, tmp_path: Path):
 
 def test_every_key_has_a_meaning():
     for key, _type, _default, meaning in config_keys():
-        assert meaning, f"{key} has no comment in config.py"
+        assert meaning, f"{key} has no doc in its field metadata (config.py)"
+
+
+def float_keys(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(path, value) of every float-typed key under the dataclass `node`, list items included."""
+    hints = typing.get_type_hints(type(node))
+    for f in dataclasses.fields(node):
+        value, path = getattr(node, f.name), prefix + f.name
+        if dataclasses.is_dataclass(value):
+            yield from float_keys(value, f"{path}.")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                yield from float_keys(item, f"{path}[{i}].")
+        elif base_type(hints[f.name]) is float:
+            yield path, value
+
+
+def typed(value: Any) -> Any:
+    """`value` with the type of every leaf beside it: 0 and 0.0 differ here."""
+    if isinstance(value, dict):
+        return {key: typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [typed(item) for item in value]
+    return (type(value).__name__, value)
+
+
+def test_float_defaults_are_floats():
+    defaults = [*float_keys(Config()), *float_keys(TrainCorpus(), "data.train[0].")]
+    assert [path for path, value in defaults if type(value) is not float] == []
+
+
+def _mix() -> dict:
+    corpus = {"src": "/a.de", "tgt": "/a.en"}
+    return {"data": {"dataset": "multi30k", "train": [corpus, {**corpus, "weight": 2}]}}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_resolved_config_builds_the_same_config_with_the_same_types(path: Path, tmp_path: Path):
+    """A run resumed from its config.yaml must hash its prepared data as the first run did."""
+    config = load_config(path)
+    saved = tmp_path / "config.yaml"
+    save_config(config, saved)
+    again = config_from_dict(yaml.safe_load(saved.read_text(encoding="utf-8")))
+    assert again == config
+    assert typed(dataclasses.asdict(again)) == typed(dataclasses.asdict(config))
+    assert [key for key, value in float_keys(again) if type(value) is not float] == []
+
+
+def test_a_corpus_mix_keeps_float_weights():
+    config = config_from_dict(_mix())
+    assert [c.weight for c in config.data.train] == [1.0, 2.0]
+    assert all(type(value) is float for _, value in float_keys(config))
+
+
+def _outside(meta: typing.Mapping[str, Any], kind: str) -> Any:
+    """A value just outside a key's bounds (and not its `off` value), of the key's type."""
+    step, kind_of = (1, int) if kind == "int" else (0.5, float)
+    if "ge" in meta:
+        return kind_of(meta["ge"] - step)
+    if "gt" in meta:
+        return kind_of(meta["gt"])
+    return kind_of(meta["lt"] if "lt" in meta else meta["le"] + step)
+
+
+BOUNDED = [
+    (f"{section.name}.{f.name}", f.type, f.metadata)
+    for section in dataclasses.fields(Config)
+    for f in dataclasses.fields(section.default_factory)
+    if {"ge", "gt", "lt", "le"} & set(f.metadata)
+]
+
+
+@pytest.mark.parametrize(("path", "kind", "meta"), BOUNDED, ids=[row[0] for row in BOUNDED])
+def test_every_bound_in_the_metadata_is_enforced(toy_raw, path, kind, meta):
+    section, key = path.split(".")
+    value = _outside(meta, kind)
+    toy_raw.setdefault(section, {})[key] = value
+    assert config_error(toy_raw).startswith(f"{path}: {value!r} is invalid; must be")
 
 
 # ---------------------------------------------------------------------------------------------

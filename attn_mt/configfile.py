@@ -1,0 +1,302 @@
+"""Config files: YAML -> a checked `Config`, `--set` overrides, and the resolved `config.yaml`.
+
+The schema (keys, defaults, meanings, ranges) is `attn_mt.config`; this module reads plain data
+into it. An unknown key names its full path and the closest valid key; a value of the wrong
+type names the key, the value and the type expected; relative data paths resolve against the
+config file's folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from attn_mt.config import (
+    Config,
+    TrainConfig,
+    base_type,
+    mapping_shape,
+    reject,
+    shown,
+    type_name,
+)
+from attn_mt.errors import ConfigError
+from attn_mt.fileio import os_reason
+
+# YAML 1.1 reads `5e-4` (no dot) as a string; float fields accept such numbers anyway.
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+# Every integer key is passed to C code somewhere (torch, SentencePiece): it must fit in 32 bits.
+INT_LIMIT = 2**31
+# A config is three levels deep; far deeper YAML is a mistake (and recursed without end).
+MAX_DEPTH = 20
+
+
+class _Refused(yaml.YAMLError):
+    """Well-formed YAML that is almost surely a mistake (a duplicate key, absurd nesting)."""
+
+    def __init__(self, line: int, problem: str):
+        super().__init__(problem)
+        self.line, self.problem = line, problem
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses duplicate mapping keys and nesting deeper than MAX_DEPTH."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise _Refused(line, f"nested more than {MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise _Refused(
+                    line, f"duplicate key {key!r} (first at line {seen[key]}); keep only one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text -> plain data, with the duplicate-key and depth checks of `_StrictLoader`."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except ValueError as err:  # an integer of more than 4300 digits
+        raise _Refused(1, f"a value cannot be read ({err})") from None
+
+
+def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a YAML config file, apply `key.path=value` overrides, and validate the result."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder; give the YAML config file")
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config ({os_reason(err)})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: cannot read config ({err})") from None
+    try:
+        raw = parse_yaml(text)
+    except _Refused as err:
+        raise ConfigError(f"{path}:{err.line}: {err.problem}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        # A ReaderError (control or binary characters) has a `reason` instead of a `problem`.
+        problem = getattr(err, "problem", None) or getattr(err, "reason", None) or "invalid YAML"
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, not {_kind(raw)}")
+    _resolve_data_paths(raw, path.parent)
+    for item in overrides:
+        apply_override(raw, item)
+    _resolve_data_paths(raw, Path.cwd())  # paths given with --set are relative to the shell
+    config = config_from_dict(raw)
+    _check_budget(config.train)
+    return config
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Build and validate a Config from plain nested dicts (a YAML file or a checkpoint)."""
+    config = _build(Config, raw, prefix="")
+    config.validate()
+    return config
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one `--set a.b=value` to the raw dict; the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set train.lr=0.0005")
+    key, text = item.split("=", 1)
+    parts = key.strip().split(".")
+    field_type = _field_type(parts)  # raises on unknown keys
+    if base_type(field_type) is str:
+        value: Any = None if text.strip() in ("null", "~") else text
+    else:
+        try:
+            value = parse_yaml(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {item}: cannot parse {text!r} as a value") from None
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if isinstance(child, list):
+            raise ConfigError(
+                f"--set {item}: {'.'.join(parts[: i + 1])} is a list of corpora in the config; "
+                "edit the file instead"
+            )
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config (every default filled in) as YAML."""
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# Internals
+
+
+def _check_budget(train: TrainConfig) -> None:
+    """Refuse a training config that would never stop by itself, unless it says so."""
+    if not (train.max_steps or train.max_minutes or train.max_epochs or train.patience):
+        raise ConfigError(
+            "train: no budget (max_steps, max_minutes, max_epochs and patience are all 0); "
+            "set one, e.g. --set train.max_minutes=60, or train.max_steps: -1 to run until stopped"
+        )
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _resolve_data_paths(raw: dict[str, Any], base: Path) -> None:
+    """Make relative data file paths relative to the config file's folder."""
+    data = raw.get("data")
+    if not isinstance(data, dict):
+        return
+    entries = [data] if isinstance(data.get("prepared_dir"), str) else []
+    for split in ("train", "valid", "test"):
+        files = data.get(split)
+        entries += files if isinstance(files, list) else [files]
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        for key in ("src", "tgt", "prepared_dir"):
+            value = entry.get(key)
+            if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+                entry[key] = str((base / value).resolve())
+            elif isinstance(value, str):
+                entry[key] = str(Path(value).expanduser())
+
+
+def _list_item(hint: Any) -> Any:
+    """`Files | list[Corpus]` -> Corpus; None when a list is not allowed."""
+    for arg in typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else ():
+        if typing.get_origin(arg) is list:
+            return typing.get_args(arg)[0]
+    return None
+
+
+def _field_type(parts: list[str]) -> Any:
+    """The type hint of a dotted key, or a ConfigError naming the unknown part."""
+    cls: Any = Config
+    for i, part in enumerate(parts):
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            _unknown(".".join(parts[:i]), part, list(hints))
+        cls = mapping_shape(hints[part])
+        if i < len(parts) - 1 and not dataclasses.is_dataclass(cls):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
+    if dataclasses.is_dataclass(cls):
+        raise ConfigError(f"{'.'.join(parts)}: is a section; set one of its keys")
+    return cls
+
+
+def _unknown(prefix: str, key: str, valid: list[str]) -> typing.NoReturn:
+    path = f"{prefix}.{key}" if prefix else str(key)
+    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
+    hint = (
+        f"did you mean {prefix + '.' if prefix else ''}{close[0]}?"
+        if close
+        else (f"valid keys: {', '.join(valid)}")
+    )
+    raise ConfigError(f"{path}: unknown key; {hint}")
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    """Recursively turn a dict into dataclass `cls`, checking keys and types."""
+    where = prefix.rstrip(".") or "config"
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys, got {_kind(raw)} {shown(raw)}")
+    hints = typing.get_type_hints(cls)
+    for key in raw:
+        if key not in hints:
+            _unknown(prefix.rstrip("."), key, list(hints))
+    values = {}
+    for name, hint in hints.items():
+        if name not in raw:
+            continue
+        item = _list_item(hint)
+        if item is not None and isinstance(raw[name], list):
+            values[name] = [
+                _build(item, entry, f"{prefix}{name}[{i}].") for i, entry in enumerate(raw[name])
+            ]
+        elif dataclasses.is_dataclass(mapping_shape(hint)):
+            values[name] = _build(mapping_shape(hint), raw[name], f"{prefix}{name}.")
+        else:
+            values[name] = _coerce(f"{prefix}{name}", raw[name], hint)
+    return cls(**values)
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Check `value` against the field's type hint; a float key holds a float, even from `2`."""
+    base = base_type(hint)
+    if value is None:
+        if base is not hint:
+            return None
+        raise ConfigError(f"{key}: must not be null (expected {type_name(hint)})")
+    if typing.get_origin(base) is Literal:
+        choices = typing.get_args(base)
+        if value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            extra = f"; did you mean {close[0]!r}?" if close else ""
+            reject(key, value, f"must be one of {list(choices)}{extra}")
+        return value
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+    elif base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            if not -INT_LIMIT <= value < INT_LIMIT:
+                reject(key, value, f"must be below {INT_LIMIT:,} in size")
+            return value
+    elif base is float:
+        number = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value) if abs(value) < 1e300 else math.inf
+        elif isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            number = float(value)
+        if number is not None:
+            if not math.isfinite(number):
+                reject(key, value, "must be a finite number")
+            return number
+    elif base is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(f"{key}: {shown(value)} is {_kind(value)}, expected {type_name(hint)}")
