@@ -83,11 +83,6 @@ def sum_all(value: float, world: World, device: torch.device) -> float:
     return float(tensor.item())
 
 
-def any_all(flag: bool, world: World, device: torch.device) -> bool:
-    """True if `flag` is true on any rank (early stopping decided on rank 0)."""
-    return any_each([flag], world, device)[0]
-
-
 def any_each(flags: list[bool], world: World, device: torch.device) -> list[bool]:
     """Element-wise: is flag i true on any rank? (stop signals, time limits)."""
     if not world.distributed:

@@ -20,7 +20,8 @@ from attn_mt.errors import UserError
 from attn_mt.fileio import os_reason
 
 LOCK_NAME = ".lock"
-# What a run writes into its folder (DESIGN.md); removed again when it fails before last.pt.
+# What a run writes into its folder (README.md, "Train"); removed again when the run fails
+# before its first last.pt.
 RUN_ENTRIES = ("checkpoints", "config.yaml", "metrics.jsonl", "train.log", "tb")
 
 

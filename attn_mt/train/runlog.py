@@ -1,6 +1,7 @@
-"""What a training run writes as it goes: the human log (train.log), TensorBoard events,
-metrics.jsonl, the training line they share, and the `Monitor` a front end follows the run
-through (the CLI draws it on a terminal; this module never writes control characters).
+"""What a training run writes as it goes: the human log (train.log) with its start-up,
+training, validation and closing lines, TensorBoard events, metrics.jsonl, the training line
+they share, and the `Monitor` a front end follows the run through (the CLI draws it on a
+terminal; this module never writes control characters).
 
 `RunLog` opens all of them together and closes them together (a context manager); on ranks
 other than 0 it writes nothing.
@@ -13,12 +14,21 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from attn_mt.config import Config, TrainConfig
+
+if TYPE_CHECKING:
+    from attn_mt.data.batching import ShardSource
+    from attn_mt.data.prepare import Corpus
+    from attn_mt.decode.translator import Translator
+    from attn_mt.train.state import TrainState
+    from attn_mt.train.validate import Validation
 
 log = logging.getLogger("attn_mt")
 
@@ -103,6 +113,58 @@ class RunLog:
 
             for summary in hparams(flat, {f"valid/{cfg.train.select_metric}": 0.0}):
                 self.tb.file_writer.add_summary(summary)
+
+    def training(self, step: int, line: str, metrics: dict[str, float]) -> None:
+        """The training line to the log, its figures to TensorBoard and metrics.jsonl."""
+        log.info("%s", line)
+        self.scalars(step, "train", metrics)
+
+    def validation(
+        self,
+        step: int,
+        result: Validation,
+        improved: bool,
+        best: tuple[str, float | None],
+        share: str,
+    ) -> None:
+        """A validation's line and samples to the log, its figures and samples to TensorBoard
+        and metrics.jsonl; `best` is the selection metric and its best score so far."""
+        m, (metric, best_score) = result.metrics, best
+        log.info(
+            "valid step %d%s: loss %.3f  ppl %.2f  BLEU %.2f  chrF %.2f%s",
+            step,
+            share,
+            m["loss"],
+            m["ppl"],
+            m["bleu"],
+            m["chrf"],
+            "  (best)" if improved else f"  (best {metric} {best_score:.2f})",
+        )
+        for src, hyp, ref in result.samples:
+            log.info("  src: %s\n  hyp: %s\n  ref: %s", src, hyp, ref)
+        self.scalars(step, "valid", m)
+        self.text(
+            "valid/samples",
+            "\n\n".join(f"src: {s}  \nhyp: {h}  \nref: {r}" for s, h, r in result.samples),
+            step,
+        )
+
+    def attention(self, step: int, translator: Callable[[], Translator], sentences: list[str]):
+        """Cross-attention heatmap of the first non-empty sentence to TensorBoard; a failed
+        plot is a warning, never the end of a run."""
+        sentence = next((line for line in sentences if line.strip()), None)
+        if not self.enabled or sentence is None:
+            return
+        from attn_mt import viz  # matplotlib: only where a run plots
+
+        try:
+            self.figure(
+                "valid/attention", viz.validation_attention_figure(translator(), sentence), step
+            )
+        except Exception as err:  # whatever broke, training goes on
+            log.warning(
+                "valid step %d: attention plot skipped (%s: %s)", step, type(err).__name__, err
+            )
 
 
 def _logged_step(line: str) -> int | None:
@@ -207,3 +269,94 @@ def stage(name: str, announce: bool = True) -> Iterator[None]:
     seconds = time.monotonic() - begin
     if seconds > 1:
         log.info("%s: %.1f s", name, seconds)
+
+
+def log_start(
+    runlog: RunLog, state: TrainState, corpus: Corpus, precision: str, resumed: bool
+) -> None:
+    """The start-up lines: the model and device, the data kept, the vocabulary and batching,
+    where the weights come from; the hyper-parameters to TensorBoard."""
+    cfg, stats, (src_tok, tgt_tok) = state.cfg, corpus.stats, state.tokenizers
+    params = sum(p.numel() for p in {id(p): p for p in state.model.parameters()}.values())
+    threads = torch.get_num_threads() if state.device.type == "cpu" else None
+    log.info(
+        "attn-mt: %s -> %s, %s parameters, device %s%s, precision %s, %d process(es)",
+        cfg.data.src_lang,
+        cfg.data.tgt_lang,
+        f"{params:,}",
+        state.device,
+        f" ({threads} threads)" if threads else "",
+        precision,
+        state.world.size,
+    )
+    log.info(
+        "data: %d training pairs kept, %d empty dropped, %d longer than %d tokens dropped, "
+        "%d over the length ratio dropped; %d validation pairs",
+        stats.kept,
+        stats.empty,
+        stats.too_long,
+        cfg.data.max_len,
+        stats.bad_ratio,
+        len(corpus.valid_src),
+    )
+    for line in corpus.describe():  # each training corpus, its share of an epoch
+        log.info("data: %s", line)
+    log.info(
+        "vocabulary: %s SentencePiece %s, %d / %d pieces; %s",
+        "joint" if src_tok is tgt_tok else "separate",
+        cfg.tokenizer.model_type,
+        src_tok.vocab_size,
+        tgt_tok.vocab_size,
+        state.source.describe(),
+    )
+    if cfg.train.init_from and not resumed:
+        log.info("weights and SentencePiece models from %s; a new run", cfg.train.init_from)
+    if state.ema:
+        log.info("weight EMA, decay %g: validation and best.pt use the average", state.ema.decay)
+    if resumed:
+        position = state.source.state_dict()
+        log.info(
+            "resumed at step %d (epoch %d, batch %d)",
+            state.progress.step,
+            position["epoch"],
+            position["index"],
+        )
+    runlog.hparams(cfg, params)
+
+
+def window_line(
+    step: int, window: TrainWindow, lr: float, t: TrainConfig, elapsed: float, source: ShardSource
+) -> tuple[str, dict[str, float]]:
+    """The training line of the updates in `window`, and its figures."""
+    metrics = window.metrics(lr, source.epoch)
+    return train_line(step, metrics, t, elapsed, source.epochs_run), metrics
+
+
+def valid_share(shown: int, total: int) -> str:
+    """' (on N of M validation sentences)' when validating on a subset, else ''."""
+    return f" (on {shown} of {total} validation sentences)" if shown < total else ""
+
+
+def log_finish(
+    stopped_by: str,
+    stop_signal: str | None,
+    step: int,
+    t: TrainConfig,
+    best: float | None,
+    share: str,
+) -> None:
+    """The closing lines: how the run stopped, at which step, with which best score."""
+    if stopped_by == "signal":
+        log.info(
+            "stopped by %s at step %d; last.pt written, resume with --resume", stop_signal, step
+        )
+    if stopped_by == "early stopping":
+        log.info("early stopping: no better %s in %d validations", t.select_metric, t.patience)
+    log.info(
+        "finished at step %d (%s); best valid %s %s%s",
+        step,
+        stopped_by,
+        t.select_metric,
+        "-" if best is None else f"{best:.2f}",
+        share,
+    )

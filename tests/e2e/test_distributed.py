@@ -28,7 +28,7 @@ from helpers.toy import epoch_lists, toy_config_dict, toy_pairs, write_lines
 
 import attn_mt
 from attn_mt.checkpoint import load_checkpoint
-from attn_mt.config import config_from_dict
+from attn_mt.configfile import config_from_dict
 from attn_mt.train.loop import Trainer
 
 pytestmark = pytest.mark.slow

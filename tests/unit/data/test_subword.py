@@ -18,13 +18,14 @@ from helpers.toy import (
     toy_config_dict,
 )
 
-from attn_mt.config import Config, config_from_dict
+from attn_mt.config import Config
+from attn_mt.configfile import config_from_dict
 from attn_mt.data.batching import ShardSource
 from attn_mt.data.prepare import plan, prepare_shards, training_data
 from attn_mt.errors import ConfigError
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
 from attn_mt.train.distributed import World
-from attn_mt.train.loop import check_run_folder
+from attn_mt.train.state import check_run_folder
 
 
 def sampling_config(toy_data: dict[str, Path], tmp_path: Path, alpha: float, **tokenizer) -> Config:

@@ -23,7 +23,8 @@ from helpers.toy import assert_identical, load_raw, make_config, resumable_state
 import attn_mt
 import attn_mt.train.loop as train_module
 from attn_mt.checkpoint import FORMAT, load_checkpoint, model_from, save_checkpoint
-from attn_mt.config import Config, config_from_dict
+from attn_mt.config import Config
+from attn_mt.configfile import config_from_dict
 from attn_mt.data.corpora import split_files
 from attn_mt.data.text import read_parallel
 from attn_mt.errors import UserError

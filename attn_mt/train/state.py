@@ -1,0 +1,246 @@
+"""The training state: what last.pt holds beyond a translation checkpoint, how it is written and
+read back, which step_N.pt are kept, and what a new or resumed run may start from.
+
+last.pt is `checkpoint.make_checkpoint`'s dict plus `train_state`:
+    progress   `TrainProgress` as a dict (step, best score, early-stop count, elapsed time, ...)
+    data       the batch source's position (`ShardSource.state_dict`)
+    optimizer  the optimizer's state_dict
+    scaler     the fp16 GradScaler's state_dict, or None
+    rng        (cpu, cuda) generator states, one pair per rank
+With a weight EMA, last.pt's `model` holds the raw weights and `ema` the average (which best.pt
+and step_N.pt hold as `model`), so a resume continues the raw weights and the average alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attn_mt.checkpoint import (
+    checkpoint_config,
+    config_differences,
+    load_checkpoint,
+    make_checkpoint,
+    resolve_checkpoint,
+    save_checkpoint,
+    translation_weights,
+)
+from attn_mt.config import Config
+from attn_mt.data.batching import ShardSource
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.errors import UserError
+from attn_mt.model.transformer import Transformer
+from attn_mt.train import distributed
+from attn_mt.train.ema import WeightEMA
+
+# Config keys a resumed run must share with its checkpoint (the rest may change, and so may
+# the subword sampling, which changes no piece).
+RESUME_KEYS = ("model", "tokenizer", "data.src_lang", "data.tgt_lang")
+SAMPLING_KEY = "tokenizer.sampling_alpha"
+# Model and tokenizer keys a run started from a checkpoint (train.init_from) may change: none
+# shapes a weight or a piece.
+INIT_FREE_KEYS = ("model.dropout", "model.attention_dropout", "model.fused_attention", SAMPLING_KEY)
+# A damaged train_state fails with one of these while it is read back.
+_DAMAGE = (KeyError, TypeError, ValueError, IndexError, RuntimeError)
+
+
+@dataclass
+class TrainProgress:
+    """Where training stands; saved whole in last.pt (`asdict`) and read back whole."""
+
+    step: int = 0  # updates done
+    best_score: float | None = None  # best validation figure of train.select_metric so far
+    bad_evals: int = 0  # validations in a row without a better score
+    elapsed: float = 0.0  # seconds of training before this process
+    last_valid_step: int = -1
+    kept_checkpoints: list[str] = field(default_factory=list)  # step_N.pt names, oldest first
+
+    def record(self, score: float, higher_is_better: bool) -> bool:
+        """Count one validation score; True when it beats the best so far."""
+        improved = self.best_score is None or (
+            score > self.best_score if higher_is_better else score < self.best_score
+        )
+        if improved:
+            self.best_score, self.bad_evals = score, 0
+        else:
+            self.bad_evals += 1
+        return improved
+
+
+@dataclass
+class TrainState:
+    """Everything an exact resume needs, written into last.pt and read back from it whole."""
+
+    cfg: Config
+    tokenizers: tuple[Tokenizer, Tokenizer]  # (source, target), embedded in every checkpoint
+    model: Transformer
+    ema: WeightEMA | None
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    source: ShardSource
+    world: distributed.World
+    device: torch.device
+    progress: TrainProgress = field(default_factory=TrainProgress)
+
+    @property
+    def ckpt_dir(self) -> Path:
+        """The run folder's checkpoints/."""
+        return Path(self.cfg.train.out_dir) / "checkpoints"
+
+    @property
+    def eval_model(self) -> Transformer:
+        """The weights that validate, go into best.pt and translate: the EMA when kept."""
+        return self.ema.model if self.ema else self.model
+
+    def save(self, best: bool, metrics: dict[str, float] | None = None) -> None:
+        """Write last.pt, best.pt when `best`, and after a validation (`metrics` given) step_N.pt
+        with the oldest beyond train.keep_checkpoints deleted.
+
+        Called on every rank (it gathers their RNG states); only rank 0 writes.
+        """
+        # Each rank's generators: dropout draws differ between ranks, whose batch shapes differ.
+        cuda = self.device.type == "cuda"
+        rng = distributed.gather(
+            (torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if cuda else None),
+            self.world,
+        )
+        if not self.world.is_main:
+            return
+        step = self.progress.step
+        state = make_checkpoint(
+            self.eval_model, self.cfg, step, self.source.epoch, self.tokenizers, metrics or {}
+        )
+        if best:
+            save_checkpoint(state, self.ckpt_dir / "best.pt")
+        keep = self.cfg.train.keep_checkpoints
+        if keep and metrics is not None:
+            name = f"step_{step}.pt"
+            save_checkpoint(state, self.ckpt_dir / name)
+            self.progress.kept_checkpoints.append(name)
+            while len(self.progress.kept_checkpoints) > keep:
+                (self.ckpt_dir / self.progress.kept_checkpoints.pop(0)).unlink(missing_ok=True)
+        if self.ema:  # last.pt resumes from the raw weights; the average translates
+            state["model"], state["ema"] = self.model.state_dict(), state["model"]
+        state["train_state"] = {
+            "progress": asdict(self.progress),
+            "data": self.source.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "rng": rng,  # (cpu, cuda) per rank
+        }
+        save_checkpoint(state, self.ckpt_dir / "last.pt")
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Read back what `save` wrote into last.pt; a damaged state is one UserError."""
+        try:
+            self._load(state)
+        except _DAMAGE as err:
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            reason = "; ".join([type(err).__name__, *lines[:2]])[:200]
+            raise UserError(
+                f"{self.ckpt_dir / 'last.pt'}: its training state is damaged ({reason}); "
+                "resume from a copy of the run or start a new train.out_dir"
+            ) from None
+
+    def _load(self, state: dict[str, Any]) -> None:
+        ts = state["train_state"]
+        self.model.load_state_dict(state["model"])
+        if self.ema:  # a run that kept no average starts one from its weights
+            self.ema.load_state_dict(translation_weights(state))
+        self.optimizer.load_state_dict(ts["optimizer"])
+        if self.scaler is not None and ts["scaler"]:
+            self.scaler.load_state_dict(ts["scaler"])
+        # The same processes each take their own streams back; otherwise all take rank 0's.
+        rng = ts["rng"]
+        rng_cpu, rng_cuda = rng[self.world.rank] if len(rng) == self.world.size else rng[0]
+        torch.set_rng_state(rng_cpu)
+        if self.device.type == "cuda" and rng_cuda is not None:
+            torch.cuda.set_rng_state(rng_cuda, self.device)
+        self.source.load_state_dict(ts["data"])
+        self.progress = TrainProgress(**ts["progress"])
+
+
+def starting_point(
+    cfg: Config, resume: bool, world: distributed.World
+) -> tuple[Config, dict[str, Any] | None, tuple[str, dict[str, Any]] | None]:
+    """What a run starts from: on resume its last.pt, else the checkpoint train.init_from names
+    (its path and contents), or neither; and `cfg` with train.init_from recording it."""
+    out = Path(cfg.train.out_dir)
+    # Rank 0 alone looks at the run folder and sends last.pt on: no rank can see a folder
+    # rank 0 has begun to write, and other machines need not share it to resume.
+    last = distributed.from_main(lambda: check_run_folder(out, cfg, resume), world)
+    # A new run may start from a checkpoint's weights; a resumed one keeps its own record.
+    init = None if last else distributed.from_main(lambda: init_checkpoint(cfg), world)
+    if last or init:
+        started_from = init[0] if init else last["config"]["train"].get("init_from")
+        cfg = with_init_from(cfg, started_from)
+    return cfg, last, init
+
+
+def check_run_folder(out: Path, cfg: Config, resume: bool) -> dict[str, Any] | None:
+    """Refuse to overwrite a run; on resume, return last.pt once it is known to fit `cfg`."""
+    last = out / "checkpoints" / "last.pt"
+    started = out.exists() and any(
+        (out / name).exists() for name in ("checkpoints", "config.yaml", "metrics.jsonl")
+    )
+    if started and not last.is_file():  # neither resumable nor ours to overwrite
+        raise UserError(
+            f"{out}: holds a run that stopped before its first checkpoint "
+            "(no checkpoints/last.pt); delete that folder or choose another train.out_dir"
+        )
+    if not resume:
+        if started:
+            raise UserError(
+                f"{out}: already holds a run; continue it with `attn-mt train --resume`, "
+                "or choose another train.out_dir"
+            )
+        return None
+    if not last.is_file():
+        raise UserError(
+            f"{out}: nothing to resume (no checkpoints/last.pt); start without --resume"
+        )
+    state = load_checkpoint(last)
+    if not isinstance(state.get("train_state"), dict):
+        raise UserError(f"{last}: holds no training state, so it cannot be resumed")
+    old = checkpoint_config(state, last).to_dict()  # validated like a config file
+    diff = [k for k in config_differences(old, cfg.to_dict(), RESUME_KEYS) if k != SAMPLING_KEY]
+    if diff:
+        raise UserError(
+            f"{out}: cannot resume with a changed config ({', '.join(diff)} differ "
+            "from the checkpoint); restore them or start a new train.out_dir"
+        )
+    return state
+
+
+def init_checkpoint(cfg: Config) -> tuple[str, dict[str, Any]] | None:
+    """The checkpoint `train.init_from` names (its absolute path and contents), once its model
+    and tokenizer keys are known to equal `cfg`'s (but for INIT_FREE_KEYS); None without one."""
+    if cfg.train.init_from is None:
+        return None
+    path = resolve_checkpoint(cfg.train.init_from).resolve()
+    state = load_checkpoint(path)
+    old, new = state["config"], cfg.to_dict()
+    differ = config_differences(old, new, ("model", "tokenizer"))
+    if keys := [key for key in differ if key not in INIT_FREE_KEYS]:
+        values = ", ".join(f"{k} ({_value(new, k)!r} here, {_value(old, k)!r} there)" for k in keys)
+        raise UserError(
+            f"{path}: cannot start from this checkpoint, the config differs in {values}; a run "
+            "started from it keeps its model and SentencePiece models (only model.dropout, "
+            "model.attention_dropout, tokenizer.sampling_alpha and train.* may change)"
+        )
+    return str(path), state
+
+
+def _value(config: dict[str, Any], key: str) -> Any:
+    """The value of a dotted `section.key` in a plain config (None when missing)."""
+    section, name = key.split(".")
+    return config.get(section, {}).get(name)
+
+
+def with_init_from(cfg: Config, init_from: str | None) -> Config:
+    """`cfg` with train.init_from set: config.yaml records the checkpoint a run started from."""
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=init_from))

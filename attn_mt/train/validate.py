@@ -1,0 +1,77 @@
+"""Validation during training: the loss and perplexity by teacher forcing, BLEU and chrF of the
+search output, and a few samples to show.
+
+The caller runs it under `torch.random.fork_rng`, so validation never moves the training RNG.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attn_mt.config import TrainConfig
+from attn_mt.data.batching import collate, length_batches
+from attn_mt.data.prepare import Corpus
+from attn_mt.decode.translator import Translator
+from attn_mt.evaluate import score
+from attn_mt.precision import autocast_context
+from attn_mt.train.loss import label_smoothed_loss
+
+# train.select_metric -> whether a higher value is better
+HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False}
+
+
+@dataclass
+class Validation:
+    """What one validation measured."""
+
+    metrics: dict[str, float]  # loss, ppl, bleu, chrf, sentences
+    samples: list[tuple[str, str, str]]  # (source, hypothesis, reference) to show
+
+
+@torch.no_grad()
+def validate(
+    translator: Translator,
+    corpus: Corpus,
+    t: TrainConfig,
+    on_progress: Callable[[int, int], None] = lambda done, total: None,
+) -> Validation:
+    """Validate `translator.model` on the corpus's validation split (in the translator's device
+    and dtype); `on_progress(done, total)` follows the translation. Leaves the model in eval mode.
+    """
+    model = translator.model
+    loss = nll = 0.0
+    tokens = 0
+    lengths = [
+        (len(s) + 1, len(r) + 1)
+        for s, r in zip(corpus.valid_src_ids, corpus.valid_tgt_ids, strict=True)
+    ]
+    with autocast_context(translator.device, translator.dtype):
+        for rows in length_batches(lengths, t.batch_tokens):
+            batch = collate(corpus.valid_src_ids, corpus.valid_tgt_ids, rows)
+            batch = batch.to(translator.device)
+            logits = model(batch.src, batch.tgt_in)
+            batch_loss, batch_nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
+            loss, nll = loss + float(batch_loss), nll + float(batch_nll)
+            tokens += batch.num_tgt_tokens
+    done = 0
+
+    def advance(count: int) -> None:
+        nonlocal done
+        done += count
+        on_progress(done, len(corpus.valid_src))
+
+    hyps = translator.translate(corpus.valid_src, beam=t.eval_beam, on_batch=advance)
+    scores = score(hyps, corpus.valid_ref)
+    metrics = {
+        "loss": loss / max(tokens, 1),
+        "ppl": math.exp(min(nll / max(tokens, 1), 50)),
+        "bleu": scores.bleu,
+        "chrf": scores.chrf,
+        "sentences": len(corpus.valid_src),
+    }
+    samples = list(zip(corpus.valid_src, hyps, corpus.valid_ref, strict=True))[: t.samples]
+    return Validation(metrics, samples)
