@@ -1,13 +1,24 @@
-"""Corpus scoring with sacreBLEU: BLEU and chrF on detokenized text, with their signatures."""
+"""Corpus scoring with sacreBLEU (BLEU and chrF on detokenized text, with their signatures),
+and `evaluate_split`: a split or a pair of files -> translate -> score -> hypotheses file."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sacrebleu.metrics import BLEU, CHRF
 
 from attn_mt.errors import UserError
+
+if TYPE_CHECKING:
+    from attn_mt.decode.translator import Translator
+
+SPLITS = ("valid", "test")
+# Given the number of sentences, a context that yields the callback of each finished batch.
+Progress = Callable[[int], AbstractContextManager[Callable[[int], None]]]
 
 
 @dataclass
@@ -47,3 +58,70 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
         chrf_signature=str(chrf.get_signature()),
         sentences=len(hypotheses),
     )
+
+
+@dataclass
+class Evaluation:
+    """What `evaluate_split` measured and where it wrote the hypotheses."""
+
+    scores: Scores
+    hypotheses: Path
+    beam: int
+
+    def to_dict(self) -> dict:
+        """The scores, the hypotheses file and the beam: `evaluate --json`."""
+        return {**self.scores.to_dict(), "hypotheses": str(self.hypotheses), "beam": self.beam}
+
+
+def check_evaluation_files(split: str | None, src: Path | None, ref: Path | None) -> None:
+    """Refuse a split together with files, one file without the other, or an unknown split."""
+    if (src is None) != (ref is None):
+        raise UserError("evaluate: give both --src and --ref, or neither (then --split is used)")
+    if src is not None and split is not None:
+        raise UserError("evaluate: give either --split or --src/--ref, not both")
+    if split is not None and split not in SPLITS:
+        raise UserError(f"--split {split}: unknown; use {' or '.join(SPLITS)}")
+
+
+def evaluate_split(
+    translator: Translator,
+    split: str | None = None,
+    src: str | Path | None = None,
+    ref: str | Path | None = None,
+    out: str | Path | None = None,
+    progress: Progress | None = None,
+) -> Evaluation:
+    """Translate a split of the translator's corpus (default test), or the files `src` and
+    `ref`, score the hypotheses and write them to `out`, atomically.
+
+    `out` defaults to a file beside the (first) checkpoint named after the split (or source
+    file) and the beam, e.g. `best.test.beam5.hyp.txt`.
+    """
+    from attn_mt.data.corpora import split_files
+    from attn_mt.data.text import read_parallel
+    from attn_mt.fileio import check_output_file, write_output
+
+    src, ref = (None if src is None else Path(src)), (None if ref is None else Path(ref))
+    check_evaluation_files(split, src, ref)
+    if src is None or ref is None:
+        split = split or "test"
+        files = split_files(translator.config.data, split)
+        if files is None:
+            raise UserError(
+                f"--split {split}: the run's config has no data.{split} files; use --src and --ref"
+            )
+        src, ref = files
+    beam = translator.config.decode.beam
+    if out is None:
+        if not translator.checkpoints:
+            raise UserError("evaluate: the translator has no checkpoint path; give out=FILE")
+        checkpoint, name = translator.checkpoints[0], split or src.name
+        out = checkpoint.with_name(f"{checkpoint.stem}.{name}.beam{beam}.hyp.txt")
+    out = Path(out)
+    check_output_file(out)
+    sources, references = read_parallel(src, ref)
+    with (progress or (lambda _: nullcontext(None)))(len(sources)) as on_batch:
+        hypotheses = translator.translate(sources, on_batch=on_batch)
+    scores = score(hypotheses, references)
+    write_output(out, "".join(h + "\n" for h in hypotheses))
+    return Evaluation(scores, out, beam)

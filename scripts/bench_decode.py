@@ -148,10 +148,12 @@ def peak_rss_mib() -> float:
 
 
 def attn_mt_engine(model: str, row: Row):
-    dtype = torch.bfloat16 if row.variant == "bf16" else None
+    precision = "bf16" if row.variant == "bf16" else "fp32"
     quantize = "int8" if row.variant == "int8" else None
     prepack = row.variant == PACKED
-    translator = attn_mt.load(model, device="cpu", dtype=dtype, quantize=quantize, prepack=prepack)
+    translator = attn_mt.load(
+        model, device="cpu", precision=precision, quantize=quantize, prepack=prepack
+    )
 
     def translate(lines: list[str]) -> tuple[list[str], int]:
         best = [n[0] for n in translator.translate_nbest(lines, beam=row.beam)]

@@ -25,14 +25,17 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from attn_mt.checkpoint import load_checkpoint, model_from, resolve_checkpoint, tokenizers_from
+from attn_mt.checkpoint import resolve_checkpoint
 from attn_mt.config import Config, DecodeConfig
 from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decode.search import max_output_lengths
+from attn_mt.decode.translator import load
 from attn_mt.errors import UserError
 from attn_mt.fileio import check_output_dir, umask
 from attn_mt.model.attention import MultiHeadAttention
@@ -70,13 +73,14 @@ INSTALL_HINT = "pip install 'attn-mt[ct2]'"
 
 
 class AttnMTConverter(Converter):
-    """Converts an attn-mt checkpoint (a run folder or a .pt file) to CTranslate2."""
+    """Converts an attn-mt checkpoint (a run folder or a .pt file) to CTranslate2; `decode`
+    holds decode.* settings over the checkpoint's, as `attn_mt.load` takes them."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, decode: dict[str, Any] | None = None):
         self.path = resolve_checkpoint(path)
-        state = load_checkpoint(self.path)
-        self.model, self.config = model_from(state, self.path)
-        self.src_tokenizer, self.tgt_tokenizer = tokenizers_from(state, self.path)
+        translator = load(self.path, device="cpu", decode=decode)
+        self.model, self.config = translator.model, translator.config
+        self.src_tokenizer, self.tgt_tokenizer = translator.src_tokenizer, translator.tgt_tokenizer
         check_exportable(self.config)
 
     @torch.no_grad()
@@ -116,31 +120,6 @@ class AttnMTConverter(Converter):
         return spec
 
 
-def translate_as_attn_mt(engine, translator, pieces: list[list[str]], **options) -> list:
-    """CTranslate2 results for source `pieces` under attn-mt's output limits.
-
-    Our limit is per sentence (a * source length + b tokens, <eos> included, forced at the
-    limit); the engine takes one `max_decoding_length` per call, so sentences go in groups of
-    one limit. `engine` is a `ctranslate2.Translator`, `translator` the attn-mt one.
-    """
-    cfg = translator.config.decode
-    groups: dict[int, list[int]] = {}
-    for i, seq in enumerate(pieces):
-        source_len = min(len(seq), cfg.max_input_len) + 1  # + </s>
-        limit = max(int(cfg.max_len_a * source_len + cfg.max_len_b), 1)
-        limit = max(min(limit, translator.max_output_len or limit) - 1, 1)  # tokens before </s>
-        groups.setdefault(limit, []).append(i)
-    results: list = [None] * len(pieces)
-    for limit, rows in groups.items():
-        batch = [pieces[i] for i in rows]
-        found = engine.translate_batch(
-            batch, max_decoding_length=limit, **DECODE_OPTIONS, **options
-        )
-        for i, result in zip(rows, found, strict=True):
-            results[i] = result
-    return results
-
-
 def check_exportable(config: Config) -> None:
     """Refuse, naming the config key, a model CTranslate2's Transformer cannot express."""
     for key, values in SUPPORTED.items():
@@ -156,13 +135,15 @@ def decode_options(decode: DecodeConfig, max_output_len: int | None) -> dict:
     """`translate_batch` keywords that search as attn-mt does with `decode`.
 
     CTranslate2 takes one output limit per call, so it gets the longest of ours (for a
-    source of `decode.max_input_len` tokens); beam search ranks with its own length penalty.
+    source of `decode.max_input_len` tokens and <eos>), less the <eos> that CTranslate2 does not
+    count; beam search ranks with its own length penalty.
     """
-    limit = int(decode.max_len_a * (decode.max_input_len + 1) + decode.max_len_b)
+    longest = torch.full((1, decode.max_input_len + 1), EOS_ID)  # (1, S): any non-pad ids
+    limit = int(max_output_lengths(longest, decode.max_len_a, decode.max_len_b, max_output_len))
     return {
         "beam_size": decode.beam,
         "length_penalty": decode.length_penalty,
-        "max_decoding_length": max(min(limit, max_output_len or limit) - 1, 1),
+        "max_decoding_length": max(limit - 1, 1),
         **DECODE_OPTIONS,
     }
 
@@ -172,11 +153,12 @@ def export_ctranslate2(
     out: str | Path,
     quantization: str = "none",
     force: bool = False,
-    decode: DecodeConfig | None = None,
+    decode: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint `model` as a CTranslate2 model folder `out`; returns `out`.
 
-    `decode` (default: the checkpoint's) becomes the folder's decode.json.
+    The checkpoint's decode settings, with the decode.* settings in `decode` over them (as
+    `attn_mt.load` takes them), become the folder's decode.json.
     """
     if ctranslate2 is None:
         raise UserError(f"export needs the ctranslate2 package: {INSTALL_HINT}")
@@ -187,7 +169,7 @@ def export_ctranslate2(
     out = Path(out)
     checkpoint = resolve_checkpoint(model)
     _check_out_dir(out, checkpoint, force)
-    converter = AttnMTConverter(checkpoint)
+    converter = AttnMTConverter(checkpoint, decode)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Build the folder beside `out` and move it into place whole: a failed export leaves
     # neither a half-written folder nor a damaged earlier one.
@@ -198,7 +180,7 @@ def export_ctranslate2(
         converter.convert(str(staging), quantization=weights, force=True)
         (staging / "source.model").write_bytes(converter.src_tokenizer.model_bytes)
         (staging / "target.model").write_bytes(converter.tgt_tokenizer.model_bytes)
-        options = decode_options(decode or converter.config.decode, converter.model.max_positions)
+        options = decode_options(converter.config.decode, converter.model.max_positions)
         (staging / "decode.json").write_text(json.dumps(options, indent=2) + "\n")
         (staging / "README.txt").write_text(_readme(converter, out, quantization, options))
         if out.exists():

@@ -5,15 +5,13 @@ Prepacking. `nn.Linear` multiplies by its weight through MKL's sgemm, which copi
 into its own blocked layout at every call. `PackedLinear` stores the weight already in oneDNN's
 layout (`torch.ops.mkldnn._reorder_linear_weight`, the op torch's own compiler uses when it
 freezes a CPU model) and multiplies with `torch.ops.mkldnn._linear_pointwise`: the same
-float32 products. Packing every layer cut beam search by ~9% on an AMD EPYC; this version
-took ~16% more time than plain `nn.Linear` on an Intel Xeon (AMX) (`scripts/bench_decode.py`),
-so it is opt-in: `attn_mt.load(..., prepack=True)`. oneDNN builds (and keeps, up to 1,024) a
-kernel of ~0.5-0.8 MiB for every number of input rows it meets: packing every layer grew the
-memory of translating 100k short lines by 544 MiB. So only the layers a decoding step runs
-are packed (their rows are the batch's live hypotheses; the encoder's are source tokens, a
-new count per batch), and their inputs are padded to one of a few row counts (`padded_rows`),
-at most ~12% more rows: 100k lines then grew the peak by 27 MiB. Where this torch build or CPU
-has no such op, `pack` leaves the model as it is.
+float32 products. It is faster on some CPUs and slower on others, so it is opt-in:
+`attn_mt.load(..., prepack=True)` (figures: docs/performance.md). oneDNN builds and keeps a
+kernel for every number of input rows it meets, so memory grows with each new row count. So
+only the layers a decoding step runs are packed (their rows are the batch's live hypotheses;
+the encoder's are source tokens, a new count per batch), and their inputs are padded to one of
+a few row counts (`padded_rows`). Where this torch build or CPU has no such op, `pack` leaves
+the model as it is.
 
 Splitting. `MultiHeadAttention.in_proj` stacks W_q, W_k and W_v; cross-attention needs only
 the W_q rows for the decoder's queries at each step (and the W_k, W_v rows once, for the

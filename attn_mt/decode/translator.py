@@ -10,11 +10,19 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from attn_mt.checkpoint import config_differences, load_checkpoint, model_from, tokenizers_from
+from attn_mt.checkpoint import (
+    config_differences,
+    load_checkpoint,
+    model_from,
+    resolve_checkpoint,
+    tokenizers_from,
+)
 from attn_mt.config import Config
+from attn_mt.configfile import config_from_dict
 from attn_mt.data.batching import length_batches, source_batch
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decode.inference import pack
@@ -29,10 +37,11 @@ from attn_mt.decode.search import (
 )
 from attn_mt.errors import UserError
 from attn_mt.model.transformer import Transformer
-from attn_mt.precision import autocast_context, resolve_device
+from attn_mt.precision import DTYPES, autocast_context, resolve_device, resolve_precision
 
 _LINE_BREAKS = re.compile(r"[\r\n]+")
 LANGUAGE_KEYS = ("data.src_lang", "data.tgt_lang")
+PRECISIONS = (*DTYPES, "auto")  # `precision=` of `load`: a name of DTYPES, or resolved
 
 
 @dataclass
@@ -56,6 +65,7 @@ class Translator:
         tgt_tokenizer: Tokenizer,
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
+        checkpoints: Sequence[Path] = (),
     ):
         self.device = torch.device(device) if isinstance(device, str) else device
         models = [model] if isinstance(model, Transformer) else list(model)
@@ -63,6 +73,7 @@ class Translator:
         self.model = self.models[0]  # the one model (an ensemble's first, for attention plots)
         self.config, self.src_tokenizer, self.tgt_tokenizer = config, src_tokenizer, tgt_tokenizer
         self.dtype = dtype  # autocast dtype, None = float32
+        self.checkpoints = list(checkpoints)  # the .pt files loaded, if known (evaluate's output)
         bounded = [m.max_positions for m in self.models if m.max_positions]
         self.max_output_len = min(bounded) if bounded else None  # every model's table fits
 
@@ -91,6 +102,8 @@ class Translator:
         """The `nbest` best translations of every line (best first), in input order; with
         `sampling`, `nbest` samples of every line instead, in the order drawn (no beam).
 
+        `beam` None means decode.beam, widened to `nbest` if that is larger.
+
         `first_line` is the number of `lines[0]` in the user's input, for warnings and for
         the samples' random streams (so a line samples the same in any chunk of the input);
         `on_batch(n)` is called after each batch with the number of lines it finished.
@@ -107,7 +120,7 @@ class Translator:
             if nbest < 1:
                 raise UserError(f"--nbest {nbest}: need at least 1 sample per line")
         else:
-            beam = cfg.beam if beam is None else beam
+            beam = max(cfg.beam, nbest) if beam is None else beam
             if beam < 1 or not 1 <= nbest <= beam:
                 raise UserError(
                     f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam"
@@ -168,38 +181,70 @@ def _one_line(text: str) -> str:
 def load(
     path: str | Path | Sequence[str | Path],
     device: str | torch.device = "auto",
-    dtype: torch.dtype | None = None,
+    precision: str = "fp32",
     quantize: str | None = None,
     prepack: bool = False,
+    decode: dict[str, Any] | None = None,
 ) -> Translator:
     """Load a run folder (its checkpoints/best.pt) or a .pt file as a Translator; a list of them
     as one Translator over the ensemble, which averages the models' log-probabilities at every
     step (they must share the SentencePiece models and language pair; decode settings are the
-    first one's). `dtype`: autocast to bf16/fp16 (None = float32); `quantize="int8"`: int8
-    linear layers on the CPU (`attn_mt.quantize`); `prepack=True`: in float32 on the CPU, the
-    decoding step's linear layers prepacked for oneDNN (`attn_mt.packed`: the same hypotheses;
-    faster on one CPU we measured, slower on another, so not the default)."""
+    first one's).
+
+    Args:
+        device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N".
+        precision: "fp32", "bf16" or "fp16" autocast (fp16 on CUDA only), or "auto" (bf16 where
+            the device runs it natively).
+        quantize: "int8": int8 linear layers on the CPU, computing in float32 otherwise.
+        prepack: in float32 on the CPU, the decoding step's linear layers prepacked for oneDNN
+            (the same hypotheses; faster on some CPUs, slower on others, so not the default).
+        decode: decode.* settings over the checkpoint's, e.g. {"beam": 4}, checked as in a
+            config file.
+
+    Every check of these arguments is here, so the command line and a notebook meet the same
+    rules; they are named as the command-line options that set them.
+    """
     device = resolve_device(device) if isinstance(device, str) else device
-    paths = [path] if isinstance(path, (str, Path)) else list(path)
-    if not paths:
+    dtype = _autocast_dtype(precision, device)
+    if quantize is not None and dtype is not None:
+        raise UserError(f"--quantize {quantize} and --precision {precision} exclude each other")
+    given = [path] if isinstance(path, (str, Path)) else list(path)
+    if not given:
         raise UserError("load: give at least one checkpoint")
+    paths = [resolve_checkpoint(p) for p in given]
     states = [load_checkpoint(p) for p in paths]
-    for other, state in zip(paths[1:], states[1:], strict=True):
+    for other, state in zip(given[1:], states[1:], strict=True):
         if why := _ensemble_mismatch(states[0], state):
-            raise UserError(f"{other} cannot join an ensemble with {paths[0]}: {why}")
+            raise UserError(f"{other} cannot join an ensemble with {given[0]}: {why}")
     models, configs = zip(
-        *(model_from(s, p) for s, p in zip(states, paths, strict=True)), strict=True
+        *(model_from(s, p) for s, p in zip(states, given, strict=True)), strict=True
     )
-    src_tok, tgt_tok = tokenizers_from(states[0], paths[0])
+    config = with_decode(configs[0], decode)
+    src_tok, tgt_tok = tokenizers_from(states[0], given[0])
     if quantize is not None:
-        if dtype is not None:
-            raise UserError(
-                f"--quantize {quantize} computes in int8 and float32; leave out --precision"
-            )
         models = [quantize_model(m, quantize, device) for m in models]
     elif prepack and dtype is None and device.type == "cpu":
         models = [pack(m) for m in models]
-    return Translator(list(models), configs[0], src_tok, tgt_tok, device, dtype)
+    return Translator(list(models), config, src_tok, tgt_tok, device, dtype, paths)
+
+
+def with_decode(config: Config, decode: dict[str, Any] | None) -> Config:
+    """`config` with the decode.* settings in `decode` over its own, checked as a config file
+    is (`{"beam": 0}` fails as `decode.beam: 0 is invalid`)."""
+    if not decode:
+        return config
+    raw = config.to_dict()
+    raw["decode"].update(decode)
+    return config_from_dict(raw)
+
+
+def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of a precision name on `device` (None: plain float32)."""
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision {precision}: unknown; use one of {', '.join(PRECISIONS)}")
+    if precision == "fp16" and device.type != "cuda":
+        raise UserError("--precision fp16 needs a CUDA GPU; use bf16 or fp32 on the CPU")
+    return DTYPES[resolve_precision(precision, device)]
 
 
 def _ensemble_mismatch(first: dict, other: dict) -> str | None:

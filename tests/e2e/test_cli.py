@@ -128,7 +128,7 @@ def test_data_fetch(multi30k_env: Path):
 
 
 def test_help_does_not_import_torch():
-    """Every help screen in one fresh process: no torch (help takes ~0.15 s, not ~2 s)."""
+    """Every help screen in one fresh process: no torch, no ctranslate2 (help is instant)."""
     script = f"""
 import sys
 from attn_mt.cli import main
@@ -138,7 +138,7 @@ for args in {[["--help"], ["-h"], ["--version"], *([c, "--help"] for c in COMMAN
         main()
     except SystemExit as exit:
         assert exit.code in (0, None), (args, exit.code)
-print("torch" in sys.modules, file=sys.stderr)
+print("torch" in sys.modules or "ctranslate2" in sys.modules, file=sys.stderr)
 """
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
@@ -169,10 +169,9 @@ def test_python_api_still_loads_lazily():
 
 
 def test_fixed_sets_are_listed_in_help():
-    ctranslate2_specs = pytest.importorskip("ctranslate2.specs.model_spec")
     export_help = CliRunner().invoke(app, ["export", "--help"]).output
-    types = ["none", *ctranslate2_specs.ACCEPTED_MODEL_TYPES]
-    assert f"--quantization <{'|'.join(types)}>" in export_help
+    assert "--quantization none|int8|float16|..." in export_help  # export_ctranslate2 checks it
+    assert "--quantize int8" in CliRunner().invoke(app, ["translate", "-h"]).output
     assert "--kind <cross|encoder|decoder>" in CliRunner().invoke(app, ["attention", "-h"]).output
     translate_help = CliRunner().invoke(app, ["translate", "-h"]).output
     assert "--device auto|cpu|cuda|cuda:N" in translate_help

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import torch
 
 import attn_mt
 from attn_mt.checkpoint import save_checkpoint, tokenizers_from
-from attn_mt.config import config_from_dict
+from attn_mt.configfile import config_from_dict
 from attn_mt.data.text import read_lines
 from attn_mt.data.tokenizer import train_tokenizer
 from attn_mt.model.transformer import build_model
@@ -119,6 +120,34 @@ def test_search_options_as_translate_and_one_file_per_beam(run_copy: Path) -> No
         app, ["evaluate", "--model", str(run_copy), "--set", "decode.beam=0"]
     )
     assert "decode.beam: 0 is invalid" in str(result.exception)
+
+
+def test_evaluate_split_is_what_the_command_prints(run_copy: Path, tmp_path: Path) -> None:
+    """`evaluate_split` (the library) writes and scores what `attn-mt evaluate --json` does."""
+    from attn_mt.errors import UserError
+    from attn_mt.evaluate import evaluate_split
+
+    translator = attn_mt.load(run_copy, device="cpu", decode={"beam": 2})
+    done: list[int] = []
+
+    @contextlib.contextmanager
+    def progress(total: int):
+        yield done.append
+        assert sum(done) == total
+
+    result = evaluate_split(translator, "valid", progress=progress)
+    assert result.hypotheses == run_copy / "checkpoints" / "best.valid.beam2.hyp.txt"
+    assert result.beam == 2 and sum(done) == result.scores.sentences
+    cli = run_cli("evaluate", "--model", run_copy, "--split", "valid", "--beam", "2", "--json",
+                  "--device", "cpu", "--out", tmp_path / "cli.txt")  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    printed = json.loads(cli.stdout)
+    assert read_lines(tmp_path / "cli.txt") == read_lines(result.hypotheses)
+    assert printed == {**result.to_dict(), "hypotheses": str(tmp_path / "cli.txt")}
+    with pytest.raises(UserError, match="give both --src and --ref"):
+        evaluate_split(translator, src=tmp_path / "cli.txt")
+    with pytest.raises(UserError, match="either --split or --src/--ref"):
+        evaluate_split(translator, "test", src=tmp_path / "cli.txt", ref=tmp_path / "cli.txt")
 
 
 # ---------------------------------------------------------------------------------------------

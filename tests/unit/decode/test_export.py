@@ -22,22 +22,47 @@ from typer.testing import CliRunner
 import attn_mt
 from attn_mt.checkpoint import FORMAT, load_checkpoint, save_checkpoint, tokenizers_from
 from attn_mt.cli import app
-from attn_mt.config import config_from_dict
+from attn_mt.configfile import config_from_dict
 from attn_mt.data.batching import collate
 from attn_mt.data.text import read_lines
 from attn_mt.data.tokenizer import train_tokenizer
-from attn_mt.decode.export import DECODE_OPTIONS, export_ctranslate2, translate_as_attn_mt
+from attn_mt.decode.export import DECODE_OPTIONS, QUANTIZATIONS, export_ctranslate2
 from attn_mt.decode.search import max_output_lengths
 from attn_mt.errors import UserError
 from attn_mt.evaluate import score
 from attn_mt.model.transformer import build_model
-from attn_mt.model.vocab import PAD_ID
+from attn_mt.model.vocab import EOS_ID, PAD_ID
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 
 def ct2_translator(folder: Path):
     return ctranslate2.Translator(str(folder), device="cpu", intra_threads=1)
+
+
+def translate_as_attn_mt(engine, translator, pieces: list[list[str]], **options) -> list:
+    """CTranslate2 results for source `pieces` under attn-mt's per-sentence output limits.
+
+    Ours is a * source length + b tokens, <eos> included (`max_output_lengths`); the engine
+    takes one `max_decoding_length` per call, without <eos>, so sentences go in groups of one
+    limit. `engine` is a `ctranslate2.Translator`, `translator` the attn-mt one.
+    """
+    cfg = translator.config.decode
+    groups: dict[int, list[int]] = {}
+    for i, seq in enumerate(pieces):
+        source = torch.full((1, min(len(seq), translator.max_input_len) + 1), EOS_ID)  # + </s>
+        limit = int(
+            max_output_lengths(source, cfg.max_len_a, cfg.max_len_b, translator.max_output_len)
+        )
+        groups.setdefault(max(limit - 1, 1), []).append(i)
+    results: list = [None] * len(pieces)
+    for limit, rows in groups.items():
+        found = engine.translate_batch(
+            [pieces[i] for i in rows], max_decoding_length=limit, **DECODE_OPTIONS, **options
+        )
+        for i, result in zip(rows, found, strict=True):
+            results[i] = result
+    return results
 
 
 def ct2_translate(
@@ -133,11 +158,7 @@ def test_forced_scores_match(exported: Path, trained_run: Path, toy_data):
 def test_quantizations_come_from_ctranslate2() -> None:
     from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
 
-    from attn_mt.cli.app import Quantization
-    from attn_mt.decode.export import QUANTIZATIONS
-
     assert ("none", *ACCEPTED_MODEL_TYPES) == QUANTIZATIONS
-    assert [q.value for q in Quantization] == list(QUANTIZATIONS)  # the help lists them all
     assert {"int8_float16", "bfloat16", "int16"} <= set(QUANTIZATIONS)
 
 
@@ -239,8 +260,16 @@ def test_additive_attention_is_refused(tmp_path: Path, toy_data):
 
 
 def test_bad_quantization_and_missing_package(trained_run: Path, tmp_path: Path, monkeypatch):
-    with pytest.raises(UserError, match="--quantization int4"):
+    with pytest.raises(UserError, match="--quantization int4") as refused:
         export_ctranslate2(trained_run, tmp_path / "ct2", quantization="int4")
+    assert f"use one of {', '.join(QUANTIZATIONS)}" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    result = CliRunner().invoke(
+        app, ["export", "--model", str(trained_run), "--out", str(tmp_path / "ct2"),
+              "--quantization", "int4"]
+    )  # fmt: skip
+    assert isinstance(result.exception, UserError) and "int8_float16" in str(result.exception)
+    assert not (tmp_path / "ct2").exists()
     monkeypatch.setattr("attn_mt.decode.export.ctranslate2", None)
     with pytest.raises(UserError, match=r"pip install 'attn-mt\[ct2\]'"):
         export_ctranslate2(trained_run, tmp_path / "ct2")

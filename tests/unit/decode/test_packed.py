@@ -95,7 +95,7 @@ def test_load_packs_float32_on_the_cpu_and_translates_the_same(trained_run: Path
     plain = attn_mt.load(trained_run, device="cpu")
     assert any(isinstance(m, packed.PackedLinear) for m in fast.model.modules())
     assert not any(isinstance(m, packed.PackedLinear) for m in plain.model.modules())
-    bf16 = attn_mt.load(trained_run, device="cpu", dtype=torch.bfloat16, prepack=True)
+    bf16 = attn_mt.load(trained_run, device="cpu", precision="bf16", prepack=True)
     assert not any(isinstance(m, packed.PackedLinear) for m in bf16.model.modules())
     lines = read_lines(fast.config.data.test.src)
     for beam in (1, 4):

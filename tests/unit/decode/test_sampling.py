@@ -13,7 +13,7 @@ import torch
 from helpers.models import random_model, random_sources
 from helpers.toy import toy_config_dict
 
-from attn_mt.config import config_from_dict
+from attn_mt.configfile import config_from_dict
 from attn_mt.decode.search import Hypothesis, Sampling, greedy_search, max_output_lengths, sample
 from attn_mt.decode.translator import Translator
 from attn_mt.errors import UserError

@@ -257,3 +257,44 @@ def test_nbest_marian_format_and_empty_lines(trained_run: Path, translator, tmp_
     assert scores == pytest.approx([e.score for entries in expected for e in entries], abs=1e-4)
     assert invoke(*base, "--nbest", "2").exit_code == 0  # tsv: a block of 2 per line
     assert [len(b.splitlines()) for b in out.read_text().split("\n\n")] == [2, 2, 2, 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# attn_mt.load: every check of the command line, for a notebook too
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(decode={"beam": 0}), "decode.beam: 0 is invalid; must be >= 1"),
+        (dict(decode={"bem": 3}), "decode.bem: unknown key; did you mean decode.beam?"),
+        (dict(decode={"max_len_b": "x"}), "decode.max_len_b: 'x' is a string, expected int"),
+        (dict(precision="fp64"), "--precision fp64: unknown; use one of fp32, bf16, fp16, auto"),
+        (dict(precision="fp16"), "--precision fp16 needs a CUDA GPU; use bf16 or fp32 on the CPU"),
+        (dict(quantize="int8", precision="bf16"), "--quantize int8 and --precision bf16 exclude"),
+        (dict(quantize="int4"), "--quantize int4: unknown"),
+        (dict(device="tpu"), "--device tpu: unknown device"),
+    ],
+)
+def test_load_refuses_bad_options_in_one_line(trained_run: Path, options, message) -> None:
+    with pytest.raises(UserError) as refused:
+        attn_mt.load(trained_run, **{"device": "cpu", **options})
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_load_decode_overrides_are_the_search_settings(trained_run: Path, translator) -> None:
+    lines = ["qb qc qd", "qz qf qg"]
+    narrow = attn_mt.load(trained_run, device="cpu", decode={"beam": 1, "length_penalty": 0.5})
+    assert (narrow.config.decode.beam, narrow.config.decode.length_penalty) == (1, 0.5)
+    assert narrow.config.decode.max_len_a == translator.config.decode.max_len_a  # the rest kept
+    assert narrow.translate(lines) == translator.translate(lines, beam=1, length_penalty=0.5)
+    assert narrow.checkpoints == [trained_run / "checkpoints" / "best.pt"]
+
+
+def test_nbest_without_a_beam_widens_the_beam(translator) -> None:
+    """`translate --nbest 4` without --beam searches a beam of 4 when decode.beam is smaller."""
+    assert translator.config.decode.beam < 4
+    widened = translator.translate_nbest(["qb qc qd"], nbest=4)
+    assert [[e.text for e in n] for n in widened] == [
+        [e.text for e in n] for n in translator.translate_nbest(["qb qc qd"], beam=4, nbest=4)
+    ]

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attn_mt.config import config_from_dict
+from attn_mt.configfile import config_from_dict
 from attn_mt.errors import UserError
 from attn_mt.model.transformer import (
     Dropout,

@@ -1,0 +1,290 @@
+"""The inference-side commands: input and output around `attn_mt.load` and the library.
+
+`translate`, `evaluate` and `export` pass their search options to the library as `decode=`
+overrides; every check (device, precision, quantization, beam and n-best, ensembles) is the
+library's, so a notebook user meets the same rules and messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attn_mt.cli.app import app
+from attn_mt.cli.options import (
+    AttentionKind,
+    BeamOption,
+    DecodeSetOption,
+    DeviceOption,
+    LengthPenaltyOption,
+    ModelOption,
+    ModelsOption,
+    NbestFormat,
+    Precision,
+    PrecisionOption,
+    QuantizeOption,
+    Split,
+    decode_settings,
+)
+from attn_mt.errors import UserError
+
+
+@app.command()
+def translate(
+    model: ModelsOption,
+    input_: Annotated[
+        Path | None,
+        typer.Option("--input", metavar="FILE", help="Translate FILE instead of stdin."),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            metavar="FILE",
+            help="Write FILE instead of stdout (whole or not at all: no half file on error).",
+        ),
+    ] = None,
+    beam: BeamOption = None,
+    nbest: Annotated[
+        int,
+        typer.Option(
+            "--nbest",
+            metavar="N",
+            help="Print the N best of each line (format: --nbest-format).",
+        ),
+    ] = 1,
+    nbest_format: Annotated[
+        NbestFormat,
+        typer.Option(
+            "--nbest-format",
+            help="tsv: 'score<TAB>text' lines, a blank line after each input line; "
+            "marian: 'id ||| text ||| score' lines, id counted from 0.",
+        ),
+    ] = NbestFormat.tsv,
+    length_penalty: LengthPenaltyOption = None,
+    set_: DecodeSetOption = None,
+    sample: Annotated[
+        bool,
+        typer.Option(
+            "--sample",
+            help="Sample instead of searching (back-translation): --nbest samples per line, "
+            "reproducible for a --seed, whatever the batch.",
+        ),
+    ] = False,
+    top_k: Annotated[
+        int, typer.Option("--top-k", metavar="K", help="With --sample: the K likeliest (0 = all).")
+    ] = 0,
+    top_p: Annotated[
+        float,
+        typer.Option(
+            "--top-p", metavar="P", help="With --sample: the nucleus of mass P (1 = all)."
+        ),
+    ] = 1.0,
+    temperature: Annotated[
+        float, typer.Option("--temperature", metavar="T", help="With --sample: divide logits by T.")
+    ] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", metavar="S", help="With --sample: the seed.")] = 1,
+    device: DeviceOption = "auto",
+    precision: PrecisionOption = Precision.fp32,
+    quantize: QuantizeOption = None,
+) -> None:
+    """Translate stdin to stdout (or --input to --output), one line per input line, in order."""
+    import attn_mt
+    from attn_mt.cli import progress
+    from attn_mt.cli.io import format_entries, input_file, line_chunks, output_file
+
+    translator = attn_mt.load(
+        model,
+        device=device,
+        precision=precision.value,
+        quantize=quantize,
+        decode=decode_settings(set_, beam, length_penalty),
+    )
+    sampling = attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None
+    try:
+        with (
+            input_file(input_) as (stream, total),
+            output_file(output) as out,
+            progress.sentences(total, "translate") as advance,
+        ):
+            first_line = 1
+            for chunk in line_chunks(stream, str(input_) if input_ else "stdin"):
+                found = translator.translate_nbest(
+                    chunk,
+                    beam,  # None: the decode.beam, widened to --nbest
+                    nbest,
+                    first_line=first_line,
+                    on_batch=advance,
+                    sampling=sampling,
+                )
+                for number, entries in enumerate(found, start=first_line):
+                    out.write(format_entries(number - 1, entries, nbest, nbest_format))
+                out.flush()
+                first_line += len(chunk)
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): end quietly, without a flush error at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+@app.command()
+def evaluate(
+    model: ModelsOption,
+    split: Annotated[
+        Split | None,
+        typer.Option("--split", help="A split of the run's corpus (default test)."),
+    ] = None,
+    src: Annotated[
+        Path | None,
+        typer.Option(
+            "--src", "--input", metavar="FILE", help="Source file to translate (with --ref)."
+        ),
+    ] = None,
+    ref: Annotated[
+        Path | None,
+        typer.Option("--ref", metavar="FILE", help="Reference translations of --src."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "--output",
+            metavar="FILE",
+            help="Write hypotheses here (default: beside the checkpoint, named after the split "
+            "and beam, e.g. best.test.beam5.hyp.txt).",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of text.")
+    ] = False,
+    beam: BeamOption = None,
+    length_penalty: LengthPenaltyOption = None,
+    set_: DecodeSetOption = None,
+    device: DeviceOption = "auto",
+    precision: PrecisionOption = Precision.fp32,
+    quantize: QuantizeOption = None,
+) -> None:
+    """Translate a split (or --src/--ref files) and print sacreBLEU BLEU and chrF."""
+    import attn_mt
+    from attn_mt.cli import progress
+    from attn_mt.evaluate import check_evaluation_files, evaluate_split
+
+    check_evaluation_files(split and split.value, src, ref)  # before loading the models
+    translator = attn_mt.load(
+        model,
+        device=device,
+        precision=precision.value,
+        quantize=quantize,
+        decode=decode_settings(set_, beam, length_penalty),
+    )
+    result = evaluate_split(
+        translator,
+        split and split.value,
+        src,
+        ref,
+        out,
+        progress=lambda total: progress.sentences(total, "evaluate"),
+    )
+    if as_json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(result.scores)
+        print(f"hypotheses: {result.hypotheses}", file=sys.stderr)
+
+
+@app.command()
+def average(
+    out: Annotated[Path, typer.Option("--out", help="The averaged checkpoint to write.")],
+    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints of one run to average.")],
+) -> None:
+    """Average the parameters of several checkpoints of one run into one checkpoint."""
+    from attn_mt.checkpoint import average_checkpoints, save_checkpoint
+    from attn_mt.fileio import check_output_file
+
+    check_output_file(out)
+    save_checkpoint(average_checkpoints(checkpoints), out)
+    print(f"averaged {len(checkpoints)} checkpoints into {out}", file=sys.stderr)
+
+
+@app.command()
+def attention(
+    out: Annotated[Path, typer.Option("--out", help="The PNG file to write.")],
+    model: Annotated[
+        Path | None, typer.Option("--model", help="A run folder or .pt checkpoint.")
+    ] = None,
+    text: Annotated[
+        str | None, typer.Option("--text", help="The sentence to translate and plot.")
+    ] = None,
+    kind: Annotated[
+        AttentionKind, typer.Option("--kind", help="Which attention: cross, encoder or decoder.")
+    ] = AttentionKind.cross,
+    layer: Annotated[
+        int | None, typer.Option("--layer", help="Plot only this layer (0-based).")
+    ] = None,
+    head: Annotated[
+        int | None, typer.Option("--head", help="Plot only this head (0-based).")
+    ] = None,
+    pe: Annotated[
+        bool, typer.Option("--pe", help="Plot the sinusoidal positional-encoding matrix instead.")
+    ] = False,
+    positions: Annotated[int, typer.Option("--positions", help="Positions shown by --pe.")] = 100,
+    d_model: Annotated[
+        int | None, typer.Option("--d-model", help="Width for --pe without --model.")
+    ] = None,
+    device: DeviceOption = "auto",
+) -> None:
+    """Draw attention heatmaps (layers x heads) for one sentence, or the positional encoding."""
+    from attn_mt import viz
+    from attn_mt.fileio import check_output_file
+
+    check_output_file(out)
+    if pe:
+        viz.plot_positional_encoding_file(out, model=model, positions=positions, d_model=d_model)
+    else:
+        if model is None or text is None:
+            raise UserError(
+                "attention: give --model and --text (or --pe for the positional encoding)"
+            )
+        viz.plot_attention_file(
+            model, text, out, kind=kind.value, layer=layer, head=head, device=device
+        )
+    print(f"wrote {out}", file=sys.stderr)
+
+
+@app.command()
+def export(
+    model: ModelOption,
+    out: Annotated[
+        Path,
+        typer.Option("--out", metavar="DIR", help="The CTranslate2 model folder to create."),
+    ],
+    quantization: Annotated[
+        str,
+        typer.Option(
+            "--quantization",
+            metavar="none|int8|float16|...",
+            help="Weight type: none (as trained) or any type the installed CTranslate2 accepts "
+            "(an unknown one is refused with the list).",
+        ),
+    ] = "none",
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing --out folder.")
+    ] = False,
+    beam: BeamOption = None,
+    length_penalty: LengthPenaltyOption = None,
+    set_: DecodeSetOption = None,
+) -> None:
+    """Export a checkpoint to a CTranslate2 model folder (needs `pip install attn-mt[ct2]`).
+
+    The folder's decode.json holds the search settings (the checkpoint's decode config with
+    the options given here), for `translate_batch(..., **decode)`.
+    """
+    from attn_mt.decode.export import export_ctranslate2
+
+    decode = decode_settings(set_, beam, length_penalty)
+    export_ctranslate2(model, out, quantization=quantization, force=force, decode=decode)
+    print(f"exported to {out}", file=sys.stderr)

@@ -1,0 +1,120 @@
+"""Line input and output of `translate`: stdin or a file in, stdout or an atomic file out,
+lines read in chunks as they arrive, n-best entries formatted."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import queue
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, TextIO
+
+from attn_mt.cli.options import NbestFormat
+from attn_mt.errors import UserError
+
+if TYPE_CHECKING:  # imported inside the commands: `attn-mt --help` must not load torch
+    from attn_mt.decode.translator import Translation
+
+
+def format_entries(index: int, entries: list[Translation], nbest: int, style: NbestFormat) -> str:
+    """The output lines of input line `index` (from 0): its best text, or its n-best block."""
+    if nbest == 1:
+        return entries[0].text + "\n"
+    if style is NbestFormat.marian:
+        return "".join(f"{index} ||| {e.text} ||| {e.score:.4f}\n" for e in entries)
+    return "".join(f"{e.score:.4f}\t{e.text}\n" for e in entries) + "\n"
+
+
+@contextlib.contextmanager
+def input_file(path: Path | None) -> Iterator[tuple[BinaryIO, int | None]]:
+    """stdin or FILE as a binary stream, with its number of lines (None for stdin)."""
+    if path is None:
+        if sys.stdin is None:  # the shell closed it (<&-)
+            raise UserError("stdin: cannot read text (it is closed)")
+        yield sys.stdin.buffer, None
+        return
+    try:
+        handle = path.open("rb")
+        total = sum(1 for _ in handle)
+        handle.seek(0)
+    except OSError as err:
+        raise UserError(f"--input {path}: cannot read ({err.strerror})") from None
+    with handle:
+        yield handle, total
+
+
+@contextlib.contextmanager
+def output_file(path: Path | None) -> Iterator[TextIO]:
+    """stdout, or `path` written atomically: it appears only once every line is written."""
+    from attn_mt.fileio import atomic_write, check_output_file, os_reason
+
+    if path is None:
+        yield sys.stdout
+        return
+    check_output_file(path, "--output")
+    try:
+        with atomic_write(path) as raw:
+            handle = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+            yield handle
+            handle.flush()
+            handle.detach()  # atomic_write closes the file itself
+    except OSError as err:
+        raise UserError(f"--output {path}: cannot write ({os_reason(err)})") from None
+
+
+def line_chunks(stream: BinaryIO, name: str, max_lines: int = 1000) -> Iterator[list[str]]:
+    """Lines of `stream` in chunks of what has arrived (so a pipeline flows), at most
+    `max_lines`.
+
+    A reader thread decodes UTF-8 (invalid bytes replaced, with one warning per line) into a
+    bounded queue, so memory stays bounded on endless input.
+    """
+    lines: queue.Queue[str | UserError | None] = queue.Queue(maxsize=4 * max_lines)
+
+    def reader() -> None:
+        try:
+            for number, raw in enumerate(stream, start=1):
+                if number == 1 and raw.startswith(b"\x1f\x8b"):
+                    raise UserError(
+                        f"{name}: gzip-compressed data; decompress it (zcat FILE | ...)"
+                    )
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = raw.decode("utf-8", errors="replace")
+                    warnings.warn(
+                        f"line {number}: invalid UTF-8, replaced with U+FFFD", stacklevel=1
+                    )
+                lines.put(text.rstrip("\r\n"))
+        except (OSError, ValueError) as err:  # write-only, a folder, not a file
+            lines.put(
+                UserError(f"{name}: cannot read text ({getattr(err, 'strerror', None) or err})")
+            )
+        except UserError as err:
+            lines.put(err)
+        lines.put(None)
+
+    threading.Thread(target=reader, daemon=True).start()
+    while True:
+        first = lines.get()
+        if first is None:
+            return
+        if isinstance(first, UserError):
+            raise first
+        chunk = [first]
+        while len(chunk) < max_lines:
+            try:
+                line = lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is None or isinstance(line, UserError):
+                yield chunk
+                if line is None:
+                    return
+                raise line
+            chunk.append(line)
+        yield chunk

@@ -1,0 +1,135 @@
+"""The option types that several commands share, and the fixed sets their help lists.
+
+Only names and help text live here: the values are checked by the library (`attn_mt.load`,
+`export_ctranslate2`), so a notebook user meets the same rules as the command line.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+class AttentionKind(str, enum.Enum):
+    """Which attention `attn-mt attention` draws."""
+
+    cross = "cross"
+    encoder = "encoder"
+    decoder = "decoder"
+
+
+class Split(str, enum.Enum):
+    """A split of the run's corpus that `evaluate` can score."""
+
+    valid = "valid"
+    test = "test"
+
+
+class NbestFormat(str, enum.Enum):
+    """How `translate --nbest` writes its entries."""
+
+    tsv = "tsv"  # score<TAB>text lines, a blank line after each input line
+    marian = "marian"  # `id ||| text ||| score` lines (Marian, Moses, fairseq), id from 0
+
+
+class Precision(str, enum.Enum):
+    """The number format of `translate` and `evaluate`."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"  # autocast; on CPUs with native bf16 (AMX, AVX-512 BF16) and recent GPUs
+    fp16 = "fp16"  # autocast, CUDA only
+    auto = "auto"  # bf16 where the device runs it natively, else fp16 (CUDA) or fp32
+
+
+DeviceOption = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        metavar="auto|cpu|cuda|cuda:N",
+        help="Where to run (auto = CUDA when present).",
+    ),
+]
+ModelOption = Annotated[
+    Path,
+    typer.Option(
+        "--model",
+        metavar="PATH",
+        help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint.",
+    ),
+]
+ModelsOption = Annotated[
+    list[Path],
+    typer.Option(
+        "--model",
+        metavar="PATH",
+        help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint; give it more than "
+        "once to decode with the ensemble (models of one vocabulary, log-probabilities averaged).",
+    ),
+]
+PrecisionOption = Annotated[
+    Precision,
+    typer.Option(
+        "--precision",
+        help="fp32; bf16 or fp16 autocast; auto = bf16 where the device runs it natively.",
+    ),
+]
+QuantizeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--quantize",
+        metavar="int8",
+        help="int8: dynamically quantized linear layers (CPU only, fp32 otherwise).",
+    ),
+]
+# The search options `translate`, `evaluate` and `export` share: `decode_settings` turns them
+# into the `decode=` overrides of `attn_mt.load`, which checks them as a config file.
+BeamOption = Annotated[
+    int | None,
+    typer.Option(
+        "--beam",
+        metavar="N",
+        help="Beam size (default: the checkpoint's decode.beam; 1 = greedy).",
+    ),
+]
+LengthPenaltyOption = Annotated[
+    float | None,
+    typer.Option(
+        "--length-penalty", metavar="ALPHA", help="GNMT alpha (default: the checkpoint's)."
+    ),
+]
+DecodeSetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="decode.KEY=VALUE",
+        help="Override a decode setting of the checkpoint, e.g. --set decode.max_len_a=2 "
+        "(repeatable; any decode.* key, checked as in a config file).",
+    ),
+]
+
+
+def decode_settings(
+    sets: list[str] | None, beam: int | None = None, length_penalty: float | None = None
+) -> dict:
+    """The `decode=` overrides of `attn_mt.load` from `--set decode.KEY=VALUE` items (parsed
+    as a config file's `--set`), then `--beam` and `--length-penalty`."""
+    from attn_mt.configfile import apply_override
+    from attn_mt.errors import UserError
+
+    raw: dict = {}
+    for item in sets or []:
+        if not item.strip().startswith("decode."):
+            raise UserError(
+                f"--set {item}: only decode.* keys can be set here, "
+                "e.g. --set decode.length_penalty=0.6"
+            )
+        apply_override(raw, item)
+    settings = raw.get("decode", {})
+    if beam is not None:
+        settings["beam"] = beam
+    if length_penalty is not None:
+        settings["length_penalty"] = length_penalty
+    return settings

@@ -1,0 +1,132 @@
+"""The training-side commands: `train`, `prepare`, `data fetch` and `data info`."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attn_mt.cli.app import app, data_app
+from attn_mt.cli.options import DeviceOption
+from attn_mt.errors import UserError
+
+
+@app.command()
+def train(
+    run_dir: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="RUN_DIR",
+            help="With --resume instead of --config: the run folder to continue.",
+            show_default=False,
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", metavar="FILE", help="The YAML config file."),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="KEY=VALUE",
+            help="Override a config key, e.g. --set train.lr=5e-4 (repeatable).",
+        ),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue a run: the one in the config's train.out_dir, or RUN_DIR "
+            "(`attn-mt train --resume RUN_DIR` reads RUN_DIR/config.yaml).",
+        ),
+    ] = False,
+    init_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--init-from",
+            help="Start a new run from a run folder (its best.pt) or .pt file: its weights and "
+            "SentencePiece models (sets train.init_from).",
+        ),
+    ] = None,
+    device: DeviceOption = "auto",
+) -> None:
+    """Train a model: SentencePiece, Transformer, validation BLEU, checkpoints, TensorBoard."""
+    from attn_mt.cli import progress
+    from attn_mt.configfile import load_config
+    from attn_mt.train.loop import train as run_training
+
+    if init_from is not None and resume:
+        raise UserError("--init-from starts a new run and --resume continues one; give only one")
+    if run_dir is not None and not resume:
+        raise UserError(
+            f"train: {run_dir} given without --resume; continue that run with "
+            f"`attn-mt train --resume {run_dir}`, or start one with --config FILE"
+        )
+    if run_dir is not None and config is not None:
+        raise UserError("train: give --config FILE [--resume] or --resume RUN_DIR, not both")
+    if run_dir is None and config is None:
+        raise UserError("train: give --config FILE (or --resume RUN_DIR to continue a run)")
+    if run_dir is not None:
+        if not (run_dir / "config.yaml").is_file():
+            raise UserError(
+                f"--resume {run_dir}: not a run folder (no config.yaml); give the train.out_dir "
+                "of an earlier run"
+            )
+        # The folder is the run, wherever it was started from: its out_dir is RUN_DIR itself.
+        config, set_ = run_dir / "config.yaml", [f"train.out_dir={run_dir}", *(set_ or [])]
+    overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
+    cfg = load_config(config, overrides)
+    with progress.training(enabled=os.environ.get("RANK", "0") == "0") as display:
+        result = run_training(cfg, resume=resume, device=device, monitor=display)
+    if result.stop_signal is not None:  # the shell convention: 128 + the signal number
+        raise typer.Exit(128 + signal.Signals[result.stop_signal].value)
+
+
+@app.command()
+def prepare(
+    config: Annotated[Path, typer.Option("--config", help="The YAML config file.")],
+    workers: Annotated[
+        int, typer.Option("--workers", help="Encoding processes (0 = every core).", min=0)
+    ] = 0,
+) -> None:
+    """Encode the training corpora once into token shards (train does it too when needed)."""
+    from attn_mt.configfile import load_config
+    from attn_mt.data.prepare import prepare_shards, prepared_corpus_lines
+
+    cfg = load_config(config)
+    prepare_shards(cfg, workers=workers, repair=True)
+    for line in prepared_corpus_lines(cfg):
+        print(line)
+
+
+@data_app.command("fetch")
+def data_fetch(name: Annotated[str, typer.Argument(help="Corpus name: multi30k.")]) -> None:
+    """Make a named corpus available locally ($ATTN_MT_DATA, the cache, or a download)."""
+    from attn_mt.data.corpora import fetch_corpus
+
+    for path in fetch_corpus(name):
+        print(path)
+
+
+@data_app.command("info")
+def data_info(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="Also show this config's training corpora and shares."),
+    ] = None,
+) -> None:
+    """Show where named corpora are looked for and which files are present."""
+    from attn_mt.data.corpora import corpus_info
+
+    for line in corpus_info():
+        print(line)
+    if config is not None:
+        from attn_mt.configfile import load_config
+        from attn_mt.data.prepare import prepared_corpus_lines
+
+        for line in prepared_corpus_lines(load_config(config)):
+            print(line)
