@@ -1,12 +1,14 @@
-"""Hostile inputs, round two: one table of cases a hostile user would try, run in-process.
+"""Hostile inputs and user errors: one table of what a hostile or careless user would try.
 
-Every case runs the real command line (`attn_mt.cli.main`) inside this process (a fresh process
-would spend ~2 s importing torch) and must exit 2 with exactly one stderr line, `attn-mt: error:`
-and the words that name the problem, print nothing on stdout, and leave every watched file and
-folder as it was (content and mode). Cases marked `user=True` run as an unprivileged user
-(uid/gid 65534, switched with seteuid while the case runs), because root reads and writes
-anything. The few checks that need a second process (a lock held by another process that then
-dies by SIGKILL) come after the table.
+Every error case runs the real command line (`attn_mt.cli.main`) inside this process (a fresh
+process would spend ~2 s importing torch) and must exit 2 with exactly one `attn-mt: error:`
+stderr line, the last, holding the words that name the problem, print nothing on stdout, start
+no work, and leave every watched file and folder as it was (content and mode). Cases marked
+`user=True` run as an unprivileged user (uid/gid 65534, switched with seteuid while the case
+runs), because root reads and writes anything. Cases marked `process=True` run `attn-mt` in a
+child process: they translate odd input and check the bytes the real stdout gets, or get as
+far as encoding the corpus, in a pool of processes forked from the command's own (forked from
+pytest's, which runs threads, a child can deadlock).
 """
 
 from __future__ import annotations
@@ -14,21 +16,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import gzip
-import hashlib
-import io
-import json
-import logging
-import os
 import pickle
-import shutil
-import signal
+import re
 import subprocess
-import sys
 import tempfile
-import warnings
 import zipfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -36,252 +30,44 @@ from unittest import mock
 import pytest
 import torch
 import yaml
-from helpers.toy import toy_pairs, write_lines
+from helpers.clirun import (
+    assert_user_error,
+    attn_mt,
+    child_env,
+    snapshot,
+    train_args,
+    translate_args,
+)
+from helpers.workspace import Stdin, Workspace, World, run_cli
 
-from attn_mt import cli, load
-from attn_mt.checkpoint import save_checkpoint
-from attn_mt.config import config_from_dict
-from attn_mt.data.tokenizer import train_tokenizer
-from attn_mt.decode.search import Hypothesis
-from attn_mt.decode.translator import Translator
-from attn_mt.fileio import write_output
-from attn_mt.train.loop import train
+from attn_mt.checkpoint import FORMAT
 from attn_mt.train.runfolder import lock_run_folder
 
-NOBODY = 65534
-
-
-# ---------------------------------------------------------------------------------------------
-# A world-readable place: a corpus, a SentencePiece cache and one finished tiny run
-
-
-@dataclass
-class World:
-    """Files every case builds on (read-only by convention); all readable by NOBODY."""
-
-    root: Path
-    corpus: dict[str, Path]
-    cache: Path
-    run: Path
-    raw: dict[str, Any]  # the tiny run's config as plain dicts
-
-
-def tiny_config(corpus: dict[str, Path], out: Path) -> dict[str, Any]:
-    """A model small enough to train 3 steps and validate 8 sentences in about a second."""
-    split = {
-        s: {"src": str(corpus[f"{s}.src"]), "tgt": str(corpus[f"{s}.tgt"])} for s in corpus_splits()
-    }
-    return {
-        "data": {"src_lang": "xx", "tgt_lang": "yy", **split, "max_len": 64},
-        "tokenizer": {"vocab_size": 300, "model_type": "bpe", "byte_fallback": True},
-        "model": {"d_model": 32, "heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 64},
-        "train": {
-            "out_dir": str(out),
-            "max_steps": 3,
-            "warmup": 2,
-            "batch_tokens": 512,
-            "eval_every": 1000,
-            "log_every": 1000,
-            "precision": "fp32",
-            "samples": 0,
-        },
-        "decode": {"beam": 2, "max_len_a": 1.0, "max_len_b": 3},
-    }
-
-
-def corpus_splits() -> tuple[str, ...]:
-    return ("train", "valid", "test")
-
-
-@pytest.fixture(scope="module")
-def world() -> Iterator[World]:
-    root = Path(tempfile.mkdtemp(prefix="attn-mt-hostile-"))
-    root.chmod(0o755)
-    corpus = {}
-    for split, count, seed in (("train", 300, 1), ("valid", 8, 2), ("test", 8, 3)):
-        src, tgt = toy_pairs(count, seed)
-        corpus[f"{split}.src"] = write_lines(root / f"{split}.src", src)
-        corpus[f"{split}.tgt"] = write_lines(root / f"{split}.tgt", tgt)
-    cache = root / "cache"
-    cache.mkdir(mode=0o777)
-    cache.chmod(0o777)  # NOBODY cases may add SentencePiece models
-    raw = tiny_config(corpus, root / "run")
-    old_umask = os.umask(0o022)
-    try:
-        with mock.patch.dict(os.environ, {"ATTN_MT_CACHE": str(cache)}):
-            train(config_from_dict(raw), device="cpu")
-    finally:
-        os.umask(old_umask)
-    yield World(root, corpus, cache, root / "run", raw)
-    shutil.rmtree(root, ignore_errors=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Running the command line in this process
-
-
-class Stdin:
-    """A stand-in for sys.stdin whose `buffer` holds `data` (or raises `error` when read)."""
-
-    def __init__(self, data: bytes = b"", error: OSError | None = None):
-        self.buffer = io.BytesIO(data) if error is None else self
-        self.error = error
-
-    def __iter__(self) -> Iterator[bytes]:
-        raise self.error
-
-
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-
-
-@contextlib.contextmanager
-def as_user(unprivileged: bool) -> Iterator[None]:
-    """Run the block as NOBODY (effective ids only, so root can switch back)."""
-    if not unprivileged or os.geteuid() != 0:
-        yield  # not root: permission bits already apply to this user
-        return
-    groups = os.getgroups()
-    try:
-        os.setgroups([])
-        os.setegid(NOBODY)
-        os.seteuid(NOBODY)
-    except PermissionError:
-        os.setegid(0)
-        os.setgroups(groups)
-        pytest.skip("cannot switch to an unprivileged user here (no CAP_SETUID/CAP_SETGID)")
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-        os.setegid(0)
-        os.setgroups(groups)
-
-
-def run_cli(args: list[Any], stdin: Any, env: dict[str, str], user: bool = False) -> Result:
-    """`attn-mt ARGS` through `cli.main`, with stdout, stderr, logging and warnings captured."""
-    out, err = io.StringIO(), io.StringIO()
-    logger = logging.getLogger("attn_mt")
-    saved = logger.handlers[:], logger.level, warnings.showwarning
-    logger.handlers.clear()  # cli._setup_logging attaches a handler to this call's stderr
-    code: Any = 0
-    try:
-        with (
-            mock.patch.object(sys, "argv", ["attn-mt", *map(str, args)]),
-            mock.patch.object(sys, "stdin", stdin),
-            mock.patch.dict(os.environ, env),
-            contextlib.redirect_stdout(out),
-            contextlib.redirect_stderr(err),
-            as_user(user),
-        ):
-            try:
-                cli.main()
-            except SystemExit as exit_:
-                code = exit_.code
-    finally:
-        logger.handlers[:], logger.level, warnings.showwarning = saved[0], saved[1], saved[2]
-    return Result(code if isinstance(code, int) else 1, out.getvalue(), err.getvalue())
-
-
-def snapshot(*roots: Path) -> dict[Path, tuple[str, int]]:
-    """Every file (sha256) and folder under `roots`, with its mode."""
-    found = {}
-    for root in roots:
-        if not root.exists():
-            continue
-        for path in [root, *root.rglob("*")] if root.is_dir() else [root]:
-            mode = path.lstat().st_mode
-            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "/"
-            found[path] = (digest, mode)
-    return found
-
-
-# ---------------------------------------------------------------------------------------------
-# A case's workspace
-
-
-@dataclass
-class Workspace:
-    """One case's own folder, the world it builds on, and what its run needs."""
-
-    dir: Path
-    world: World
-    stdin: Any = field(default_factory=Stdin)
-    env: dict[str, str] = field(default_factory=dict)
-    hold: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
-
-    def file(self, name: str, content: bytes | str, mode: int | None = None) -> Path:
-        path = self.dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content.encode() if isinstance(content, str) else content)
-        if mode is not None:
-            path.chmod(mode)
-        return path
-
-    def folder(self, name: str, mode: int = 0o755) -> Path:
-        path = self.dir / name
-        path.mkdir(parents=True, exist_ok=True)
-        path.chmod(mode)
-        return path
-
-    def raw(self, out: Path | str | None = None, **sections: dict) -> dict[str, Any]:
-        """The tiny config writing to OUT (default ./run), with `sections` merged in."""
-        raw = tiny_config(self.world.corpus, self.dir / "run")
-        raw["train"]["out_dir"] = str(self.dir / "run" if out is None else out)
-        for section, values in sections.items():
-            raw.setdefault(section, {}).update(values)
-        return raw
-
-    def config(self, out: Path | str | None = None, **sections: dict) -> Path:
-        return self.file("run.yaml", yaml.safe_dump(self.raw(out, **sections)))
-
-    def yaml(self, text: str) -> Path:
-        """A config file of the tiny run with `text` appended (later keys are what is tested)."""
-        return self.file("run.yaml", yaml.safe_dump(self.raw()) + text)
-
-    def train_files(self, src: Path, tgt: Path, split: str = "train") -> Path:
-        return self.config(data={split: {"src": str(src), "tgt": str(tgt)}})
-
-    def checkpoint(self, name: str = "model.pt", edit: Callable[[dict], Any] | None = None) -> Path:
-        """A copy of the tiny run's best.pt, re-saved after `edit(state)` if given."""
-        path = Path(shutil.copy(self.world.run / "checkpoints" / "best.pt", self.dir / name))
-        if edit is not None:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            edit(state)
-            torch.save(state, path)
-        return path
-
-    def run_copy(self, edit_last: Callable[[dict], Any] | None = None) -> Path:
-        """The finished tiny run copied to ./run, its last.pt re-saved after `edit_last`."""
-        out = Path(shutil.copytree(self.world.run, self.dir / "run"))
-        if edit_last is not None:
-            last = out / "checkpoints" / "last.pt"
-            state = torch.load(last, map_location="cpu", weights_only=True)
-            edit_last(state)
-            torch.save(state, last)
-        return out
+# The private names this module patches, in one place to update when the package moves: the
+# work that no user error may start (SentencePiece and model training, translating, averaging,
+# converting). Any of them called while an error case runs fails the case.
+WORK = (
+    "attn_mt.data.tokenizer.spm.SentencePieceTrainer.train",
+    "attn_mt.train.loop.Trainer.run",
+    "attn_mt.decode.translator.Translator.translate_nbest",
+    "attn_mt.checkpoint.average_checkpoints",
+    "attn_mt.decode.export.AttnMTConverter.convert",
+)
 
 
 @dataclass
 class Case:
-    """`make(ws)` prepares files and returns the CLI arguments; the error line must hold every
-    one of `words`. `user=True` runs the case as NOBODY."""
+    """`make(ws)` prepares files and returns the CLI arguments. Expected: a user error whose
+    line holds every one of `error`, or (`error=None`) a success that `check` examines.
+    `user=True` runs the case as NOBODY; `process=True` in a child process."""
 
     id: str
     make: Callable[[Workspace], list[Any]]
-    words: list[str]
+    error: list[str] | None
+    check: Callable[[subprocess.CompletedProcess[bytes]], None] | None = None
     user: bool = False
-
-
-def train_args(config: Path, *extra: str) -> list[Any]:
-    return ["train", "--config", config, "--device", "cpu", *extra]
-
-
-def translate_args(model: Path) -> list[Any]:
-    return ["translate", "--model", model, "--device", "cpu"]
+    process: bool = False
+    marks: tuple[Any, ...] = ()
 
 
 def evaluate_args(model: Path, *extra: Any) -> list[Any]:
@@ -314,9 +100,121 @@ def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
+class CreatesFile:
+    """Unpickling this calls open(path, "w"): a stand-in for any code a crafted file could run."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+def malicious_checkpoint(ws: Workspace, name: str, plain_pickle: bool) -> Path:
+    """A checkpoint-shaped file whose unpickling would create ./PWNED (checked to be live)."""
+    probe = ws.dir / "probe"
+    pickle.loads(pickle.dumps(CreatesFile(probe))).close()  # a plain unpickler runs it
+    assert probe.exists()
+    probe.unlink()
+    payload = {
+        "format": FORMAT,
+        "model": CreatesFile(ws.dir / "PWNED"),
+        "config": {},
+        "step": 0,
+        "tokenizers": {},
+    }
+    path = ws.dir / name
+    if plain_pickle:
+        path.write_bytes(pickle.dumps(payload))
+    else:
+        torch.save(payload, path)
+    return path
+
+
+def flip_tensor_bytes(path: Path) -> Path:
+    """Flip 16 bytes inside the largest tensor record of a zip checkpoint (in place)."""
+    with zipfile.ZipFile(path) as archive:
+        record = max(
+            (i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size
+        )
+    data = bytearray(path.read_bytes())
+    header = record.header_offset
+    name_len = int.from_bytes(data[header + 26 : header + 28], "little")
+    extra_len = int.from_bytes(data[header + 28 : header + 30], "little")
+    middle = header + 30 + name_len + extra_len + record.file_size // 2
+    data[middle : middle + 16] = bytes(b ^ 0xFF for b in data[middle : middle + 16])
+    path.write_bytes(data)
+    return path
+
+
 # -- config -----------------------------------------------------------------------------------
 
 CONFIG_CASES = [
+    Case(
+        "config-missing",
+        lambda ws: train_args(ws.dir / "missing.yaml"),
+        ["missing.yaml: config file not found"],
+    ),
+    Case(
+        "config-binary-garbage",
+        lambda ws: train_args(ws.file("garbage.yaml", bytes(range(256)) * 4)),
+        ["garbage.yaml: cannot read config", "can't decode byte"],
+    ),
+    Case(
+        "config-control-characters",
+        lambda ws: train_args(ws.file("nul.yaml", b"data:\x00\x01\x02\n")),
+        ["nul.yaml: YAML syntax error: special characters are not allowed"],
+    ),
+    Case(
+        "config-yaml-syntax-error",
+        lambda ws: train_args(ws.file("broken.yaml", "data:\n  max_len: [1, 2\nmodel: {}\n")),
+        ["broken.yaml:3: YAML syntax error"],
+    ),
+    Case(
+        "config-not-a-mapping",
+        lambda ws: train_args(ws.file("list.yaml", "- data\n- model\n")),
+        ["list.yaml: the top level must be a mapping of sections, not a list"],
+    ),
+    Case(
+        "config-unknown-key",
+        lambda ws: train_args(ws.config(model={"d_modle": 64})),
+        ["model.d_modle: unknown key; did you mean model.d_model?"],
+    ),
+    Case(
+        "config-wrong-type",
+        lambda ws: train_args(ws.config(model={"heads": "four"})),
+        ["model.heads: 'four' is a string, expected int"],
+    ),
+    Case(
+        "config-heads-not-dividing-d_model",
+        lambda ws: train_args(ws.config(model={"heads": 3})),
+        ["model.heads: 3 is invalid; must divide model.d_model (32)"],
+    ),
+    Case(
+        "config-negative-dropout",
+        lambda ws: train_args(ws.config(model={"dropout": -0.1})),
+        ["model.dropout: -0.1 is invalid; must be in [0, 1)"],
+    ),
+    Case(
+        "config-beam-0",
+        lambda ws: train_args(ws.config(decode={"beam": 0})),
+        ["decode.beam: 0 is invalid; must be >= 1"],
+    ),
+    Case(
+        "config-vocab-too-small",
+        lambda ws: train_args(ws.config(tokenizer={"vocab_size": 3})),
+        ["tokenizer.vocab_size: 3 is invalid", "special symbols"],
+    ),
+    Case(
+        "config-set-without-equals",
+        lambda ws: train_args(ws.config(), "--set", "train.lr"),
+        ["--set train.lr: expected KEY=VALUE"],
+    ),
+    Case(
+        "config-set-unknown-key",
+        lambda ws: train_args(ws.config(), "--set", "train.lrr=0.1"),
+        ["train.lrr: unknown key; did you mean train.lr?"],
+    ),
     Case(
         "config-duplicate-section",
         lambda ws: train_args(ws.yaml("model:\n  heads: 4\n")),
@@ -441,7 +339,53 @@ CONFIG_CASES = [
 
 # -- data -------------------------------------------------------------------------------------
 
+
+def offline_corpus(ws: Workspace) -> list[Any]:
+    """A named corpus that is nowhere here, with downloads off."""
+    ws.env.update(ATTN_MT_DATA=str(ws.folder("data")), ATTN_MT_CACHE=str(ws.folder("cache")))
+    raw = ws.raw()
+    raw["data"] = {"dataset": "multi30k", "src_lang": "de", "tgt_lang": "en"}
+    return train_args(ws.file("multi30k.yaml", yaml.safe_dump(raw)))
+
+
 DATA_CASES = [
+    Case(
+        "data-file-missing",
+        lambda ws: train_args(ws.train_files(ws.dir / "no.src", ws.dir / "no.tgt")),
+        ["no.src: file not found"],
+    ),
+    Case(
+        "data-line-counts-differ",
+        lambda ws: train_args(
+            ws.train_files(ws.world.corpus["train.src"], ws.file("short.tgt", "Ba\nCa\n"))
+        ),
+        ["has 300 lines but", "short.tgt has 2", "one target line per source line"],
+    ),
+    Case(
+        "data-empty-corpus",
+        lambda ws: train_args(ws.train_files(ws.file("e.src", ""), ws.file("e.tgt", ""))),
+        ["e.src: the training corpus has no non-empty pairs"],
+    ),
+    Case(
+        "data-every-pair-too-long",
+        lambda ws: train_args(ws.config(data={"max_len": 1})),
+        ["every training pair was filtered out", "data.max_len=1"],
+        process=True,  # found while encoding, in a pool forked from the process
+    ),
+    Case(
+        "data-invalid-utf8",
+        lambda ws: train_args(
+            ws.train_files(
+                ws.file("latin1.src", b"qb qc\nq\xe9b\n"), ws.file("latin1.tgt", "Ba Ca\nBa\n")
+            )
+        ),
+        ["latin1.src:2: invalid UTF-8", "convert the file to UTF-8"],
+    ),
+    Case(
+        "data-named-corpus-offline",
+        offline_corpus,
+        ["multi30k: val.de.gz not found", "data/multi30k", "no download: ATTN_MT_OFFLINE is set"],
+    ),
     Case(
         "data-validation-all-blank",
         lambda ws: train_args(
@@ -527,6 +471,32 @@ def drop_key(key: str) -> Callable[[dict], Any]:
 
 
 RUN_CASES = [
+    Case(
+        "run-out_dir-holds-a-run",
+        lambda ws: (ws.run_copy(), train_args(ws.config()))[1],
+        ["already holds a run", "--resume", "choose another train.out_dir"],
+    ),
+    Case(
+        "run-resume-nothing",
+        lambda ws: train_args(ws.config(), "--resume"),
+        ["nothing to resume", "start without --resume"],
+    ),
+    Case(
+        "run-resume-changed-model",
+        lambda ws: (
+            ws.run_copy(),
+            train_args(ws.config(model={"d_ff": 128, "heads": 4}), "--resume"),
+        )[1],
+        ["cannot resume with a changed config", "model.heads", "model.d_ff"],
+    ),
+    Case(
+        "run-resume-corrupt-last",
+        lambda ws: (
+            flip_tensor_bytes(ws.run_copy() / "checkpoints" / "last.pt"),
+            train_args(ws.config(), "--resume"),
+        )[1],
+        ["last.pt: corrupt", "fails its checksum"],
+    ),
     Case(
         "run-out_dir-is-a-file",
         lambda ws: train_args(ws.config(out=ws.file("notadir", "x"))),
@@ -656,7 +626,67 @@ def zip_archive(ws: Workspace, name: str) -> Path:
     return ws.dir / name
 
 
+def truncated(ws: Workspace, name: str) -> Path:
+    """The first half of a checkpoint."""
+    whole = ws.checkpoint().read_bytes()
+    return ws.file(name, whole[: len(whole) // 2])
+
+
 CHECKPOINT_CASES = [
+    Case(
+        "checkpoint-missing",
+        lambda ws: translate_args(ws.dir / "nothere.pt"),
+        ["nothere.pt: checkpoint not found"],
+    ),
+    Case(
+        "checkpoint-folder-without-best",
+        lambda ws: translate_args(ws.dir),
+        ["no checkpoints/best.pt in this folder"],
+    ),
+    Case(
+        "checkpoint-truncated",
+        lambda ws: translate_args(truncated(ws, "truncated.pt")),
+        ["truncated.pt: not a readable checkpoint, truncated or corrupt"],
+    ),
+    Case(
+        "checkpoint-corrupted-bytes",
+        lambda ws: translate_args(flip_tensor_bytes(ws.checkpoint("flipped.pt"))),
+        ["flipped.pt: corrupt", "fails its checksum"],
+    ),
+    Case(
+        "checkpoint-text-file",
+        lambda ws: translate_args(ws.file("notes.pt", "hello, not a checkpoint\n")),
+        ["notes.pt: not a checkpoint; it is a text file"],
+    ),
+    Case(
+        "checkpoint-plain-tensor",
+        lambda ws: translate_args(ws.saved("tensor.pt", torch.zeros(3))),
+        ["tensor.pt: not an attn-mt checkpoint"],
+    ),
+    Case(
+        "checkpoint-tensors-do-not-fit-config",
+        lambda ws: translate_args(
+            ws.checkpoint("misfit.pt", lambda s: s["config"]["model"].update(d_ff=256))
+        ),
+        ["misfit.pt: its tensors do not fit its config"],
+    ),
+    Case(
+        "checkpoint-tokenizer-garbage",
+        lambda ws: translate_args(
+            ws.checkpoint("spm.pt", lambda s: s["tokenizers"].update(src=b"junk", tgt=b"junk"))
+        ),
+        ["spm.pt: its SentencePiece models are missing or corrupt"],
+    ),
+    Case(
+        "checkpoint-malicious-torch-save",
+        lambda ws: translate_args(malicious_checkpoint(ws, "evil.pt", plain_pickle=False)),
+        ["evil.pt: refused to load", "could run code"],
+    ),
+    Case(
+        "checkpoint-malicious-plain-pickle",
+        lambda ws: translate_args(malicious_checkpoint(ws, "evil.pkl", plain_pickle=True)),
+        ["evil.pkl: refused to load", "could run code"],
+    ),
     Case(
         "checkpoint-gzip-file",
         lambda ws: translate_args(ws.file("model.pt.gz", gz(["qb qc"]))),
@@ -736,7 +766,7 @@ CHECKPOINT_CASES = [
     ),
 ]
 
-# -- output paths: refused before any translating or averaging --------------------------------
+# -- evaluate inputs, devices, output paths: refused before any translating or averaging ------
 
 
 def best(ws: Workspace) -> Path:
@@ -744,6 +774,20 @@ def best(ws: Workspace) -> Path:
 
 
 OUTPUT_CASES = [
+    Case(
+        "evaluate-line-counts-differ",
+        lambda ws: (
+            ["evaluate", "--model", best(ws), "--src", ws.world.corpus["valid.src"]]
+            + ["--ref", ws.file("one.ref", "Ba\n"), "--device", "cpu"]
+        ),
+        ["has 8 lines but", "one.ref has 1"],
+    ),
+    Case(
+        "device-cuda-without-gpu",
+        lambda ws: ["translate", "--model", best(ws), "--device", "cuda"],
+        ["--device cuda: no CUDA GPU is available here; use --device cpu"],
+        marks=(pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present"),),
+    ),
     Case(
         "evaluate-out-is-a-folder",
         lambda ws: evaluate_args(best(ws), "--out", ws.folder("hyps")),
@@ -843,215 +887,133 @@ STDIN_CASES = [
     ),
 ]
 
-CASES = CONFIG_CASES + DATA_CASES + RUN_CASES + CHECKPOINT_CASES + OUTPUT_CASES + STDIN_CASES
+# -- translate: odd input that must translate, in a child process (the real stdout's bytes) ---
+
+ANY_TEXT = ...  # an expected output line: any non-blank text (None: anything, "": blank)
+
+
+def assert_translations(
+    result: subprocess.CompletedProcess[bytes], expected: list[Any], warning: str | None
+) -> None:
+    """Exit 0; stdout is UTF-8 without \\r, one line per input line, blank exactly where due."""
+    stderr = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 0, stderr
+    assert "Traceback" not in stderr and "attn-mt: error" not in stderr, stderr
+    text = result.stdout.decode("utf-8")  # strict: invalid input never makes invalid output
+    assert "\r" not in text and text.endswith("\n") == bool(expected)
+    lines = text.split("\n")[:-1]
+    assert len(lines) == len(expected), lines
+    for number, (line, want) in enumerate(zip(lines, expected, strict=True), start=1):
+        if want is ANY_TEXT:
+            assert line.strip(), f"output line {number} is blank"
+        elif want is not None:
+            assert line == want, f"output line {number}: {line!r}"
+    if warning is not None:
+        assert re.search(warning, stderr), stderr
+
+
+def translation(name: str, stdin: bytes, expected: list[Any], warning: str | None = None) -> Case:
+    """A `translate` case over conftest's well-trained toy model (beam search, the default);
+    `warning` is a pattern that stderr must match."""
+
+    def make(ws: Workspace) -> list[Any]:
+        ws.stdin = Stdin(stdin)
+        return translate_args(ws.trained_run())
+
+    def check(result: subprocess.CompletedProcess[bytes]) -> None:
+        assert_translations(result, expected, warning)
+
+    return Case(name, make, None, check, process=True)
+
+
+TRANSLATE_CASES = [
+    translation("translate-empty-input", b"", []),
+    translation(
+        "translate-blank-whitespace-crlf-lines",
+        b"qb qc\r\n\n   \n\t\r\n\r\nqd",  # and no final newline
+        [ANY_TEXT, "", "", "", "", ANY_TEXT],
+    ),
+    translation(
+        "translate-10000-character-line",
+        b"qb " * 3333 + b"q\nqd\n",
+        [ANY_TEXT, ANY_TEXT],
+        r"line 1: \d+ source tokens, truncated to 256 \(decode.max_input_len\)",
+    ),
+    translation(
+        "translate-invalid-utf8-and-control-characters",
+        b"qb\nq\xff\xfec\nqd\x00\x07\x1b[2J\nqf\n",
+        [ANY_TEXT, None, None, ANY_TEXT],
+        r"line 2: invalid UTF-8, replaced with U\+FFFD",
+    ),
+]
+
+CASES = (
+    CONFIG_CASES
+    + DATA_CASES
+    + RUN_CASES
+    + CHECKPOINT_CASES
+    + OUTPUT_CASES
+    + STDIN_CASES
+    + TRANSLATE_CASES
+)
 
 
 @contextlib.contextmanager
 def no_work_may_start() -> Iterator[None]:
-    """Every check comes before the work: training SentencePiece or the model, translating,
-    averaging, converting. Any of them called here fails the case (not as a UserError)."""
+    """Every check comes before the work: any of `WORK` called here fails the case (not as a
+    user error)."""
 
     def work(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the work started before the mistake was found")
 
     with contextlib.ExitStack() as stack:
-        for target in (
-            "attn_mt.data.tokenizer.spm.SentencePieceTrainer.train",
-            "attn_mt.train.loop.Trainer.run",
-            "attn_mt.decode.translator.Translator.translate_nbest",
-            "attn_mt.checkpoint.average_checkpoints",
-            "attn_mt.decode.export.AttnMTConverter.convert",
-        ):
+        for target in WORK:
             stack.enter_context(mock.patch(target, work))
         yield
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
-def test_hostile_case(case: Case, world: World, tmp_path_factory: pytest.TempPathFactory) -> None:
-    ws = Workspace(Path(tempfile.mkdtemp(dir=world.root, prefix=case.id + ".")), world)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=c.marks, id=c.id) for c in CASES])
+def test_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
+    ws = Workspace(
+        Path(tempfile.mkdtemp(dir=world.root, prefix=case.id + ".")),
+        world,
+        env=world.env(),
+        fixture=request.getfixturevalue,
+    )
     ws.dir.chmod(0o777)  # NOBODY may create files here unless a case says otherwise
-    ws.env.update(ATTN_MT_CACHE=str(world.cache), ATTN_MT_OFFLINE="1")
     with ws.hold:
         args = case.make(ws)
-        watched = [ws.dir, world.run, *world.corpus.values()]
+        watched = [ws.dir, world.run, *world.corpus.values(), *ws.watched]
         before = snapshot(*watched)
-        with no_work_may_start():
-            result = run_cli(args, ws.stdin, ws.env, user=case.user)
+        if case.process:
+            result = attn_mt(*args, cwd=ws.dir, env=child_env(**ws.env), stdin=ws.stdin.data)
+        else:
+            with no_work_may_start():
+                result = run_cli(args, ws.stdin, ws.env, user=case.user)
         after = snapshot(*watched)
-    assert result.code == 2, f"exit {result.code}\n{result.stderr}"
-    assert result.stdout == ""
-    # One error line, the last; what came before it can only be start-up progress lines.
-    lines = result.stderr.splitlines()
-    errors = [line for line in lines if line.startswith("attn-mt: error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    for words in case.words:
-        assert words in errors[0], f"{words!r} not in {errors[0]!r}"
+    if case.error is None:
+        case.check(result)
+    else:
+        assert_user_error(result, *case.error)
     assert after == before  # no file changed, created or removed
+    assert not (ws.dir / "PWNED").exists()
 
 
 def test_the_table_is_large_and_covers_every_class() -> None:
-    assert len(CASES) >= 60
+    assert len(CASES) >= 117
     prefixes = {case.id.split("-")[0] for case in CASES}
-    assert {"config", "data", "run", "checkpoint", "evaluate", "average", "export", "stdin"} <= (
-        prefixes
-    )
+    assert {
+        "config",
+        "data",
+        "run",
+        "checkpoint",
+        "evaluate",
+        "average",
+        "export",
+        "attention",
+        "device",
+        "stdin",
+        "translate",
+    } <= prefixes
     assert len({case.id for case in CASES}) == len(CASES)
     assert sum(case.user for case in CASES) >= 10
-
-
-# ---------------------------------------------------------------------------------------------
-# Beyond the table: a lock that dies with its process, repairs, file modes, output alignment
-
-
-# The holder imports attn_mt.train.runfolder without the package's __init__ (which imports torch):
-# the real locking code, started in milliseconds instead of seconds.
-HOLD_LOCK = (
-    "import sys, time, types\n"
-    "package = types.ModuleType('attn_mt')\n"
-    "package.__path__ = [sys.argv[2]]\n"
-    "sys.modules['attn_mt'] = package\n"
-    "from attn_mt.train.runfolder import lock_run_folder\n"
-    "with lock_run_folder(sys.argv[1]):\n"
-    "    print('locked', flush=True)\n"
-    "    time.sleep(120)\n"
-)
-
-
-def test_a_lock_held_by_another_process_dies_with_it(world: World, tmp_path: Path) -> None:
-    """Another process holds the folder: refused with its pid; SIGKILLed, its lock is gone."""
-    out = tmp_path / "run"
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(tiny_config(world.corpus, out)))
-    env = {"ATTN_MT_CACHE": str(world.cache), "ATTN_MT_OFFLINE": "1"}
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(out), str(Path(cli.__file__).parents[1])],
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert holder.stdout.readline() == b"locked\n"
-        for extra in ([], ["--resume"]):
-            result = run_cli(train_args(config, *extra), Stdin(), env)
-            assert result.code == 2
-            assert f"another attn-mt train (pid {holder.pid}) is running" in result.stderr
-            assert sorted(p.name for p in out.iterdir()) == [".lock"]  # the holder's alone
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
-    with lock_run_folder(out):  # no stale lock: the kernel dropped it with the process
-        assert (out / ".lock").read_text() == f"{os.getpid()}\n"
-    assert list(out.iterdir()) == []  # and a folder holding only a lock file counts as new
-
-
-def test_a_failure_before_the_first_checkpoint_leaves_nothing_behind(
-    world: World, tmp_path: Path
-) -> None:
-    """A run that diverges at step 1 takes its folder (and the parent it made) away again, so
-    the retry starts as the first attempt did."""
-    out = tmp_path / "deep" / "run"
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(tiny_config(world.corpus, out)))
-    env = {"ATTN_MT_CACHE": str(world.cache), "ATTN_MT_OFFLINE": "1"}
-
-    def nan_loss(logits: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        loss = logits.sum() * float("nan")
-        return loss, loss.detach()
-
-    with mock.patch("attn_mt.train.loop.label_smoothed_loss", nan_loss):
-        result = run_cli(train_args(config, "--set", "train.max_nonfinite=1"), Stdin(), env)
-    assert result.code == 2 and "no checkpoint had been written yet" in result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]
-
-
-def test_a_partly_written_metrics_line_is_dropped_on_resume(world: World, tmp_path: Path) -> None:
-    out = Path(shutil.copytree(world.run, tmp_path / "run"))
-    with open(out / "metrics.jsonl", "a") as metrics:
-        metrics.write('{"step": 3, "split": "tra')  # a full disk cut the last line short
-    with open(out / "train.log", "a") as log:
-        log.write("2026-01-01 step 3  epo")
-    raw = tiny_config(world.corpus, out)
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(raw))
-    env = {"ATTN_MT_CACHE": str(world.cache), "ATTN_MT_OFFLINE": "1"}
-    whole = (world.run / "metrics.jsonl").read_text()
-    result = run_cli(train_args(config, "--resume"), Stdin(), env)  # finished: no new step
-    assert result.code == 0, result.stderr
-    assert (out / "metrics.jsonl").read_text() == whole  # the whole lines, as they were
-    assert [json.loads(line)["step"] for line in whole.splitlines()] == [3]
-
-
-def test_run_folder_and_cache_files_follow_the_umask(world: World, tmp_path: Path) -> None:
-    """Written under umask 022 (the fixture), every file is 0644, as `open` would make it."""
-    files = [p for p in world.run.rglob("*") if p.is_file()] + list(world.cache.rglob("*.model"))
-    assert len(files) >= 6
-    assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o644"}
-    old = os.umask(0o027)
-    try:
-        save_checkpoint({"x": torch.zeros(1)}, tmp_path / "a.pt")
-        write_output(tmp_path / "hyp.txt", "a\n")
-    finally:
-        os.umask(old)
-    assert {oct((tmp_path / n).stat().st_mode & 0o777) for n in ("a.pt", "hyp.txt")} == {"0o640"}
-
-
-def test_a_damaged_sentencepiece_cache_entry_is_trained_again(world: World, tmp_path: Path) -> None:
-    cache = Path(shutil.copytree(world.cache, tmp_path / "cache"))
-    (entry,) = (cache / "spm").rglob("*.model")  # the SentencePiece cache, not the shards
-    entry.write_bytes(b"half a model")
-    cfg = config_from_dict(tiny_config(world.corpus, tmp_path / "run"))
-    lines = world.corpus["train.src"].read_text().splitlines()
-    lines += world.corpus["train.tgt"].read_text().splitlines()
-    tokenizer = train_tokenizer(cfg.tokenizer, lines, entry.parent)
-    assert (
-        entry.read_bytes()
-        == tokenizer.model_bytes
-        == (world.cache / entry.relative_to(cache)).read_bytes()
-    )
-
-
-def newline_pieces(translator: Translator) -> list[int]:
-    """Piece ids of a hypothesis that decodes to '\\nqb\\r\\nqc\\r' (byte pieces)."""
-    sp = translator.tgt_tokenizer.sp
-    newline, carriage_return = sp.piece_to_id("<0x0A>"), sp.piece_to_id("<0x0D>")
-    assert sp.unk_id() not in (newline, carriage_return)
-    qb, qc = translator.tgt_tokenizer.encode(["qb", "qc"])
-    return [newline, *qb, carriage_return, newline, *qc, carriage_return]
-
-
-def test_output_has_one_line_per_input_line_whatever_the_model_emits(world: World) -> None:
-    translator = load(world.run / "checkpoints" / "best.pt", device="cpu")
-    tokens = newline_pieces(translator)
-    assert "\n" in translator.tgt_tokenizer.decode([tokens])[0]  # what the model could emit
-
-    def search(model: Any, src: torch.Tensor, *args: Any) -> list[list[Hypothesis]]:
-        return [[Hypothesis(tokens, -1.0, -1.0)] for _ in range(src.shape[0])]
-
-    lines = ["qb qc", "", "qd qf qg", "qh"]
-    stdin = Stdin("".join(line + "\n" for line in lines).encode())
-    with (
-        mock.patch("attn_mt.decode.translator.beam_search", search),
-        mock.patch(
-            "attn_mt.decode.translator.greedy_search", lambda *a: [h[0] for h in search(*a)]
-        ),
-    ):
-        beam = translator.translate(lines, beam=2)
-        greedy = translator.translate(lines, beam=1)
-        result = run_cli(translate_args(world.run), stdin, {"ATTN_MT_OFFLINE": "1"})
-    assert result.code == 0, result.stderr
-    assert beam == greedy
-    assert [bool(text) for text in beam] == [True, False, True, True]
-    assert all("qb" in t and "qc" in t and "\n" not in t and "\r" not in t for t in beam if t)
-    assert result.stdout.split("\n") == [*beam, ""]  # the CLI prints what the API returns
-
-
-@pytest.mark.parametrize(
-    ("lines", "words"),
-    [("qb qc", "not one str"), (b"qb qc", "not one str"), (["qb", None], "must be a str")],
-    ids=["str", "bytes", "list-with-None"],
-)
-def test_the_api_refuses_what_is_not_a_list_of_lines(world: World, lines: Any, words: str) -> None:
-    translator = load(world.run, device="cpu")
-    for method in (translator.translate, translator.translate_nbest):
-        with pytest.raises(TypeError, match=words) as err:
-            method(lines)
-        assert "\n" not in str(err.value)

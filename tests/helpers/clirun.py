@@ -1,17 +1,18 @@
 """Running the real `attn-mt` in child processes, for the end-to-end error and fault tests:
 the command, its environment (offline, the test cache), a check that a user error is one line
-and exit 2, a snapshot of the files a case must not change, and the toy corpus and run the
-cases build on.
+and exit 2, a snapshot of the files a case must not change, and the toy corpus and runs the
+cases build on (the hostile cases' `world` too; `helpers/workspace.py` runs them in-process).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from helpers.toy import (
     toy_pairs,
     write_lines,
 )
+from helpers.workspace import World, build_world
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "attn-mt"
 CLI = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.is_file() else [sys.executable, "-m", "attn_mt"]
@@ -88,12 +90,16 @@ def assert_user_error(result: subprocess.CompletedProcess[bytes], *fragments: st
     return errors[0]
 
 
-def snapshot(*roots: Path) -> dict[Path, str]:
-    """Every file (sha256) and folder under `roots`: a user error must change none of them."""
+def snapshot(*roots: Path) -> dict[Path, tuple[str, int]]:
+    """Every file (sha256) and folder under `roots`, with its mode: a user error must change
+    none of them (a root that does not exist is left out, so creating it shows)."""
     found = {}
     for root in roots:
+        if not root.exists():
+            continue
         for path in [root, *root.rglob("*")] if root.is_dir() else [root]:
-            found[path] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "/"
+            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "/"
+            found[path] = (digest, path.lstat().st_mode)
     return found
 
 
@@ -117,6 +123,14 @@ def corpus(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
         crlf.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
         files[f"crlf.{name}"] = crlf
     return files
+
+
+@pytest.fixture(scope="session")
+def world() -> Iterator[World]:
+    """The hostile-input cases' corpus, SentencePiece cache and tiny finished run."""
+    built = build_world()
+    yield built
+    shutil.rmtree(built.root, ignore_errors=True)
 
 
 def config_dict(corpus: dict[str, Path], out_dir: Path, crlf: bool = False, **train) -> dict:
