@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The back-translation loop on Multi30k, end to end, as measured in the README:
+# The back-translation loop on Multi30k, end to end, as measured in docs/results.md:
 #   1. split the 29k training pairs: the first 14,500 are the parallel data, the English side
 #      of the other 14,500 plays monolingual English;
 #   2. train en->de on the parallel half;

@@ -1,9 +1,9 @@
-"""The README's table of every config key, generated from the config dataclasses.
+"""The table of every config key in docs/config.md, generated from the config dataclasses.
 
     python scripts/config_table.py            # print the table
-    python scripts/config_table.py --write    # replace it in README.md (between the markers)
+    python scripts/config_table.py --write    # replace it in docs/config.md (between the markers)
 
-tests/test_readme.py fails when README.md and the dataclasses disagree.
+tests/e2e/test_readme.py fails when docs/config.md and the dataclasses disagree.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attn_mt.config import config_keys  # noqa: E402
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+CONFIG_DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 START, END = "<!-- config-keys:start -->", "<!-- config-keys:end -->"
 
 
@@ -40,7 +40,7 @@ def _yaml(value: object) -> str:
 
 
 def with_table(text: str) -> str:
-    """`text` (the README) with the block between the markers replaced by the current table."""
+    """`text` (docs/config.md) with the block between the markers replaced by the current table."""
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{START}\n{table()}\n{END}{tail}"
@@ -48,9 +48,9 @@ def with_table(text: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="update README.md in place")
+    parser.add_argument("--write", action="store_true", help="update docs/config.md in place")
     if parser.parse_args().write:
-        README.write_text(with_table(README.read_text(encoding="utf-8")), encoding="utf-8")
+        CONFIG_DOC.write_text(with_table(CONFIG_DOC.read_text(encoding="utf-8")), encoding="utf-8")
     else:
         print(table())
 

@@ -197,11 +197,9 @@ class Resampler:
     The seed is the batch's place in the data (seed, epoch, batch, rank), so a resumed run
     samples what the straight run would have. The batch was cut by the best segmentations'
     lengths, and its padded width is that of its longest sentence: so that one long sample
-    does not widen the whole batch (it did, by up to 80% of padding), a sampled sentence
-    keeps its best segmentation when it is longer than the batch's longest best one plus 10%
-    (at least 2 pieces), or than `data.max_len`. On Multi30k at alpha 0.3 a batch then holds
-    6% more real tokens and a 13% larger padded tensor than unsampled, and 53% of its
-    sentences are cut differently.
+    does not widen the whole batch, a sampled sentence keeps its best segmentation when it is
+    longer than the batch's longest best one plus 10% (at least 2 pieces), or than
+    `data.max_len` (figures: docs/performance.md).
     """
 
     tokenizers: tuple[Tokenizer, Tokenizer]

@@ -112,9 +112,10 @@ class Embedder(nn.Module):
 class Dropout(nn.Module):
     """Inverted dropout: each element is zeroed with probability p, the rest scaled by 1/(1-p).
 
-    On the CPU, torch's dropout draws one 32-bit random number per element, which took 15% of
-    a bf16 training step; here each 64-bit draw gives four 16-bit numbers, 3-4x faster. So p is
-    rounded to a multiple of 1/65536, and the scale uses the rounded p (E[output] = input).
+    On the CPU, torch's dropout draws one 32-bit random number per element, a visible share of
+    a training step; here each 64-bit draw gives four 16-bit numbers (figures:
+    docs/performance.md). So p is rounded to a multiple of 1/65536, and the scale uses the
+    rounded p (E[output] = input).
     On other devices torch's fused dropout kernel is used.
     """
 

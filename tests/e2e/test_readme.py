@@ -1,9 +1,10 @@
-"""The README cannot drift from the code: its config table and the commands it shows."""
+"""The README and docs/ cannot drift from the code: the config table, the commands, the links."""
 
 from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import REPO
@@ -16,16 +17,18 @@ sys.path.insert(0, str(REPO / "scripts"))
 import config_table  # noqa: E402
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
+CONFIG_DOC = config_table.CONFIG_DOC.read_text(encoding="utf-8")
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 def test_config_table_is_the_generated_one() -> None:
-    assert config_table.with_table(README) == README, (
-        "README.md's config table is stale: run `python scripts/config_table.py --write`"
+    assert config_table.with_table(CONFIG_DOC) == CONFIG_DOC, (
+        "docs/config.md's config table is stale: run `python scripts/config_table.py --write`"
     )
 
 
 def test_config_table_lists_every_key_once() -> None:
-    block = README.split(config_table.START)[1].split(config_table.END)[0]
+    block = CONFIG_DOC.split(config_table.START)[1].split(config_table.END)[0]
     listed = re.findall(r"^\| `([a-z0-9_.]+)` \|", block, flags=re.M)
     assert listed == [path for path, *_ in config_keys()]
 
@@ -43,3 +46,25 @@ COMMANDS = sorted(
 @pytest.mark.parametrize("command", COMMANDS, ids=str)
 def test_every_command_is_shown(command: str) -> None:
     assert re.search(rf"attn-mt {command}\b", README), f"README never shows `attn-mt {command}`"
+
+
+def relative_links(page: Path) -> list[str]:
+    """The targets of the page's Markdown links that are not URLs or in-page anchors."""
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:|#", t)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_relative_link_points_to_a_file(page: Path) -> None:
+    broken = [
+        target
+        for target in relative_links(page)
+        if not (page.parent / target.split("#")[0]).exists()
+    ]
+    assert broken == [], f"{page.relative_to(REPO)} links to missing files: {broken}"
+
+
+def test_the_docs_are_linked_from_the_readme() -> None:
+    linked = {(REPO / t.split("#")[0]).resolve() for t in relative_links(REPO / "README.md")}
+    assert [p.name for p in PAGES[1:] if p.resolve() not in linked] == []
