@@ -61,6 +61,10 @@ def train(
 
     if init_from is not None and resume:
         raise UserError("--init-from starts a new run and --resume continues one; give only one")
+    if run_dir is not None and not run_dir.is_dir() and run_dir.suffix in (".yaml", ".yml"):
+        raise UserError(
+            f"train: {run_dir} is a config file; give it as `attn-mt train --config {run_dir}`"
+        )
     if run_dir is not None and not resume:
         raise UserError(
             f"train: {run_dir} given without --resume; continue that run with "

@@ -129,6 +129,7 @@ class Trainer:
         world = self.world
         cfg, last, init = starting_point(self.cfg, resume, world)
         self.cfg = cfg
+        log.info("run folder: %s (%s)", cfg.train.out_dir, "resumed" if last else "a new run")
         self.precision = resolve_precision(cfg.train.precision, self.device)
         self.dtype = DTYPES[self.precision]
         if cfg.train.threads:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import math
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -345,11 +346,10 @@ def log_finish(
     best: float | None,
     share: str,
 ) -> None:
-    """The closing lines: how the run stopped, at which step, with which best score."""
+    """The closing lines: how the run stopped, at which step, with which best score, where the
+    run is and the command that continues it."""
     if stopped_by == "signal":
-        log.info(
-            "stopped by %s at step %d; last.pt written, resume with --resume", stop_signal, step
-        )
+        log.info("stopped by %s at step %d; last.pt written", stop_signal, step)
     if stopped_by == "early stopping":
         log.info("early stopping: no better %s in %d validations", t.select_metric, t.patience)
     log.info(
@@ -360,3 +360,17 @@ def log_finish(
         "-" if best is None else f"{best:.2f}",
         share,
     )
+    log.info("run folder: %s; %s", t.out_dir, continue_command(t, stopped_by))
+
+
+def continue_command(t: TrainConfig, stopped_by: str) -> str:
+    """What continues a run that stopped so: one command whatever config or `--set` started
+    it, since the run folder holds its resolved config."""
+    command = f"attn-mt train --resume {shlex.quote(t.out_dir)}"
+    if stopped_by == "signal":
+        return f"continue it with `{command}`"
+    # The budget it reached must grow, or the resumed run ends at once.
+    budget = {"max_steps": "N", "max_minutes": "M", "max_epochs": "E"}.get(stopped_by)
+    if budget:
+        return f"train it further with `{command} --set train.{stopped_by}={budget}`"
+    return f"train it further with `{command} --set train.KEY=VALUE` (a larger budget)"

@@ -150,6 +150,16 @@ def flip_tensor_bytes(path: Path) -> Path:
 # -- config -----------------------------------------------------------------------------------
 
 CONFIG_CASES = [
+    Case(  # as JoeyNMT users type it: told to use --config, not --resume
+        "config-positional",
+        lambda ws: ["train", ws.config(), "--device", "cpu"],
+        ["run.yaml is a config file; give it as `attn-mt train --config", "run.yaml`"],
+    ),
+    Case(
+        "config-positional-with-resume",
+        lambda ws: ["train", ws.config(), "--resume", "--device", "cpu"],
+        ["run.yaml is a config file; give it as `attn-mt train --config"],
+    ),
     Case(
         "config-missing",
         lambda ws: train_args(ws.dir / "missing.yaml"),

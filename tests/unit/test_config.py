@@ -276,8 +276,13 @@ def _mix() -> dict:
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
-def test_resolved_config_builds_the_same_config_with_the_same_types(path: Path, tmp_path: Path):
-    """A run resumed from its config.yaml must hash its prepared data as the first run did."""
+def test_resolved_config_builds_the_same_config_with_the_same_types(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A run resumed from its config.yaml must hash its prepared data as the first run did
+    (it named another prepared folder, so every resume encoded the corpus again)."""
+    from attn_mt.data import prepare
+
     config = load_config(path)
     saved = tmp_path / "config.yaml"
     save_config(config, saved)
@@ -285,6 +290,11 @@ def test_resolved_config_builds_the_same_config_with_the_same_types(path: Path, 
     assert again == config
     assert typed(dataclasses.asdict(again)) == typed(dataclasses.asdict(config))
     assert [key for key, value in float_keys(again) if type(value) is not float] == []
+    # The prepared folder's name, with the input files' hashes left out (no corpus needed).
+    corpus = TrainCorpus(src="a", tgt="b")
+    monkeypatch.setattr(prepare, "train_corpora", lambda data: [corpus])
+    monkeypatch.setattr(prepare, "_digest", lambda file: {})
+    assert prepare.plan(again).folder == prepare.plan(config).folder
 
 
 def test_a_corpus_mix_keeps_float_weights():

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import signal
 from pathlib import Path
 from typing import Any
@@ -233,6 +234,47 @@ def test_signal_writes_last_and_resume_finishes_the_same(
     assert_identical(
         resumable_state(load_raw(out / "checkpoints" / "last.pt")), straight_states("fp32")
     )
+
+
+def printed_command(log_text: str, phrase: str) -> list[str]:
+    """The `attn-mt ...` command that train.log's line with `phrase` tells the user to run."""
+    line = next(line for line in log_text.splitlines() if phrase in line)
+    return shlex.split(line.split("`")[1])
+
+
+def test_the_run_is_named_and_its_printed_command_continues_it(
+    toy_data: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    straight_states,
+) -> None:
+    """The start names the run folder; a stop prints the one command that continues the run
+    (whatever config started it), and that command, run as printed, ends where a straight run
+    does; a finished run prints how to train it further."""
+    from typer.testing import CliRunner
+
+    from attn_mt.cli import app
+
+    caplog.set_level(logging.INFO, logger="attn_mt")  # as the command line logs
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        signal_after_update(patch, 2, signal.SIGTERM)
+        run(resume_config(toy_data, out, "fp32"))
+    assert f"run folder: {out} (a new run)" in caplog.text  # said before the data's work
+    log_text = (out / "train.log").read_text()
+    command = printed_command(log_text, "continue it with")
+    assert command == ["attn-mt", "train", "--resume", str(out)]
+    monkeypatch.chdir(tmp_path / "..")  # the command does not depend on where it is typed
+    result = CliRunner().invoke(app, [*command[1:], "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert_identical(
+        resumable_state(load_raw(out / "checkpoints" / "last.pt")), straight_states("fp32")
+    )
+    assert f"run folder: {out} (resumed)" in caplog.text
+    log_text = (out / "train.log").read_text()
+    further = printed_command(log_text, "train it further with")
+    assert further == ["attn-mt", "train", "--resume", str(out), "--set", "train.max_steps=N"]
 
 
 # ---------------------------------------------------------------------------------------------
