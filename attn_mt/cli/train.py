@@ -55,9 +55,9 @@ def train(
     device: DeviceOption = "auto",
 ) -> None:
     """Train a model: SentencePiece, Transformer, validation BLEU, checkpoints, TensorBoard."""
-    from attn_mt.cli import progress
+    # The arguments and the config are checked before torch is imported (seconds): a mistake
+    # is reported at once.
     from attn_mt.configfile import load_config
-    from attn_mt.train.loop import train as run_training
 
     if init_from is not None and resume:
         raise UserError("--init-from starts a new run and --resume continues one; give only one")
@@ -84,6 +84,9 @@ def train(
         config, set_ = run_dir / "config.yaml", [f"train.out_dir={run_dir}", *(set_ or [])]
     overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
     cfg = load_config(config, overrides)
+    from attn_mt.cli import progress
+    from attn_mt.train.loop import train as run_training
+
     with progress.training(enabled=os.environ.get("RANK", "0") == "0") as display:
         result = run_training(cfg, resume=resume, device=device, monitor=display)
     if result.stop_signal is not None:  # the shell convention: 128 + the signal number

@@ -148,6 +148,31 @@ print("torch" in sys.modules or "ctranslate2" in sys.modules, file=sys.stderr)
     assert "attn-mt 0.1.0" in done.stdout
 
 
+def test_train_mistakes_are_reported_before_torch_is_imported(tmp_path: Path):
+    """`train` checks its arguments and the config first: a mistake costs no torch import."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((REPO / "configs" / "tiny.yaml").read_text() + "model: {heads: 3}\n")
+    script = f"""
+import sys
+from attn_mt.cli import main
+for args in {[[], ["configs/tiny.yaml"], ["--config", str(bad)],
+              ["--config", "configs/tiny.yaml", "--set", "train.lr=-1"]]!r}:
+    sys.argv = ["attn-mt", "train", *args]
+    try:
+        main()
+    except SystemExit as exit:
+        assert exit.code == 2, (args, exit.code)
+print("torch" in sys.modules, file=sys.stderr)
+"""  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("attn-mt: error:")]
+    assert len(errors) == 4, done.stderr
+    assert done.stderr.splitlines()[-1] == "False"
+
+
 def test_version_and_short_help():
     import attn_mt
 
