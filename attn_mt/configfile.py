@@ -85,8 +85,11 @@ def parse_yaml(text: str) -> Any:
         raise _Refused(1, f"a value cannot be read ({err})") from None
 
 
-def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
-    """Read a YAML config file, apply `key.path=value` overrides, and validate the result."""
+def load_config(
+    path: str | Path, overrides: typing.Sequence[str] = (), training: bool = True
+) -> Config:
+    """Read a YAML config file, apply `key.path=value` overrides, and validate the result;
+    `training=False` (prepare, data info) does not ask for a training budget."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path}: is a folder; give the YAML config file")
@@ -117,7 +120,8 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
         apply_override(raw, item)
     _resolve_data_paths(raw, Path.cwd())  # paths given with --set are relative to the shell
     config = config_from_dict(raw)
-    _check_budget(config.train)
+    if training:
+        _check_budget(config.train)
     return config
 
 

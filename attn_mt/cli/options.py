@@ -44,6 +44,14 @@ class Precision(str, enum.Enum):
     auto = "auto"  # bf16 where the device runs it natively, else fp16 (CUDA) or fp32
 
 
+ConfigSetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a config key, e.g. --set train.lr=5e-4 (repeatable).",
+    ),
+]
 DeviceOption = Annotated[
     str,
     typer.Option(

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from attn_mt.cli.app import app, data_app
-from attn_mt.cli.options import DeviceOption
+from attn_mt.cli.options import ConfigSetOption, DeviceOption
 from attn_mt.errors import UserError
 
 
@@ -28,14 +28,7 @@ def train(
         Path | None,
         typer.Option("--config", metavar="FILE", help="The YAML config file."),
     ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            metavar="KEY=VALUE",
-            help="Override a config key, e.g. --set train.lr=5e-4 (repeatable).",
-        ),
-    ] = None,
+    set_: ConfigSetOption = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -95,16 +88,22 @@ def train(
 
 @app.command()
 def prepare(
-    config: Annotated[Path, typer.Option("--config", help="The YAML config file.")],
+    config: Annotated[
+        Path | None, typer.Option("--config", metavar="FILE", help="The YAML config file.")
+    ] = None,
+    set_: ConfigSetOption = None,
     workers: Annotated[
         int, typer.Option("--workers", help="Encoding processes (0 = every core).", min=0)
     ] = 0,
 ) -> None:
     """Encode the training corpora once into token shards (train does it too when needed)."""
     from attn_mt.configfile import load_config
+
+    if config is None:
+        raise UserError("prepare: give --config FILE, the config whose training data to prepare")
+    cfg = load_config(config, set_ or [], training=False)  # it does not train: no budget needed
     from attn_mt.data.prepare import prepare_shards, prepared_corpus_lines
 
-    cfg = load_config(config)
     prepare_shards(cfg, workers=workers, repair=True)
     for line in prepared_corpus_lines(cfg):
         print(line)
@@ -125,15 +124,19 @@ def data_info(
         Path | None,
         typer.Option("--config", help="Also show this config's training corpora and shares."),
     ] = None,
+    set_: ConfigSetOption = None,
 ) -> None:
     """Show where named corpora are looked for and which files are present."""
+    from attn_mt.configfile import load_config
     from attn_mt.data.corpora import corpus_info
 
+    if set_ and config is None:
+        raise UserError("data info: --set needs --config FILE")
+    cfg = load_config(config, set_ or [], training=False) if config is not None else None
     for line in corpus_info():
         print(line)
-    if config is not None:
-        from attn_mt.configfile import load_config
+    if cfg is not None:
         from attn_mt.data.prepare import prepared_corpus_lines
 
-        for line in prepared_corpus_lines(load_config(config)):
+        for line in prepared_corpus_lines(cfg):
             print(line)

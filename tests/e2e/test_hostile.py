@@ -160,6 +160,17 @@ CONFIG_CASES = [
         lambda ws: ["train", ws.config(), "--resume", "--device", "cpu"],
         ["run.yaml is a config file; give it as `attn-mt train --config"],
     ),
+    Case("prepare-no-config", lambda ws: ["prepare"], ["prepare: give --config FILE"]),
+    Case(
+        "data-info-set-without-config",
+        lambda ws: ["data", "info", "--set", "data.max_len=8"],
+        ["data info: --set needs --config FILE"],
+    ),
+    Case(
+        "prepare-set-unknown-key",
+        lambda ws: ["prepare", "--config", ws.config(), "--set", "data.max_lenn=8"],
+        ["data.max_lenn: unknown key; did you mean data.max_len?"],
+    ),
     Case(
         "config-missing",
         lambda ws: train_args(ws.dir / "missing.yaml"),

@@ -411,3 +411,26 @@ def test_prepare_and_data_info_commands(two_corpora):
     assert str(refused.exception).startswith(f"{folder / 'src.bin'}: truncated")
     again = runner.invoke(app, ["prepare", "--config", str(two_corpora), "--workers", "1"])
     assert again.exit_code == 0 and open_shards(folder).manifest["pairs"] == 400
+
+
+def test_prepare_and_data_info_take_set_and_need_no_training_budget(two_corpora, tmp_path):
+    """They do not train: a config without a budget is fine, and `--set` changes the data as
+    it would for `train` (here data.max_len, which names another prepared folder)."""
+    from typer.testing import CliRunner
+
+    from attn_mt.cli import app
+
+    raw = yaml.safe_load(two_corpora.read_text())
+    raw["train"].pop("max_steps")  # no max_steps, max_minutes, max_epochs or patience
+    no_budget = two_corpora.with_name("no-budget.yaml")
+    no_budget.write_text(yaml.safe_dump(raw))
+    runner = CliRunner()
+    short = ["--config", str(no_budget), "--set", "data.max_len=8"]
+    done = runner.invoke(app, ["prepare", *short, "--workers", "1"])
+    assert done.exit_code == 0, done.output
+    cfg = load_config(no_budget, ["data.max_len=8"], training=False)
+    assert open_shards(prepare_module.plan(cfg).folder).manifest["identity"]["max_len"] == 8
+    info = runner.invoke(app, ["data", "info", *short])
+    assert info.exit_code == 0 and f"prepared in {prepare_module.plan(cfg).folder}" in info.stdout
+    with pytest.raises(ConfigError, match="no budget"):
+        load_config(no_budget)  # train still asks for one
