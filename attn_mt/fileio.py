@@ -9,6 +9,7 @@ crash or a full disk leaves the old file (or none) in place. `check_output_file`
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import tempfile
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ def atomic_write(path: str | Path) -> Iterator[IO[bytes]]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     prefix, suffix = f".{path.name}.", ".tmp"
-    for stale in path.parent.glob(f"{glob_escape(prefix)}*{suffix}"):
+    for stale in path.parent.glob(f"{glob.escape(prefix)}*{suffix}"):
         stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
     try:
@@ -66,11 +67,6 @@ def write_output(path: str | Path, text: str) -> None:
             handle.write(text.encode("utf-8"))
     except OSError as err:
         raise UserError(f"{path}: cannot write ({os_reason(err)})") from None
-
-
-def glob_escape(text: str) -> str:
-    """`text` with glob wildcards made literal."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
 def os_reason(err: OSError) -> str:
