@@ -34,10 +34,13 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
-def resolve_precision(requested: str, device: torch.device) -> str:
-    """'auto' -> bf16 where the device runs it natively, else fp16 (CUDA) or fp32 (CPU)."""
+def resolve_precision(requested: str, device: torch.device, option: str = "train.precision") -> str:
+    """'auto' -> bf16 where the device runs it natively, else fp16 (CUDA) or fp32 (CPU); an
+    unknown name, or fp16 off CUDA, is a UserError naming `option` (the key or flag that set it)."""
+    if requested not in (*DTYPES, "auto"):
+        raise UserError(f"{option} {requested}: unknown; use one of fp32, bf16, fp16, auto")
     if requested == "fp16" and device.type != "cuda":
-        raise UserError("train.precision: fp16 needs a CUDA GPU; use bf16 or fp32 on the CPU")
+        raise UserError(f"{option} fp16 needs a CUDA GPU; use bf16 or fp32 on the CPU")
     if requested != "auto":
         return requested
     if device.type == "cuda":

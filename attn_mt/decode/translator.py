@@ -41,7 +41,6 @@ from attn_mt.precision import DTYPES, autocast_context, resolve_device, resolve_
 
 _LINE_BREAKS = re.compile(r"[\r\n]+")
 LANGUAGE_KEYS = ("data.src_lang", "data.tgt_lang")
-PRECISIONS = (*DTYPES, "auto")  # `precision=` of `load`: a name of DTYPES, or resolved
 
 
 @dataclass
@@ -205,7 +204,7 @@ def load(
     rules; they are named as the command-line options that set them.
     """
     device = resolve_device(device) if isinstance(device, str) else device
-    dtype = _autocast_dtype(precision, device)
+    dtype = DTYPES[resolve_precision(precision, device, "--precision")]
     if quantize is not None and dtype is not None:
         raise UserError(f"--quantize {quantize} and --precision {precision} exclude each other")
     given = [path] if isinstance(path, (str, Path)) else list(path)
@@ -236,15 +235,6 @@ def with_decode(config: Config, decode: dict[str, Any] | None) -> Config:
     raw = config.to_dict()
     raw["decode"].update(decode)
     return config_from_dict(raw)
-
-
-def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of a precision name on `device` (None: plain float32)."""
-    if precision not in PRECISIONS:
-        raise UserError(f"--precision {precision}: unknown; use one of {', '.join(PRECISIONS)}")
-    if precision == "fp16" and device.type != "cuda":
-        raise UserError("--precision fp16 needs a CUDA GPU; use bf16 or fp32 on the CPU")
-    return DTYPES[resolve_precision(precision, device)]
 
 
 def _ensemble_mismatch(first: dict, other: dict) -> str | None:
