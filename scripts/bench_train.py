@@ -30,12 +30,12 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `attn-mt` sets it
 
+from attn_mt import distributed  # noqa: E402
 from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
 from attn_mt.data.batching import Batch, collate, length_batches  # noqa: E402
-from attn_mt.data.prepare import training_data  # noqa: E402
 from attn_mt.model.transformer import Transformer, build_model, sinusoidal_table  # noqa: E402
 from attn_mt.model.vocab import PAD_ID  # noqa: E402
-from attn_mt.train import distributed  # noqa: E402
+from attn_mt.train.corpus import training_data  # noqa: E402
 from attn_mt.train.loss import label_smoothed_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,9 +18,9 @@ import torch
 from attn_mt.config import Config
 from attn_mt.data.shards import Shards, TokenView
 from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.distributed import World
 from attn_mt.errors import DataError
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
-from attn_mt.train.distributed import World
 
 
 @dataclass

@@ -21,20 +21,17 @@ import logging
 import os
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from attn_mt import distributed
 from attn_mt.config import Config, DataConfig, TrainCorpus
-from attn_mt.data.corpora import cache_dir, split_files, train_corpora
+from attn_mt.data.corpora import cache_dir, train_corpora
 from attn_mt.data.shards import (
     FORMAT,
     MANIFEST,
     Plan,
     Shards,
-    TokenView,
     _hashes,
     corpus_lines,
     open_shards,
@@ -42,16 +39,12 @@ from attn_mt.data.shards import (
     write_shards,
 )
 from attn_mt.data.text import (
-    FilterStats,
     check_text_file,
     iter_parallel,
-    read_parallel,
 )
 from attn_mt.data.tokenizer import Tokenizer, build_tokenizers
 from attn_mt.errors import DataError, UserError
 from attn_mt.fileio import os_reason
-from attn_mt.train import distributed
-from attn_mt.train.runlog import stage
 
 log = logging.getLogger("attn_mt")
 
@@ -226,88 +219,3 @@ def _train_tokenizers(cfg: Config, corpora: list[TrainCorpus]) -> tuple[Tokenize
         raise DataError(f"{corpora[0].src}: the training corpus has no non-empty pairs")
     log.info("prepared data: SentencePiece on %d sampled pairs", len(src))
     return build_tokenizers(t, src, tgt, cache_dir() / "spm", cfg.data.tags())
-
-
-# ---------------------------------------------------------------------------------------------
-# What a training run reads
-
-
-@dataclass
-class Corpus:
-    """The training pairs (memory-mapped token shards) and the validation split (in memory)."""
-
-    shards: Shards
-    weights: list[float]  # of each training corpus, for the start-up log
-    valid_src: list[str]
-    valid_ref: list[str]
-    valid_src_ids: list[list[int]]
-    valid_tgt_ids: list[list[int]]
-
-    @property
-    def src_ids(self) -> TokenView:
-        """Source ids of each kept training pair (without <eos>), read from the map."""
-        return self.shards.src
-
-    @property
-    def tgt_ids(self) -> TokenView:
-        """Target ids of each kept training pair (without <eos>), read from the map."""
-        return self.shards.tgt
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """(N, 2): source + <eos> and target + <eos> tokens of each kept pair."""
-        return self.shards.lengths + 1
-
-    @property
-    def stats(self) -> FilterStats:
-        """What cleaning kept and dropped, over all training corpora."""
-        total = FilterStats()
-        for entry in self.shards.manifest["corpora"]:
-            total.add(FilterStats.read(entry))
-        return total
-
-    def describe(self) -> list[str]:
-        """One line per training corpus: pairs kept, weight, tag and share of an epoch."""
-        return corpus_lines(self.shards.manifest["corpora"], self.weights)
-
-
-def training_data(
-    cfg: Config, tokenizers: tuple[Tokenizer, Tokenizer] | None, world: distributed.World
-) -> tuple[Tokenizer, Tokenizer, Corpus]:
-    """Prepare (or reuse) the training shards, then read and encode the validation split.
-
-    tokenizers: a resumed run's SentencePiece models; None trains (or reuses) them, on rank 0,
-    whose models every process then uses (machines of a multi-node run need not share a cache).
-    """
-    valid_files = split_files(cfg.data, "valid")
-    with stage("reading the validation split"):  # checked before the training data's work
-        valid_src, valid_ref = read_parallel(*valid_files)
-    if not any(s.strip() and t.strip() for s, t in zip(valid_src, valid_ref, strict=True)):
-        raise DataError(f"{valid_files[0]}: the validation corpus has no non-empty pairs")
-    with stage("preparing the training data"):
-        shards = shards_for_run(cfg, tokenizers, world)
-    src_tok, tgt_tok = tokenizers or shards.tokenizers()
-    corpus = Corpus(
-        shards=shards,
-        weights=cfg.data.weights(),
-        valid_src=valid_src,
-        valid_ref=valid_ref,
-        valid_src_ids=src_tok.encode(valid_src),
-        valid_tgt_ids=tgt_tok.encode(valid_ref),
-    )
-    return src_tok, tgt_tok, corpus
-
-
-def valid_subset(corpus: Corpus, size: int, seed: int) -> Corpus:
-    """`corpus` with `size` of its validation pairs (0 = all): a fixed seeded choice, kept in
-    file order, drawn from its own generator (the training streams never move)."""
-    if not size or size >= len(corpus.valid_src):
-        return corpus
-    rows = sorted(random.Random(seed).sample(range(len(corpus.valid_src)), size))
-    return dataclasses.replace(
-        corpus,
-        **{
-            name: [getattr(corpus, name)[i] for i in rows]
-            for name in ("valid_src", "valid_ref", "valid_src_ids", "valid_tgt_ids")
-        },
-    )

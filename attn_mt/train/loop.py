@@ -24,16 +24,16 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from attn_mt import distributed
 from attn_mt.checkpoint import load_weights, tokenizers_from, translation_weights
 from attn_mt.config import Config, TrainConfig
 from attn_mt.configfile import save_config
 from attn_mt.data.batching import ShardSource
-from attn_mt.data.prepare import training_data, valid_subset
 from attn_mt.decode.translator import Translator
 from attn_mt.errors import UserError
 from attn_mt.model.transformer import Transformer, build_model
 from attn_mt.precision import DTYPES, autocast_context, resolve_device, resolve_precision
-from attn_mt.train import distributed
+from attn_mt.train.corpus import training_data, valid_subset
 from attn_mt.train.ema import WeightEMA
 from attn_mt.train.loss import label_smoothed_loss
 from attn_mt.train.runfolder import lock_run_folder

@@ -26,8 +26,8 @@ from attn_mt.config import Config, TrainConfig
 
 if TYPE_CHECKING:
     from attn_mt.data.batching import ShardSource
-    from attn_mt.data.prepare import Corpus
     from attn_mt.decode.translator import Translator
+    from attn_mt.train.corpus import Corpus
     from attn_mt.train.state import TrainState
     from attn_mt.train.validate import Validation
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from attn_mt import distributed
 from attn_mt.checkpoint import (
     checkpoint_config,
     config_differences,
@@ -34,7 +35,6 @@ from attn_mt.data.batching import ShardSource
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import UserError
 from attn_mt.model.transformer import Transformer
-from attn_mt.train import distributed
 from attn_mt.train.ema import WeightEMA
 
 # Config keys a resumed run must share with its checkpoint (the rest may change, and so may

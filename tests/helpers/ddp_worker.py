@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from attn_mt import distributed
 from attn_mt.configfile import load_config
 from attn_mt.data.batching import Batch
-from attn_mt.train import distributed
 from attn_mt.train.loop import Trainer
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
+from attn_mt import distributed
 from attn_mt.configfile import load_config
 from attn_mt.data import shards as shards_module
 from attn_mt.data.batching import ShardSource
 from attn_mt.data.prepare import shards_for_run
-from attn_mt.train import distributed
 
 
 def main() -> None:

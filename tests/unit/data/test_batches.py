@@ -9,7 +9,7 @@ import numpy as np
 
 from attn_mt.data.batching import ShardSource
 from attn_mt.data.shards import Shards, TokenView
-from attn_mt.train.distributed import World
+from attn_mt.distributed import World
 
 
 def corpus(pairs: int = 300, seed: int = 0) -> Shards:
