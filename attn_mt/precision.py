@@ -104,6 +104,7 @@ def configure_kernels(deterministic: bool, tf32: bool) -> None:
     fast = tf32 and not deterministic
     torch.backends.cuda.matmul.allow_tf32 = fast
     torch.backends.cudnn.allow_tf32 = fast
-    torch.use_deterministic_algorithms(deterministic)
+    if torch.are_deterministic_algorithms_enabled() != deterministic:  # its import takes seconds
+        torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = False
