@@ -37,7 +37,8 @@ def kernel_settings():
     )
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
-    torch.use_deterministic_algorithms(saved[2])
+    if torch.are_deterministic_algorithms_enabled() != saved[2]:  # its import is slow
+        torch.use_deterministic_algorithms(saved[2])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[3:]
 
 
@@ -114,3 +115,13 @@ def test_train_command_sets_the_cuda_environment_before_training(
         "CUBLAS_WORKSPACE_CONFIG": precision.CUBLAS_WORKSPACE,
         "cuda started": False,
     }
+
+
+def test_trainer_setup_applies_the_kernel_settings(clean_env, kernel_settings, toy_config):
+    """The training loop's setup applies train.deterministic (TF32 off with it)."""
+    from attn_mt.train.loop import Trainer
+
+    configure_kernels(deterministic=False, tf32=True)
+    Trainer(toy_config(deterministic=True))
+    assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.backends.cuda.matmul.allow_tf32
