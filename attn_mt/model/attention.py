@@ -9,6 +9,7 @@ only that flag (on CUDA it is the fastest kernel and keeps no (T, T) matrix).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 # Additive attention scores this many (B, H, T, S, A) elements at a time (64 MiB in float32):
-# the whole tensor of a 25k-token batch would take tens of GiB.
+# the whole tensor of a batch of 25k tokens would take several GiB, and as much for its gradient.
 ADDITIVE_CHUNK = 2**24
 
 # ---------------------------------------------------------------------------------------------
@@ -89,20 +90,11 @@ def additive_attention(
     k_part = torch.einsum("bhsd,hda->bhsa", k, w_k)  # (B, H, S, A)
     batch, heads, length, hidden = q_part.shape
     rows = max(1, chunk // (batch * heads * k_part.size(2) * hidden))  # queries per piece
-    if rows >= length:
-        scores = _additive_scores(q_part, k_part, w_score)  # (B, H, T, S)
-    else:
-        pieces = [q_part[:, :, i : i + rows] for i in range(0, length, rows)]
-        recompute = torch.is_grad_enabled()
-        scores = torch.cat(
-            [
-                checkpoint(_additive_scores, piece, k_part, w_score, use_reentrant=False)
-                if recompute
-                else _additive_scores(piece, k_part, w_score)
-                for piece in pieces
-            ],
-            dim=2,
-        )  # (B, H, T, S)
+    score = _additive_scores
+    if rows < length and torch.is_grad_enabled():  # one piece's hidden tensor alive at a time
+        score = functools.partial(checkpoint, _additive_scores, use_reentrant=False)
+    pieces = [score(q_part[:, :, i : i + rows], k_part, w_score) for i in range(0, length, rows)]
+    scores = torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0]  # (B, H, T, S)
     return _attend(scores, v, mask, dropout_p)
 
 
