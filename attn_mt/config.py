@@ -264,6 +264,14 @@ class TrainConfig:
     max_nonfinite: int = key(10, "stop after this many NaN/inf losses in a row", ge=0)
     samples: int = key(3, "validation translations shown in the log and TensorBoard", ge=0)
     keep_checkpoints: int = key(0, "also keep the last N validated checkpoints as step_N.pt", ge=0)
+    # On the GPU (docs/gpu.md): number formats, determinism, memory.
+    tf32: bool = key(True, "TF32 matrix products for fp32 on CUDA (ignored when deterministic)")
+    deterministic: bool = key(
+        False, "deterministic kernels: repeats and resumes bit-exact on CUDA too, but slower"
+    )
+    activation_checkpointing: bool = key(
+        False, "recompute each layer's activations in the backward pass: less memory, more time"
+    )
 
     def validate(self) -> None:
         """A cosine schedule needs its length."""

@@ -1,10 +1,13 @@
 """Devices and number formats: which device to run on, which autocast dtype, and the context
-that applies it. Training, translation and the benchmarks all ask here, so they agree.
+that applies it; TF32, deterministic kernels and the CUDA allocator. Training, translation and
+the benchmarks all ask here, so they agree.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 
 import torch
 
@@ -12,6 +15,16 @@ from attn_mt.errors import UserError
 
 # train.precision -> the autocast dtype (None: plain float32, no autocast)
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The first CUDA compute capability with bf16 in its tensor cores (Ampere, A100); older cards
+# (V100, T4) emulate it, slower than fp16, though `torch.cuda.is_bf16_supported()` says yes.
+NATIVE_BF16_CAPABILITY = (8, 0)
+# cuBLAS needs a fixed workspace to give the same sums every time (CUDA's reproducibility notes).
+CUBLAS_WORKSPACE = ":4096:8"
+# Blocks that grow in place instead of a new block per batch shape: less fragmentation when
+# every batch has another length (torch's CUDA memory notes).
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
+log = logging.getLogger("attn_mt")
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -44,7 +57,8 @@ def resolve_precision(requested: str, device: torch.device, option: str = "train
     if requested != "auto":
         return requested
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        native = torch.cuda.get_device_capability(device) >= NATIVE_BF16_CAPABILITY
+        return "bf16" if native else "fp16"
     return "bf16" if torch.backends.mkldnn.is_available() and _cpu_has_bf16() else "fp32"
 
 
@@ -60,3 +74,37 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def set_cuda_environment(deterministic: bool = False) -> None:
+    """The settings CUDA reads once, when it starts: the allocator's expandable segments
+    (unless the user set PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF) and, for deterministic
+    runs, cuBLAS's workspace (unless set). Call before the first CUDA tensor."""
+    if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+
+
+def configure_kernels(deterministic: bool, tf32: bool) -> None:
+    """TF32 for fp32 matrix products and convolutions on CUDA (`tf32` and not `deterministic`);
+    with `deterministic`, torch's deterministic algorithms (an op without one is an error) and
+    cuDNN's deterministic, unbenchmarked kernels. Set for the whole process."""
+    if (
+        deterministic
+        and torch.cuda.is_initialized()
+        and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    ):
+        log.warning(
+            "train.deterministic: CUDA started before CUBLAS_WORKSPACE_CONFIG was set; set it "
+            "to %s in the environment (attn-mt train does) for bit-exact matrix products",
+            CUBLAS_WORKSPACE,
+        )
+    set_cuda_environment(deterministic)
+    fast = tf32 and not deterministic
+    torch.backends.cuda.matmul.allow_tf32 = fast
+    torch.backends.cudnn.allow_tf32 = fast
+    if torch.are_deterministic_algorithms_enabled() != deterministic:  # its import takes seconds
+        torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = False

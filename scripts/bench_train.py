@@ -4,10 +4,12 @@ Both models get the same sizes, vocabulary, real Multi30k batches (attn-mt's own
 optimizer, loss and precision, and are timed in turns in this one process, so machine noise
 hits both alike. Reported per precision: target tokens/s of each, their ratio (> 1: attn-mt is
 faster), peak memory of one step, and model FLOPs utilisation (MFU) against a matrix-product
-peak measured here in the same dtype. Also the padding share of the batches.
+peak measured here in the same dtype and, on a known GPU, against its data-sheet peak. Also
+the padding share of the batches. fp32 on CUDA uses TF32, as training does (train.tf32).
 
     python scripts/bench_train.py            # fp32 and bf16 (CPU), or fp32/bf16 on CUDA
     python scripts/bench_train.py --quick    # a smaller sample, under a minute on 2 cores
+    python scripts/bench_train.py --device cuda --size base   # transformer-base sizes
 
 The last line is one JSON object with every figure.
 """
@@ -35,10 +37,38 @@ from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
 from attn_mt.data.batching import Batch, collate, length_batches  # noqa: E402
 from attn_mt.model.transformer import Transformer, build_model, sinusoidal_table  # noqa: E402
 from attn_mt.model.vocab import PAD_ID  # noqa: E402
+from attn_mt.precision import configure_kernels  # noqa: E402
 from attn_mt.train.corpus import training_data  # noqa: E402
 from attn_mt.train.loss import label_smoothed_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+SIZES = {  # --size: model keys over the config's (Vaswani et al.'s transformer-base and -big)
+    "config": {},
+    "base": {"d_model": 512, "heads": 8, "encoder_layers": 6, "decoder_layers": 6, "d_ff": 2048},
+    "big": {"d_model": 1024, "heads": 16, "encoder_layers": 6, "decoder_layers": 6, "d_ff": 4096},
+}
+# Data-sheet dense peaks in TFLOP/s (no sparsity): (bf16/fp16 tensor cores, fp32 as TF32 where
+# the card has it). The first name found in the device's name counts, so longer names first.
+SPEC_TFLOPS = {
+    "H100 PCIe": (756.0, 378.0),
+    "H200": (989.0, 494.0),
+    "H100": (989.0, 494.0),
+    "B200": (2250.0, 1100.0),
+    "A100": (312.0, 156.0),
+    "L40S": (362.0, 183.0),
+    "L4": (121.0, 60.0),
+    "A10": (125.0, 62.5),
+    "V100": (125.0, 15.7),  # fp16 only: bf16 is emulated
+    "T4": (65.0, 8.1),
+}
+
+
+def spec_peak(hardware: str, precision: str) -> float | None:
+    """The data-sheet peak FLOP/s of a known GPU in `precision`, or None."""
+    for name, (half, fp32) in SPEC_TFLOPS.items():
+        if name in hardware:
+            return 1e12 * (fp32 if precision == "fp32" else half)
+    return None
 
 
 class Reference(nn.Module):
@@ -167,8 +197,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="turns per model")
     parser.add_argument("--batch-tokens", type=int, default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
-    parser.add_argument("--size", choices=("config", "base"), default="config",
-                        help="base: d=512, 6+6 layers, d_ff 2048 (for GPUs)")  # fmt: skip
+    parser.add_argument("--size", choices=tuple(SIZES), default="config",
+                        help="Vaswani et al.: base d=512, big d=1024")  # fmt: skip
     args = parser.parse_args()
 
     if args.threads:
@@ -177,11 +207,11 @@ def main() -> None:
     device = torch.device(auto if args.device == "auto" else args.device)
     cfg = load_config(args.config)
     raw = cfg.to_dict()
-    if args.size == "base":
-        raw["model"].update(d_model=512, heads=8, encoder_layers=6, decoder_layers=6, d_ff=2048)
+    raw["model"].update(SIZES[args.size])
     if args.batch_tokens:
         raw["train"]["batch_tokens"] = args.batch_tokens
     cfg = config_from_dict(raw)
+    configure_kernels(deterministic=False, tf32=cfg.train.tf32)  # as the trainer sets them
     m = cfg.model
     precisions = (args.precisions or "fp32,bf16").split(",")
     per_turn = args.batches or (2 if args.quick else 4)
@@ -232,30 +262,35 @@ def main() -> None:
                 start = time.perf_counter()
                 tokens[key] += train_steps(model, optimizers[key], timed, device, dtype)
                 seconds[key] += time.perf_counter() - start
-        row = {"precision": name, "matmul_peak_tflops": peak / 1e12}
+        spec = spec_peak(hardware, name) if device.type == "cuda" else None
+        row = {"precision": name, "matmul_peak_tflops": peak / 1e12,
+               "spec_peak_tflops": spec / 1e12 if spec else None}  # fmt: skip
         for key in models:
+            achieved = rounds * flops / seconds[key]
             row[key] = {
                 "tokens_per_s": tokens[key] / seconds[key],
-                "mfu": rounds * flops / seconds[key] / peak,
+                "mfu": achieved / peak,
+                "mfu_spec": achieved / spec if spec else None,
                 "peak_mib": memory[key],
             }
         row["ratio"] = row["attn-mt"]["tokens_per_s"] / row["nn.Transformer"]["tokens_per_s"]
         results.append(row)
 
-    print(f"\n{'precision':<10}{'model':<16}{'tgt tok/s':>11}{'MFU':>8}{'peak MiB':>10}"
-          f"{'matmul peak':>14}")  # fmt: skip
+    print(f"\n{'precision':<10}{'model':<16}{'tgt tok/s':>11}{'MFU':>8}{'MFU spec':>10}"
+          f"{'peak MiB':>10}{'matmul peak':>14}")  # fmt: skip
     for row in results:
         for key in models:
             r = row[key]
             mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "n/a"
+            spec = f"{100 * r['mfu_spec']:.1f}%" if r["mfu_spec"] is not None else "n/a"
             gflops = row["matmul_peak_tflops"] * 1e3
             print(f"{row['precision']:<10}{key:<16}{r['tokens_per_s']:>11.0f}"
-                  f"{100 * r['mfu']:>7.1f}%{mem:>10}{gflops:>9.0f} GF/s")  # fmt: skip
+                  f"{100 * r['mfu']:>7.1f}%{spec:>10}{mem:>10}{gflops:>9.0f} GF/s")  # fmt: skip
         print(f"{'':<10}{'ratio':<16}{row['ratio']:>11.2f}")
     print(json.dumps({
         "bench": "train", "hardware": hardware, "device": device.type,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "d_model": m.d_model, "layers": [m.encoder_layers, m.decoder_layers],
+        "size": args.size, "d_model": m.d_model, "layers": [m.encoder_layers, m.decoder_layers],
         "batch_tokens": cfg.train.batch_tokens, "padding": padding,
         "results": results,
     }))  # fmt: skip

@@ -77,6 +77,9 @@ def train(
         config, set_ = run_dir / "config.yaml", [f"train.out_dir={run_dir}", *(set_ or [])]
     overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
     cfg = load_config(config, overrides)
+    from attn_mt.precision import set_cuda_environment
+
+    set_cuda_environment(cfg.train.deterministic)  # read once, when CUDA starts: set it first
     from attn_mt.cli import progress
     from attn_mt.train.loop import train as run_training
 

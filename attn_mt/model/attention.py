@@ -3,10 +3,13 @@
 Shape legend: B batch, H heads, T query length, S key length, D model width, Dh = D / H,
 A additive-attention hidden width (= Dh).
 Masks are boolean and broadcast to (B, H, T, S); True means "this query may attend this key".
+A causal self-attention passes no mask but `causal=True`: torch's flash kernel takes no mask,
+only that flag (on CUDA it is the fastest kernel and keeps no (T, T) matrix).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +17,11 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+# Additive attention scores this many (B, H, T, S, A) elements at a time (64 MiB in float32):
+# the whole tensor of a batch of 25k tokens would take several GiB, and as much for its gradient.
+ADDITIVE_CHUNK = 2**24
 
 # ---------------------------------------------------------------------------------------------
 # Pure scoring functions
@@ -45,10 +53,14 @@ def fused_dot_product_attention(
     v: torch.Tensor,
     mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
+    causal: bool = False,
 ) -> torch.Tensor:
     """The same function as `dot_product_attention` through torch's fused kernel (flash or
-    memory-efficient attention where the device has one); weights are not materialised."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    memory-efficient attention where the device has one); weights are not materialised.
+    `causal` (with no mask): query i attends keys 0..i, the one rule the flash kernel takes."""
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
+    )
 
 
 def additive_attention(
@@ -60,8 +72,13 @@ def additive_attention(
     w_score: torch.Tensor,
     mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
+    chunk: int = ADDITIVE_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Additive (Bahdanau) scoring per head: score(q, k) = w^T tanh(W_q q + W_k k).
+
+    The (B, H, T, S, A) hidden tensor is built for a few queries at a time, at most `chunk`
+    elements; with more than one piece, training recomputes each in the backward pass rather
+    than keeping them all.
 
     Args:
         q: (B, H, T, Dh), k and v: (B, H, S, Dh).
@@ -71,9 +88,23 @@ def additive_attention(
     """
     q_part = torch.einsum("bhtd,hda->bhta", q, w_q)  # (B, H, T, A)
     k_part = torch.einsum("bhsd,hda->bhsa", k, w_k)  # (B, H, S, A)
-    hidden = torch.tanh(q_part.unsqueeze(3) + k_part.unsqueeze(2))  # (B, H, T, S, A)
-    scores = torch.einsum("bhtsa,ha->bhts", hidden, w_score)  # (B, H, T, S)
+    batch, heads, length, hidden = q_part.shape
+    rows = max(1, chunk // (batch * heads * k_part.size(2) * hidden))  # queries per piece
+    score = _additive_scores
+    if rows < length and torch.is_grad_enabled():  # one piece's hidden tensor alive at a time
+        score = functools.partial(checkpoint, _additive_scores, use_reentrant=False)
+    pieces = [score(q_part[:, :, i : i + rows], k_part, w_score) for i in range(0, length, rows)]
+    scores = torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0]  # (B, H, T, S)
     return _attend(scores, v, mask, dropout_p)
+
+
+def _additive_scores(
+    q_part: torch.Tensor, k_part: torch.Tensor, w_score: torch.Tensor
+) -> torch.Tensor:
+    """w^T tanh(q_part + k_part) for every (query, key) pair: (B, H, T, A), (B, H, S, A)
+    -> (B, H, T, S)."""
+    hidden = torch.tanh(q_part.unsqueeze(3) + k_part.unsqueeze(2))  # (B, H, T, S, A)
+    return torch.einsum("bhtsa,ha->bhts", hidden, w_score)  # (B, H, T, S)
 
 
 def _attend(
@@ -232,22 +263,29 @@ class MultiHeadAttention(nn.Module):
         key_value: torch.Tensor,
         mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        causal: bool = False,
     ) -> torch.Tensor:
         """Attend from `query` (B, T, D) to `key_value` (B, S, D); returns (B, T, D).
 
         Pass the same tensor twice for self-attention. With a `cache`, self-attention appends
         this call's keys/values to it; a static (cross-attention) cache is filled once.
+        `causal` (self-attention, no mask, no cache): query i attends keys 0..i.
         """
         q, k, v = self._project(query, key_value, cache)  # (B, H, T|S, Dh)
         dropout_p = self.dropout if self.training else 0.0
-        if self.scoring == "additive":
-            out, weights = additive_attention(
-                q, k, v, self.add_w_q, self.add_w_k, self.add_w_score, mask, dropout_p
-            )
-        elif self.fused and not self.record_weights and not _slow_fused_kernel(q):
-            out, weights = fused_dot_product_attention(q, k, v, mask, dropout_p), None
+        fused = self.scoring == "dot" and self.fused and not self.record_weights
+        if fused and not _slow_fused_kernel(q):
+            out = fused_dot_product_attention(q, k, v, mask, dropout_p, causal)
+            weights = None
         else:
-            out, weights = dot_product_attention(q, k, v, mask, dropout_p)
+            if causal:
+                mask = causal_mask(q.size(2), q.device)  # (1, 1, T, T)
+            if self.scoring == "additive":
+                out, weights = additive_attention(
+                    q, k, v, self.add_w_q, self.add_w_k, self.add_w_score, mask, dropout_p
+                )
+            else:
+                out, weights = dot_product_attention(q, k, v, mask, dropout_p)
         if self.record_weights:
             self.last_weights = weights.detach()
         batch, _, length, _ = out.shape

@@ -3,6 +3,8 @@
 Shape legend: B batch, S source length, T target length, D model width, V vocabulary size.
 `encode` and `decode` are separate so search can run the decoder one step at a time with a
 key/value cache; `build_model` is the only function that reads the config.
+Target padding is on the right, so the causal rule alone keeps every real position from seeing
+a pad: decoder self-attention needs no mask and reaches torch's flash kernel on CUDA.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from attn_mt.config import Config
 from attn_mt.errors import UserError
@@ -235,10 +238,12 @@ class DecoderLayer(nn.Module):
         self_mask: torch.Tensor | None,
         src_mask: torch.Tensor,
         cache: tuple[KVCache, KVCache] | None = None,
+        causal: bool = False,
     ) -> torch.Tensor:
-        """y (B, T, D) attending to itself (`self_mask`) and to memory (B, S, D) -> (B, T, D)."""
+        """y (B, T, D) attending to itself (`self_mask`, or `causal`: position t sees 0..t)
+        and to memory (B, S, D) -> (B, T, D)."""
         self_cache, cross_cache = cache if cache is not None else (None, None)
-        y = self.res_self(y, lambda h: self.self_attn(h, h, self_mask, self_cache))  # (B, T, D)
+        y = self.res_self(y, lambda h: self.self_attn(h, h, self_mask, self_cache, causal))
         y = self.res_cross(y, lambda h: self.cross_attn(h, memory, src_mask, cross_cache))
         return self.res_ff(y, self.ff)
 
@@ -261,8 +266,11 @@ class Transformer(nn.Module):
         max_positions: int = 1024,
         share_embeddings: bool = True,
         tie_output: bool = True,
+        activation_checkpointing: bool = False,
     ):
         super().__init__()
+        # Training keeps only each layer's input and recomputes the rest in the backward pass.
+        self.activation_checkpointing = activation_checkpointing
         if share_embeddings and src_vocab != tgt_vocab:
             raise ValueError("shared embeddings need one vocabulary for both sides")
         d_model = layer.d_model
@@ -307,7 +315,7 @@ class Transformer(nn.Module):
         """Source ids (B, S) and their padding mask (B, 1, 1, S) -> memory (B, S, D)."""
         x = self.src_embed(src)  # (B, S, D)
         for layer in self.encoder:
-            x = layer(x, src_mask)
+            x = self._run(layer, x, src_mask)
         return self.encoder_norm(x)
 
     def decode(
@@ -319,21 +327,29 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """Target prefix ids (B, T) -> next-token logits (B, T, V).
 
-        Without a cache, `tgt` is the whole prefix and position t sees positions <= t that are
-        not padding. With a cache, `tgt` holds only the new step(s) (no padding): earlier keys
-        and values come from the cache and positions continue where the cache ends.
+        Without a cache, `tgt` is the whole prefix, padded on the right, and position t sees
+        positions <= t (the pads after a row's last token are never among them; the logits at
+        pad positions are not meaningful). With a cache, `tgt` holds only the new step(s) (no
+        padding): earlier keys and values come from the cache and positions continue where
+        the cache ends.
         """
         offset = cache[0][0].length if cache else 0
         y = self.tgt_embed(tgt, offset)  # (B, T, D)
-        if cache is None:
-            self_mask = causal_mask(tgt.size(1), tgt.device) & (tgt != PAD_ID)[:, None, None, :]
-        elif tgt.size(1) > 1:
+        if cache is not None and tgt.size(1) > 1:
             self_mask = causal_mask(tgt.size(1), tgt.device, offset)  # (1, 1, T, offset + T)
-        else:
-            self_mask = None  # one new position may attend everything cached
+        else:  # whole prefix: the causal flag; one cached step may attend everything cached
+            self_mask = None
         for i, layer in enumerate(self.decoder):
-            y = layer(y, memory, self_mask, src_mask, cache[i] if cache else None)
+            layer_cache = cache[i] if cache else None
+            y = self._run(layer, y, memory, self_mask, src_mask, layer_cache, cache is None)
         return self.output(self.decoder_norm(y))  # (B, T, V)
+
+    def _run(self, layer: nn.Module, *args) -> torch.Tensor:
+        """layer(*args), through `torch.utils.checkpoint` when training with activation
+        checkpointing (gradients are the same; dropout masks are replayed, not redrawn)."""
+        if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: logits (B, T, V) for every position of `tgt_in` (B, T)."""
@@ -369,4 +385,5 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> Transformer:
         max_positions=m.max_positions,
         share_embeddings=cfg.tokenizer.joint and m.tie_embeddings,
         tie_output=m.tie_embeddings,
+        activation_checkpointing=cfg.train.activation_checkpointing,
     )

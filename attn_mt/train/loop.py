@@ -32,7 +32,13 @@ from attn_mt.data.batching import ShardSource
 from attn_mt.decode.translator import Translator
 from attn_mt.errors import UserError
 from attn_mt.model.transformer import Transformer, build_model
-from attn_mt.precision import DTYPES, autocast_context, resolve_device, resolve_precision
+from attn_mt.precision import (
+    DTYPES,
+    autocast_context,
+    configure_kernels,
+    resolve_device,
+    resolve_precision,
+)
 from attn_mt.train.corpus import training_data, valid_subset
 from attn_mt.train.ema import WeightEMA
 from attn_mt.train.loss import label_smoothed_loss
@@ -132,6 +138,7 @@ class Trainer:
         log.info("run folder: %s (%s)", cfg.train.out_dir, "resumed" if last else "a new run")
         self.precision = resolve_precision(cfg.train.precision, self.device)
         self.dtype = DTYPES[self.precision]
+        configure_kernels(cfg.train.deterministic, cfg.train.tf32)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)

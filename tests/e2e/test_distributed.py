@@ -7,6 +7,8 @@ end. Four torchrun launches are shared by the tests:
   `torchrun --no-python attn-mt train --resume` to the same end;
 - `one_epoch`: `torchrun -m attn_mt train` for one epoch without dropout, the twin of a single
   process that accumulates two batches per update.
+Every launch runs on the CPU (gloo): `attn-mt train` gets `--device cpu`, the worker pins it, as
+`auto` would pick CUDA on a machine with a GPU (one GPU for two ranks, or NCCL against gloo).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ PER_RANK = BATCHES // RANKS
 EPOCHS = 3
 STEPS = EPOCHS * PER_RANK
 SIGTERM_AT = PER_RANK + 2  # inside epoch 1
+ON_CPU = ("--device", "cpu")  # gloo on the CPU, as on a machine without a GPU
 TRAIN = {
     "batch_tokens": 384,  # 200 toy pairs -> BATCHES batches
     "max_steps": 0,
@@ -54,6 +57,7 @@ TRAIN = {
 
 def torchrun(*args: str) -> subprocess.CompletedProcess:
     """`torchrun --standalone` (a free port on localhost) with `args`; output captured."""
+    assert "train" not in args or args[-2:] == ON_CPU, "pin the device: auto picks a GPU"
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env["OMP_NUM_THREADS"] = "1"
     return subprocess.run(
@@ -198,7 +202,11 @@ def test_resume_under_ddp_ends_where_a_straight_run_does(stopped, straight):
     """Resumed with the console script: the same parameters, bit for bit, as without a stop
     (dropout on, so every rank's own RNG stream must come back)."""
     run = stopped.run
-    check(torchrun("--no-python", "attn-mt", "train", "--config", str(stopped.config), "--resume"))
+    check(
+        torchrun(
+            "--no-python", "attn-mt", "train", "--config", str(stopped.config), "--resume", *ON_CPU
+        )
+    )
     resumed = load_checkpoint(run / "checkpoints" / "last.pt")
     reference = load_checkpoint(straight[0] / "checkpoints" / "last.pt")
     assert resumed["step"] == reference["step"] == STEPS
@@ -213,7 +221,7 @@ def test_two_ranks_equal_one_rank_accumulating_two(data, folder, straight):
     """One epoch on two ranks (`python -m attn_mt` under torchrun) and one process taking the
     same batches two at a time reach the same parameters: the loss is normalised over both."""
     config = write_config(data, folder, "one-epoch", dropout=0.0, max_epochs=1)
-    check(torchrun("-m", "attn_mt", "train", "--config", str(config)))
+    check(torchrun("-m", "attn_mt", "train", "--config", str(config), *ON_CPU))
     ddp = load_checkpoint(folder / "one-epoch" / "checkpoints" / "last.pt")
 
     raw = yaml.safe_load(config.read_text())
@@ -257,7 +265,7 @@ def test_ddp_run_resumes_in_one_process(straight, folder):
 def test_a_user_error_on_rank_zero_stops_every_rank(data, folder):
     """Rank 0 alone checks the run folder; its error reaches the others instead of a hang."""
     config = write_config(data, folder, "nothing-yet", dropout=0.0)
-    proc = torchrun("-m", "attn_mt", "train", "--config", str(config), "--resume")
+    proc = torchrun("-m", "attn_mt", "train", "--config", str(config), "--resume", *ON_CPU)
     assert proc.returncode != 0
     assert proc.stderr.count("attn-mt: error: ") == RANKS, proc.stderr[-3000:]
     assert "nothing to resume" in proc.stderr

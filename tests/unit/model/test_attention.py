@@ -310,3 +310,39 @@ def test_cache_takes_selected_rows_in_the_copy_that_appends():
     expected = torch.cat([k[first][second], new], dim=2)
     assert torch.equal(keys, expected) and torch.equal(values, expected + 1)
     assert cache.length == 5 and cache.k is keys
+
+
+# ---------------------------------------------------------------------------------------------
+# The mask-free causal path (flash on CUDA) and additive attention in pieces
+
+
+@pytest.mark.parametrize(
+    ("scoring", "fused"), [("dot", True), ("dot", False), ("additive", True)], ids=str
+)
+def test_causal_flag_equals_the_causal_mask(scoring: str, fused: bool):
+    """`causal=True` with no mask is `causal_mask`: on every path, and with weights recorded."""
+    torch.manual_seed(8)
+    layer = MultiHeadAttention(D, H, scoring=scoring, fused=fused).double().eval()
+    x = randn(B, T, D)
+    masked = layer(x, x, causal_mask(T))
+    torch.testing.assert_close(layer(x, x, causal=True), masked, rtol=0, atol=1e-12)
+    with record_attention(layer):
+        torch.testing.assert_close(layer(x, x, causal=True), masked, rtol=0, atol=1e-12)
+        assert (layer.last_weights.masked_select(~causal_mask(T)) == 0).all()
+
+
+def test_additive_attention_in_pieces_equals_whole_with_gradients():
+    """Scored a few queries at a time (recomputed in the backward pass), the output and every
+    gradient equal the one-piece result."""
+    torch.manual_seed(9)
+    inputs = [randn(B, H, T, DH), randn(B, H, S, DH), randn(B, H, S, DH)]
+    weights = [randn(H, DH, DH), randn(H, DH, DH), randn(H, DH)]
+    mask = padding_mask(torch.tensor([[1] * S, [1] * 4 + [0] * 3]), pad_id=0)
+    results = []
+    for chunk in (10**9, B * H * S * DH * 2):  # whole; two queries a piece (3 pieces)
+        leaves = [t.clone().requires_grad_() for t in inputs + weights]
+        out, _ = additive_attention(*leaves, mask=mask, chunk=chunk)
+        out.pow(2).sum().backward()
+        results.append([out.detach()] + [leaf.grad for leaf in leaves])
+    for whole, pieces in zip(*results, strict=True):
+        torch.testing.assert_close(pieces, whole, rtol=0, atol=1e-12)

@@ -12,9 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from attn_mt.configfile import config_from_dict
 from attn_mt.errors import UserError
+from attn_mt.model import transformer
+from attn_mt.model.attention import causal_mask
 from attn_mt.model.transformer import (
     Dropout,
     LayerSpec,
@@ -113,6 +116,24 @@ def test_target_padding_changes_nothing_before_it():
     tgt = torch.cat([torch.full((2, 1), BOS_ID), tokens(2, 3, seed=6)], dim=1)
     padded = torch.cat([tgt, torch.full((2, 2), PAD_ID)], dim=1)
     torch.testing.assert_close(model(src, padded)[:, :4], model(src, tgt), rtol=0, atol=1e-10)
+
+
+def test_mask_free_decoder_equals_the_masked_one_at_real_positions():
+    """The whole-prefix decoder uses the causal flag alone (no mask, flash on CUDA); with right
+    padding its real positions equal attention under causal & key-padding masks."""
+    model = tiny_model()
+    src = tokens(2, 6, seed=7)
+    tgt = torch.cat([torch.full((2, 1), BOS_ID), tokens(2, 5, seed=8)], dim=1)
+    tgt[1, 3:] = PAD_ID  # row 1: 3 real positions
+    memory = model.encode(src, src_mask_of(src))
+    self_mask = causal_mask(6) & (tgt != PAD_ID)[:, None, None, :]  # (B, 1, T, T)
+    y = model.tgt_embed(tgt)
+    for layer in model.decoder:
+        y = layer(y, memory, self_mask, src_mask_of(src))
+    masked = model.output(model.decoder_norm(y))  # (B, T, V)
+    mask_free = model.decode(tgt, memory, src_mask_of(src))
+    torch.testing.assert_close(mask_free[0], masked[0], rtol=0, atol=1e-10)
+    torch.testing.assert_close(mask_free[1, :3], masked[1, :3], rtol=0, atol=1e-10)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,3 +436,28 @@ def test_dropout_gradient_is_the_same_mask_and_works_in_bf16() -> None:
     assert torch.equal(x.grad, (y != 0).float() * 2.0)
     half = Dropout(0.5)(torch.ones(1000, dtype=torch.bfloat16))
     assert half.dtype == torch.bfloat16 and set(half.unique().tolist()) == {0.0, 2.0}
+
+
+@pytest.mark.parametrize("scoring", ["dot", "additive"])
+def test_activation_checkpointing_gives_the_same_gradients(monkeypatch, scoring: str) -> None:
+    """Recomputed layers (dropout on: the masks must be replayed) give the same loss and
+    gradients as kept activations."""
+    calls = []
+
+    def counted(function, *args, **kwargs):
+        calls.append(function)
+        return checkpoint(function, *args, **kwargs)
+
+    monkeypatch.setattr(transformer, "checkpoint", counted)
+    src, tgt = tokens(3, 7, seed=11), tokens(3, 6, seed=12)
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_model(dropout=0.3, scoring=scoring).train()
+        model.activation_checkpointing = checkpointing
+        torch.manual_seed(5)
+        loss = model(src, tgt).logsumexp(-1).mean()
+        loss.backward()
+        grads.append([loss.detach()] + [p.grad for p in model.parameters()])
+    assert len(calls) == 4  # every layer of the second model, none of the first
+    for plain, recomputed in zip(*grads, strict=True):
+        torch.testing.assert_close(recomputed, plain, rtol=0, atol=1e-12)

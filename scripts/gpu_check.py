@@ -1,0 +1,414 @@
+"""The first-GPU-run checklist (docs/gpu.md): every check prints one line and adds its figures
+to one report, OUT/gpu_check.md (and OUT/gpu_check.json).
+
+    bash scripts/gpu_check.sh                     # installs the project, then runs this
+    python scripts/gpu_check.py --out DIR         # the checks alone
+
+On a machine without a CUDA GPU it runs the checks that need none, says so and exits 0.
+With a GPU it exits 1 if a check failed. Each check is given what is left of --minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from attn_mt.checkpoint import load_checkpoint  # noqa: E402
+from attn_mt.configfile import load_config  # noqa: E402
+from attn_mt.model.attention import causal_mask  # noqa: E402
+from attn_mt.model.transformer import LayerSpec, Transformer, build_model  # noqa: E402
+from attn_mt.model.vocab import BOS_ID, PAD_ID  # noqa: E402
+from attn_mt.precision import (  # noqa: E402
+    DTYPES,
+    autocast_context,
+    configure_kernels,
+    resolve_precision,
+    set_cuda_environment,
+)
+from attn_mt.train.loss import label_smoothed_loss  # noqa: E402
+
+CONFIGS = ROOT / "configs"
+VOCAB = 32000  # a WMT-sized joint vocabulary for the memory figures
+Figures = dict[str, Any]
+
+
+class CheckFailed(Exception):
+    """A check ran and found something wrong; the message says what."""
+
+
+@dataclass
+class Check:
+    name: str
+    run: Callable[[Context], Figures]
+    gpu_only: bool
+
+
+@dataclass
+class Context:
+    out: Path
+    device: torch.device
+    deadline: float  # time.monotonic() at which the budget ends
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    def seconds_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def tiny_model(device: torch.device, seed: int = 0) -> Transformer:
+    """A 3+3-layer model, random weights, dropout off: the Multi30k config's width on CUDA,
+    a quarter of it on the CPU (where it only has to be quick)."""
+    torch.manual_seed(seed)
+    d_model = 256 if device.type == "cuda" else 64
+    layer = LayerSpec(d_model=d_model, heads=4, d_ff=4 * d_model)
+    return Transformer(1000, 1000, layer, 3, 3).to(device)
+
+
+def random_batch(rows: int, src_len: int, tgt_len: int, vocab: int = 1000, seed: int = 0):
+    """Right-padded random (src, tgt_in, tgt_out) on the CPU, rows of varied lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (rows, src_len), generator=gen)
+    tgt = torch.randint(4, vocab, (rows, tgt_len + 1), generator=gen)
+    tgt[:, 0] = BOS_ID
+    for row in range(1, rows, 2):  # every other row shorter: padding on both sides
+        src[row, src_len // 2 :] = PAD_ID
+        tgt[row, tgt_len // 2 :] = PAD_ID
+    return src, tgt[:, :-1], tgt[:, 1:]
+
+
+def gradients(model: Transformer, batch, device: torch.device, precision: str) -> Figures:
+    """Loss and gradients of one teacher-forced step of `model` on `batch`."""
+    src, tgt_in, tgt_out = (t.to(device) for t in batch)
+    model.zero_grad(set_to_none=True)
+    with autocast_context(device, DTYPES[precision]):
+        logits = model(src, tgt_in)  # (B, T, V)
+    loss, _ = label_smoothed_loss(logits, tgt_out, 0.1)
+    tokens = int((tgt_out != PAD_ID).sum())
+    (loss / tokens).backward()
+    grads = {n: p.grad.detach().float().cpu() for n, p in model.named_parameters()}
+    return {"loss": float(loss) / tokens, "grads": grads}
+
+
+def worst_relative(ours: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
+    """max over tensors of |ours - reference| / |reference| (Frobenius norms)."""
+    return max(
+        float((ours[n] - ref).norm() / ref.norm().clamp_min(1e-12)) for n, ref in reference.items()
+    )
+
+
+def attn_mt(*args: str, timeout: float, torchrun: bool = False) -> subprocess.CompletedProcess:
+    """`attn-mt ARGS` (or under a one-process torchrun) in a subprocess; output captured."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+    command = [sys.executable, *(launcher if torchrun else []), "-m", "attn_mt", *args]
+    proc = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=max(timeout, 1)
+    )
+    if proc.returncode != 0:
+        raise CheckFailed(f"`{' '.join(args[:3])}` exited {proc.returncode}: {proc.stderr[-400:]}")
+    return proc
+
+
+def train(ctx: Context, name: str, config: str, *sets: str, resume: bool = False, **kw):
+    """`attn-mt train` of a shipped config into OUT/runs/NAME on the GPU."""
+    out = ctx.out / "runs" / name
+    args = ["train", "--config", str(CONFIGS / config), "--device", "cuda"]
+    args += ["--set", f"train.out_dir={out}", *[a for s in sets for a in ("--set", s)]]
+    attn_mt(*args, *(["--resume"] if resume else []), timeout=ctx.seconds_left(), **kw)
+    return out
+
+
+def metrics(run: Path, split: str) -> list[dict[str, Any]]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [m for m in map(json.loads, lines) if m["split"] == split]
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks that also run on the CPU
+
+
+def environment(ctx: Context) -> Figures:
+    figures = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    figures["device"] = str(ctx.device)
+    figures["auto precision"] = resolve_precision("auto", ctx.device)
+    figures["PYTORCH_CUDA_ALLOC_CONF"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    if ctx.device.type == "cuda":
+        figures["gpu"] = torch.cuda.get_device_name(ctx.device)
+        figures["capability"] = torch.cuda.get_device_capability(ctx.device)
+        figures["cuda"] = torch.version.cuda
+        figures["memory GiB"] = torch.cuda.get_device_properties(ctx.device).total_memory / 2**30
+    return figures
+
+
+def presets(ctx: Context) -> Figures:
+    """The GPU configs load (the WMT14 data need not be here); their sizes and batches."""
+    figures = {}
+    for name in ("wmt14_en_de_base", "wmt14_en_de_big", "multi30k_de_en_gpu"):
+        cfg = load_config(CONFIGS / f"{name}.yaml")
+        m, t = cfg.model, cfg.train
+        figures[name] = (
+            f"d_model {m.d_model}, {m.encoder_layers}+{m.decoder_layers} layers, "
+            f"{t.batch_tokens * t.accumulate} tokens per update, {t.max_steps} updates"
+        )
+    return figures
+
+
+def cached_decoding(ctx: Context) -> Figures:
+    """Step-by-step decoding with the key/value cache gives the whole-prefix logits."""
+    configure_kernels(deterministic=False, tf32=False)
+    model = tiny_model(ctx.device).eval()
+    src, tgt_in, _ = random_batch(4, 12, 10)
+    src, tgt = src[:, :6].to(ctx.device), tgt_in[:, :8].to(ctx.device)  # no padding: stepwise
+    figures = {}
+    for precision in ("fp32", "bf16") if ctx.device.type == "cuda" else ("fp32",):
+        with torch.no_grad(), autocast_context(ctx.device, DTYPES[precision]):
+            src_mask = (src != PAD_ID)[:, None, None, :]
+            memory = model.encode(src, src_mask)
+            full = model.decode(tgt, memory, src_mask).float()
+            cache = model.new_cache()
+            steps = [model.decode(tgt[:, i : i + 1], memory, src_mask, cache) for i in range(8)]
+            cached = torch.cat(steps, dim=1).float()
+        figures[f"{precision} max |diff|"] = float((full - cached).abs().max())
+    if figures["fp32 max |diff|"] > 1e-4:
+        raise CheckFailed(f"cached decoding differs from full decoding: {figures}")
+    return figures
+
+
+def mask_free_attention(ctx: Context) -> Figures:
+    """The decoder's causal flag (flash on CUDA, forced there) equals causal & padding masks."""
+    model = tiny_model(ctx.device).eval()
+    src, tgt_in, _ = (t.to(ctx.device) for t in random_batch(4, 16, 16))
+    precision = "bf16" if ctx.device.type == "cuda" else "fp32"
+    with torch.no_grad(), autocast_context(ctx.device, DTYPES[precision]):
+        src_mask = (src != PAD_ID)[:, None, None, :]
+        memory = model.encode(src, src_mask)
+        if ctx.device.type == "cuda":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # an error if flash refuses
+                for layer in model.decoder:
+                    layer.self_attn(memory, memory, causal=True)
+        mask_free = model.decode(tgt_in, memory, src_mask).float()
+        self_mask = causal_mask(tgt_in.size(1), ctx.device) & (tgt_in != PAD_ID)[:, None, None]
+        y = model.tgt_embed(tgt_in)
+        for layer in model.decoder:
+            y = layer(y, memory, self_mask, src_mask)
+        masked = model.output(model.decoder_norm(y)).float()
+    real = tgt_in != PAD_ID
+    diff = float((mask_free - masked)[real].abs().max())
+    if diff > (5e-2 if precision == "bf16" else 1e-4):
+        raise CheckFailed(f"the mask-free decoder differs from the masked one by {diff}")
+    return {"precision": precision, "max |diff| at real positions": diff}
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks that need the GPU
+
+
+def numerics(ctx: Context) -> Figures:
+    """One step on the CPU (fp32) and on CUDA (fp32 with TF32 off; bf16): loss and gradients."""
+    configure_kernels(deterministic=False, tf32=False)
+    torch.manual_seed(0)
+    model = Transformer(1000, 1000, LayerSpec(d_model=256, heads=4, d_ff=1024), 3, 3)
+    batch = random_batch(16, 24, 22)
+    reference = gradients(model, batch, torch.device("cpu"), "fp32")
+    model.to(ctx.device)
+    figures, limits = {}, {"fp32": 1e-4, "bf16": 5e-2}
+    for precision, limit in limits.items():
+        ours = gradients(model, batch, ctx.device, precision)
+        figures[f"{precision} loss rel diff"] = abs(ours["loss"] / reference["loss"] - 1)
+        figures[f"{precision} worst grad rel diff"] = worst_relative(
+            ours["grads"], reference["grads"]
+        )
+        if figures[f"{precision} worst grad rel diff"] > limit:
+            raise CheckFailed(f"{precision} gradients differ from the CPU's: {figures}")
+    configure_kernels(deterministic=False, tf32=True)
+    return figures
+
+
+def deterministic_resume(ctx: Context) -> Figures:
+    """tiny.yaml with train.deterministic: 20 updates straight == 10 + resume to 20, bit for bit;
+    and whether a second straight run without it differs."""
+    sets = ("train.deterministic=true", "train.max_steps=20", "train.eval_every=10")
+    straight = train(ctx, "det-straight", "tiny.yaml", *sets)
+    train(ctx, "det-resumed", "tiny.yaml", *sets[:1], "train.max_steps=10", "train.eval_every=10")
+    resumed = train(ctx, "det-resumed", "tiny.yaml", *sets, resume=True)
+    loose = train(ctx, "nondet", "tiny.yaml", "train.max_steps=20", "train.eval_every=10")
+    a, b, c = (
+        load_checkpoint(r / "checkpoints" / "last.pt")["model"] for r in (straight, resumed, loose)
+    )
+    unequal = [name for name in a if not torch.equal(a[name], b[name])]
+    if unequal:
+        raise CheckFailed(f"resumed != straight with train.deterministic: {unequal[:3]}")
+    differ = sum(not torch.equal(a[name], c[name]) for name in a)
+    return {"resume bit-exact": True, "tensors that differ without deterministic": differ}
+
+
+def short_run(precision: str) -> Callable[[Context], Figures]:
+    def run(ctx: Context) -> Figures:
+        start = time.monotonic()
+        sets = (f"train.precision={precision}", "train.max_steps=600", "train.eval_every=600")
+        out = train(ctx, f"multi30k-{precision}", "multi30k_de_en_gpu.yaml", *sets)
+        last = metrics(out, "valid")[-1]
+        trained = metrics(out, "train")
+        if not all(map(lambda m: m["loss"] == m["loss"], trained)):
+            raise CheckFailed(f"{precision}: a NaN training loss")
+        figures = {k: last[k] for k in ("step", "loss", "bleu") if k in last}
+        return figures | {"minutes": (time.monotonic() - start) / 60}
+
+    return run
+
+
+def nccl_one_process(ctx: Context) -> Figures:
+    out = train(ctx, "nccl", "tiny.yaml", "train.max_steps=10", torchrun=True)
+    log = (out / "train.log").read_text()
+    if "1 process(es)" not in log:
+        raise CheckFailed("the torchrun run did not log one process")
+    return {"steps": metrics(out, "train")[-1]["step"]}
+
+
+def bench(size: str) -> Callable[[Context], Figures]:
+    def run(ctx: Context) -> Figures:
+        script = ROOT / "scripts" / "bench_train.py"
+        args = [sys.executable, str(script), "--device", "cuda", "--quick", "--size", size]
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=ctx.seconds_left())
+        if proc.returncode != 0:
+            raise CheckFailed(f"bench_train.py exited {proc.returncode}: {proc.stderr[-400:]}")
+        (ctx.out / f"bench_train_{size}.txt").write_text(proc.stdout)
+        figures = json.loads(proc.stdout.strip().splitlines()[-1])
+        return {
+            f"{row['precision']} {model}": {
+                k: row[model][k] for k in ("tokens_per_s", "mfu", "mfu_spec")
+            }
+            for row in figures["results"]
+            for model in ("attn-mt", "nn.Transformer")
+        }
+
+    return run
+
+
+def peak_memory(ctx: Context) -> Figures:
+    """One AdamW update of transformer-base and -big at a 32k vocabulary, at the config's batch
+    of its longest sentences (max_len), with and without activation checkpointing."""
+    figures = {}
+    for name in ("wmt14_en_de_base", "wmt14_en_de_big"):
+        cfg = load_config(CONFIGS / f"{name}.yaml")
+        length = cfg.data.max_len
+        batch = random_batch(max(1, cfg.train.batch_tokens // length), length, length, VOCAB)
+        precision = resolve_precision(cfg.train.precision, ctx.device)
+        for checkpointing in (False, True):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+            model = build_model(cfg, VOCAB, VOCAB).to(ctx.device)
+            model.activation_checkpointing = checkpointing
+            optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+            gradients(model, batch, ctx.device, precision)
+            optimizer.step()
+            torch.cuda.synchronize(ctx.device)
+            key = f"{name} {precision}{' checkpointed' if checkpointing else ''} GiB"
+            figures[key] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
+            del model, optimizer
+    return figures
+
+
+CHECKS = [
+    Check("environment", environment, gpu_only=False),
+    Check("GPU presets load", presets, gpu_only=False),
+    Check("cached == full decoding", cached_decoding, gpu_only=False),
+    Check("mask-free decoder == masked", mask_free_attention, gpu_only=False),
+    Check("CPU vs CUDA one step", numerics, gpu_only=True),
+    Check("deterministic exact resume", deterministic_resume, gpu_only=True),
+    Check("NCCL, one process", nccl_one_process, gpu_only=True),
+    Check("Multi30k fp16 run", short_run("fp16"), gpu_only=True),
+    Check("Multi30k bf16 run", short_run("bf16"), gpu_only=True),
+    Check("bench_train default size", bench("config"), gpu_only=True),
+    Check("bench_train base size", bench("base"), gpu_only=True),
+    Check("peak memory base/big", peak_memory, gpu_only=True),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running and reporting
+
+
+def run_checks(ctx: Context) -> None:
+    for check in CHECKS:
+        result: dict[str, Any] = {"check": check.name}
+        start = time.monotonic()
+        if check.gpu_only and ctx.device.type != "cuda":
+            result.update(status="skipped", why="needs a CUDA GPU")
+        elif ctx.seconds_left() <= 0:
+            result.update(status="skipped", why="out of time (--minutes)")
+        else:
+            try:
+                result.update(status="pass", figures=check.run(ctx))
+            except (CheckFailed, subprocess.TimeoutExpired) as error:
+                result.update(status="FAIL", why=str(error))
+            except Exception as error:  # a bug or a CUDA error: keep going, report it
+                result.update(status="FAIL", why=repr(error), trace=traceback.format_exc()[-2000:])
+        result["seconds"] = round(time.monotonic() - start, 1)
+        ctx.results.append(result)
+        print(f"gpu_check: {result['status']:<7} {check.name} ({result['seconds']} s)", flush=True)
+
+
+def write_report(ctx: Context) -> Path:
+    lines = [
+        "# gpu_check report",
+        "",
+        f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+    ]
+    lines += ["", "| check | result | seconds |", "|---|---|---|"]
+    lines += [f"| {r['check']} | {r['status']} | {r['seconds']} |" for r in ctx.results]
+    for r in ctx.results:
+        lines += ["", f"## {r['check']}: {r['status']}", ""]
+        if "why" in r:
+            lines.append(r["why"])
+        for key, value in r.get("figures", {}).items():
+            lines.append(f"- {key}: {value}")
+        if "trace" in r:
+            lines += ["```", r["trace"], "```"]
+    report = ctx.out / "gpu_check.md"
+    report.write_text("\n".join(lines) + "\n")
+    (ctx.out / "gpu_check.json").write_text(json.dumps(ctx.results, indent=1, default=str) + "\n")
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu_check")
+    parser.add_argument("--minutes", type=float, default=28.0, help="budget for all checks")
+    parser.add_argument("--cpu-only", action="store_true", help="as on a machine without a GPU")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    set_cuda_environment()  # before CUDA starts, as `attn-mt train` does
+    gpu = torch.cuda.is_available() and not args.cpu_only
+    device = torch.device("cuda" if gpu else "cpu")
+    ctx = Context(args.out, device, time.monotonic() + 60 * args.minutes)
+    run_checks(ctx)
+    report = write_report(ctx)
+    print(f"gpu_check: report in {report}")
+    if not gpu:
+        why = "--cpu-only" if args.cpu_only else "no CUDA GPU here"
+        print(f"gpu_check: the rest needs a GPU ({why}): ran the CPU-side checks only")
+        return 0
+    return 1 if any(r["status"] == "FAIL" for r in ctx.results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
