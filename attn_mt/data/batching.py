@@ -40,7 +40,7 @@ class Batch:
         (from pageable memory `non_blocking` copies synchronously)."""
         cuda = device.type == "cuda"
         tensors = [
-            (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)
+            (t.pin_memory() if cuda and t.device.type == "cpu" else t).to(device, non_blocking=cuda)
             for t in (self.src, self.tgt_in, self.tgt_out)
         ]
         return Batch(*tensors, self.ids, self.num_tgt_tokens)

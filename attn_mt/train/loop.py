@@ -280,7 +280,7 @@ class Trainer:
         and a NaN/inf skips the step on the device (the fused optimizer's `found_inf`).
         """
         t = self.cfg.train
-        batches = [self.source.next() for _ in range(t.accumulate)]
+        batches = [self._place(self.source.next()) for _ in range(t.accumulate)]  # prepared
         tokens = distributed.sum_to_device(
             [sum(b.num_tgt_tokens for b in batches)], self.world, self.device
         )
@@ -325,6 +325,7 @@ class Trainer:
         return Update(loss, nll, int(tokens_all), grad_norm, ok)
 
     def _place(self, batch: Batch) -> Batch:
+        """`batch` on the training device (a batch already there stays as it is)."""
         return batch.to(self.device)
 
     def finish(self, stopped_by: str) -> None:

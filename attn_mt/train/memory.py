@@ -62,7 +62,9 @@ def worst_batch(source: ShardSource) -> Batch:
     return collate(source.shards.src, source.shards.tgt, worst_rows(source))
 
 
-def probe(model: Transformer, batch: Batch, dtype: torch.dtype, label_smoothing: float) -> None:
+def probe(
+    model: Transformer, batch: Batch, dtype: torch.dtype | None, label_smoothing: float
+) -> None:
     """One forward and backward of `batch`, its gradients dropped and the RNG left as it was,
     so training is the same bit for bit with or without it."""
     device = next(model.parameters()).device

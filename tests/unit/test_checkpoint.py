@@ -173,7 +173,7 @@ def test_a_checkpoint_written_on_a_gpu_loads_resumes_averages_and_exports_on_the
     assert isinstance(translator.translate(["a b c"])[0], str)
     averaged = average_checkpoints([folder / "step_1.pt", folder / "step_2.pt"])
     assert {t.device.type for t in averaged["model"].values()} == {"cpu"}
-    resumed = Trainer(toy_config(max_steps=3, eval_every=1, keep_checkpoints=2), resume=True)
-    assert resumed.run().step == 3
     exported = export_ctranslate2(folder / "step_1.pt", tmp_path / "ct2")
     assert (exported / "model.bin").is_file()
+    resumed = Trainer(toy_config(max_steps=3, eval_every=1, keep_checkpoints=2), resume=True)
+    assert resumed.run().step == 3

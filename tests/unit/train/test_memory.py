@@ -38,7 +38,7 @@ def test_the_probe_changes_no_weight_gradient_or_random_stream(toy_config) -> No
     model.train()  # dropout draws, were there any
     weights = [p.detach().clone() for p in model.parameters()]
     rng = torch.get_rng_state()
-    probe(model, worst_batch(trainer.source), torch.float32, 0.1)
+    probe(model, worst_batch(trainer.source), trainer.dtype, 0.1)
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
