@@ -36,7 +36,7 @@ from attn_mt.precision import DTYPES, autocast_context, resolve_device, resolve_
 from attn_mt.train.corpus import training_data, valid_subset
 from attn_mt.train.ema import WeightEMA
 from attn_mt.train.loss import label_smoothed_loss
-from attn_mt.train.memory import out_of_memory_hint, peak_gib, probe, worst_batch
+from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
 from attn_mt.train.runfolder import lock_run_folder
 from attn_mt.train.runlog import (
     Monitor,
@@ -49,7 +49,7 @@ from attn_mt.train.runlog import (
     window_line,
 )
 from attn_mt.train.schedule import learning_rate
-from attn_mt.train.skips import SkipRule, Update
+from attn_mt.train.skips import SkipRule, Update, make_scaler
 from attn_mt.train.state import TrainProgress, TrainState, starting_point
 from attn_mt.train.validate import HIGHER_IS_BETTER, Validation, validate
 
@@ -175,7 +175,7 @@ class Trainer:
         t = self.cfg.train
         with self._session(), out_of_memory_hint(t):
             log_start(self.runlog, self.state, self.corpus, self.precision, self.resumed)
-            self._probe()
+            probe_largest_batch(self.model, self.source, self.dtype, t.label_smoothing)
             self.start = start = time.monotonic() - self.progress.elapsed
             window = TrainWindow()
             self.source.prepare(t.accumulate, self._place)
@@ -226,21 +226,6 @@ class Trainer:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_signal = signal.Signals(signum).name
-
-    def _probe(self) -> None:
-        """On a GPU: one forward and backward of this process's largest batch, so a batch too
-        large for the GPU fails now rather than hours in; its peak memory goes to the log."""
-        if self.device.type != "cuda":
-            return
-        batch = worst_batch(self.source)
-        with stage("trying the largest batch", announce=False):
-            probe(self.model, batch.to(self.device), self.dtype, self.cfg.train.label_smoothing)
-        log.info(
-            "largest batch (%d x %d target positions): peak GPU memory %.2f GiB "
-            "(the optimizer's state, twice the weights, comes on top at the first update)",
-            *batch.tgt_out.shape,
-            peak_gib(self.device),
-        )
 
     def _stop_reason(self) -> str:
         """Which stopping rule fires before the next update ('' if none); agreed by all ranks.
@@ -389,11 +374,6 @@ class Trainer:
 
 class _Interrupted(Exception):
     """A signal came during validation."""
-
-
-def make_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
-    """fp16's loss scaler (None in other precisions)."""
-    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
 
 
 def wrap_model(

@@ -77,6 +77,24 @@ def probe(
     model.zero_grad(set_to_none=True)
 
 
+def probe_largest_batch(
+    model: Transformer, source: ShardSource, dtype: torch.dtype | None, label_smoothing: float
+) -> None:
+    """On a GPU: `probe` this process's largest batch, so a batch too large for the GPU fails
+    at start-up rather than hours in, and log its peak memory; nothing on the CPU."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return
+    batch = worst_batch(source)
+    probe(model, batch.to(device), dtype, label_smoothing)
+    log.info(
+        "largest batch (%d x %d target positions): peak GPU memory %.2f GiB "
+        "(the optimizer's state, twice the weights, comes on top at the first update)",
+        *batch.tgt_out.shape,
+        peak_gib(device),
+    )
+
+
 def peak_gib(device: torch.device) -> float | None:
     """The most GPU memory allocated so far, in GiB (None off the GPU)."""
     if device.type != "cuda":

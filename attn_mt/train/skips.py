@@ -24,6 +24,11 @@ log = logging.getLogger("attn_mt")
 MIN_LOSS_SCALE = 1e-4
 
 
+def make_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16's loss scaler (None in other precisions)."""
+    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
 class TrainingDiverged(UserError):
     """The loss stayed NaN/inf for `train.max_nonfinite` updates in a row, or fp16's loss scale
     fell below MIN_LOSS_SCALE."""
