@@ -74,22 +74,28 @@ def teardown(world: World) -> None:
         dist.destroy_process_group()
 
 
-def sum_all(value: float, world: World, device: torch.device) -> float:
-    """The sum of `value` over all ranks."""
-    if not world.distributed:
-        return value
-    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
-    return float(tensor.item())
+def to_device(values: list[float], device: torch.device) -> torch.Tensor:
+    """`values` as a float64 tensor on `device`, copied without waiting for the GPU (from
+    pinned memory; a plain copy to a GPU waits for all the work queued before it)."""
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
+
+
+def sum_to_device(values: list[float], world: World, device: torch.device) -> torch.Tensor:
+    """Element-wise sums of `values` over all ranks, as a float64 tensor left on `device`."""
+    tensor = to_device(values, device)
+    if world.distributed:
+        dist.all_reduce(tensor)
+    return tensor
 
 
 def any_each(flags: list[bool], world: World, device: torch.device) -> list[bool]:
     """Element-wise: is flag i true on any rank? (stop signals, time limits)."""
     if not world.distributed:
         return flags
-    tensor = torch.tensor([float(f) for f in flags], device=device)
-    dist.all_reduce(tensor)
-    return [bool(v > 0) for v in tensor.tolist()]
+    return [bool(v > 0) for v in sum_to_device(flags, world, device).tolist()]
 
 
 def from_main(compute: Callable[[], T], world: World) -> T:

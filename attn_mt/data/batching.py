@@ -8,7 +8,7 @@ without storing any sampler state: the source's position is two numbers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,21 +31,19 @@ class Batch:
     tgt_in: torch.Tensor  # (B, T) <bos> y1 .. yn
     tgt_out: torch.Tensor  # (B, T) y1 .. yn <eos>
     ids: list[int]  # corpus indices of the rows
-
-    @property
-    def num_tgt_tokens(self) -> int:
-        """Non-pad target tokens: the denominator of the loss."""
-        return int((self.tgt_out != PAD_ID).sum())
+    # Non-pad target tokens, the denominator of the loss: counted from the lengths when the
+    # batch is made, so no one reads it back from a GPU (a host sync per batch).
+    num_tgt_tokens: int
 
     def to(self, device: torch.device) -> Batch:
-        """The same batch on `device`."""
-        nb = device.type == "cuda"
-        return Batch(
-            self.src.to(device, non_blocking=nb),
-            self.tgt_in.to(device, non_blocking=nb),
-            self.tgt_out.to(device, non_blocking=nb),
-            self.ids,
-        )
+        """The same batch on `device`; to a GPU from pinned memory, so the copy is asynchronous
+        (from pageable memory `non_blocking` copies synchronously)."""
+        cuda = device.type == "cuda"
+        tensors = [
+            (t.pin_memory() if cuda and t.device.type == "cpu" else t).to(device, non_blocking=cuda)
+            for t in (self.src, self.tgt_in, self.tgt_out)
+        ]
+        return Batch(*tensors, self.ids, self.num_tgt_tokens)
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
@@ -65,11 +63,13 @@ def collate(
     rows = np.asarray(rows, dtype=np.int64)
     src, src_rows = _view(src_ids, rows)
     tgt, tgt_rows = _view(tgt_ids, rows)
+    tgt_lengths = tgt.offsets[tgt_rows + 1] - tgt.offsets[tgt_rows]
     return Batch(
         _padded(src, src_rows, lead=None, tail=EOS_ID),
         _padded(tgt, tgt_rows, lead=BOS_ID, tail=None),
         _padded(tgt, tgt_rows, lead=None, tail=EOS_ID),
         rows.tolist(),
+        int(tgt_lengths.sum()) + len(rows),  # each target + <eos>
     )
 
 
@@ -248,9 +248,10 @@ class ShardSource:
         self.batch_tokens, self.seed, self.world = batch_tokens, seed, world
         counts = np.bincount(shards.corpus, minlength=len(self.weights))
         self.starts = np.concatenate([[0], np.cumsum(counts)])  # corpora are stored in order
-        self.epoch, self.index = 0, 0  # the position
+        self.epoch, self.index = 0, 0  # the position: batches handed out by `next`
         self.rescaled = ""  # how a position saved by another process count was mapped
-        self._order: tuple[int, list[np.ndarray]] | None = None  # (epoch, its batches)
+        self._orders: dict[int, list[np.ndarray]] = {}  # epoch -> its batches (two at most)
+        self._ready: list[Batch] = []  # the batches after the position, made by `prepare`
 
     @classmethod
     def from_config(cls, cfg: Config, shards: Shards, world: World) -> ShardSource:
@@ -264,9 +265,15 @@ class ShardSource:
     @property
     def batches(self) -> list[np.ndarray]:
         """This rank's batches (rows) of the current epoch, computed once per epoch."""
-        if self._order is None or self._order[0] != self.epoch:
-            self._order = (self.epoch, self._batches(self.epoch))
-        return self._order[1]
+        return self._epoch_batches(self.epoch)
+
+    def _epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """This rank's batches of `epoch`; the current and the next epoch's are kept, as
+        batches prepared ahead may come from the next one."""
+        if epoch not in self._orders:
+            self._orders = {e: b for e, b in self._orders.items() if e == epoch - 1}
+            self._orders[epoch] = self._batches(epoch)
+        return self._orders[epoch]
 
     def epoch_rows(self, epoch: int) -> np.ndarray:
         """The pairs of one epoch (with repeats), before batching."""
@@ -306,14 +313,35 @@ class ShardSource:
         return self.epoch + self.index / len(self.batches)
 
     def next(self) -> Batch:
-        """The next batch of this rank, moving to the next epoch at the end of one."""
-        if self.index >= len(self.batches):
-            self.epoch, self.index = self.epoch + 1, 0
-        rows = self.batches[self.index]
+        """The next batch of this rank (prepared ahead, if it was), moving to the next epoch at
+        the end of one."""
+        self.epoch, self.index = self._place(self.epoch, self.index)
+        batch = self._ready.pop(0) if self._ready else self._make(self.epoch, self.index)
         self.index += 1
+        return batch
+
+    def prepare(self, count: int, place: Callable[[Batch], Batch]) -> None:
+        """Make the `count` batches after those already prepared now, each passed through
+        `place` (a copy to the GPU, started while the GPU is still busy), for `next` to hand
+        out. The position does not move: a checkpoint saved meanwhile resumes at the batch
+        `next` gives next, and the batches made again are the same (a batch is a function of
+        its place)."""
+        epoch, index = self.epoch, self.index + len(self._ready)
+        for _ in range(count):
+            epoch, index = self._place(epoch, index)
+            self._ready.append(place(self._make(epoch, index)))
+            index += 1
+
+    def _place(self, epoch: int, index: int) -> tuple[int, int]:
+        """The place of batch `index` of `epoch`, past an epoch's end the next one's first."""
+        return (epoch + 1, 0) if index >= len(self._epoch_batches(epoch)) else (epoch, index)
+
+    def _make(self, epoch: int, index: int) -> Batch:
+        """Batch `index` of `epoch`, subword-sampled with a seed of its place if asked."""
+        rows = self._epoch_batches(epoch)[index]
         if self.resampler is None:
             return collate(self.shards.src, self.shards.tgt, rows)
-        seed = batch_seed(self.seed, self.epoch, self.index, self.world.rank)
+        seed = batch_seed(self.seed, epoch, index + 1, self.world.rank)
         return self.resampler.collate(self.shards, rows, seed)
 
     def state_dict(self) -> dict[str, Any]:
@@ -330,6 +358,7 @@ class ShardSource:
                 f"epoch {state['epoch']} continues at batch {index}"
             )
         self.epoch, self.index = state["epoch"], index
+        self._ready = []
 
     def describe(self) -> str:
         """Batches per epoch and the padding share of the first 50 (for the start-up log)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import signal
 import time
 from collections.abc import Iterator
@@ -28,9 +29,8 @@ from attn_mt import distributed
 from attn_mt.checkpoint import load_weights, tokenizers_from, translation_weights
 from attn_mt.config import Config, TrainConfig
 from attn_mt.configfile import save_config
-from attn_mt.data.batching import ShardSource
+from attn_mt.data.batching import Batch, ShardSource
 from attn_mt.decode.translator import Translator
-from attn_mt.errors import UserError
 from attn_mt.model.transformer import Transformer, build_model
 from attn_mt.precision import (
     DTYPES,
@@ -42,6 +42,7 @@ from attn_mt.precision import (
 from attn_mt.train.corpus import training_data, valid_subset
 from attn_mt.train.ema import WeightEMA
 from attn_mt.train.loss import label_smoothed_loss
+from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
 from attn_mt.train.runfolder import lock_run_folder
 from attn_mt.train.runlog import (
     Monitor,
@@ -54,38 +55,16 @@ from attn_mt.train.runlog import (
     window_line,
 )
 from attn_mt.train.schedule import learning_rate
+from attn_mt.train.skips import SkipRule, Update, make_scaler
 from attn_mt.train.state import TrainProgress, TrainState, starting_point
 from attn_mt.train.validate import HIGHER_IS_BETTER, Validation, validate
 
 log = logging.getLogger("attn_mt")
 
 
-class TrainingDiverged(UserError):
-    """The loss stayed NaN/inf for `train.max_nonfinite` updates in a row."""
-
-    @classmethod
-    def after(cls, updates: int, step: int, last: Path) -> TrainingDiverged:
-        """The error after `updates` non-finite updates in a row ending at `step`."""
-        kept = (
-            f"the last good checkpoint is kept: {last}"
-            if last.is_file()
-            else "no checkpoint had been written yet"
-        )
-        return cls(
-            f"the loss was NaN/inf for {updates} updates in a row at step {step}; "
-            f"lower train.lr or check the data ({kept})"
-        )
-
-
-@dataclass
-class Update:
-    """What one optimizer update did, summed over all processes."""
-
-    loss: float  # summed label-smoothed loss
-    nll: float  # summed negative log-likelihood
-    tokens: int  # target tokens
-    grad_norm: float
-    finite: bool  # False: NaN/inf somewhere, the update was skipped
+# The stopping rules whose value can differ between ranks (a signal, the clock, rank 0's
+# validations): under torchrun every rank takes any rank's.
+RANK_RULES = ("early stopping", "signal", "max_minutes")
 
 
 @dataclass
@@ -157,7 +136,7 @@ class Trainer:
             load_weights(self.model, translation_weights(init[1]), init[0])
         self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         self.optimizer = make_optimizer(self.model, cfg.train)
-        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
+        self.scaler = make_scaler(self.precision, self.device)
         self.source = ShardSource.from_config(cfg, self.corpus.shards, world)
         self.state = TrainState(
             cfg,
@@ -179,7 +158,9 @@ class Trainer:
         self.train_model = wrap_model(self.model, world, self.device, cfg.train.compile)
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
-        self.nonfinite = 0  # non-finite updates in a row
+        self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, self.state.ckpt_dir / "last.pt")
+        self.start = time.monotonic()  # of the run, less the time of earlier processes
+        self.agreed: list[bool] | None = None  # RANK_RULES as all ranks last agreed on them
 
     @property
     def progress(self) -> TrainProgress:
@@ -199,24 +180,27 @@ class Trainer:
     def run(self) -> TrainResult:
         """Train until max_steps / max_minutes / max_epochs / early stopping / a signal."""
         t = self.cfg.train
-        with self._session():
+        with self._session(), out_of_memory_hint(t):
             log_start(self.runlog, self.state, self.corpus, self.precision, self.resumed)
-            start = time.monotonic() - self.progress.elapsed
+            probe_largest_batch(self.model, self.source, self.dtype, t.label_smoothing)
+            self.start = start = time.monotonic() - self.progress.elapsed
             window = TrainWindow()
-            while not (stopped_by := self._stop_reason(start)):
+            self.source.prepare(t.accumulate, self._place)
+            while not (stopped_by := self._stop_reason()):
                 step = self.progress.step + 1
                 lr = learning_rate(step, t)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 update = self.update()
-                if not self._accept(update, step):
+                if not self.skips.accept(update, step):
+                    self.progress.skipped += 1
                     continue
                 self.progress.step = step
                 if self.ema:
                     self.ema.update()
                 window.add(update.loss, update.nll, update.tokens, update.grad_norm)
                 elapsed = time.monotonic() - start
-                line, metrics = window_line(step, window, lr, t, elapsed, self.source)
+                line, metrics = window_line(step, window, lr, t, elapsed, self.source, self.device)
                 self.monitor.training(line)
                 if step % t.log_every == 0:
                     self.runlog.training(step, line, metrics)
@@ -225,6 +209,7 @@ class Trainer:
                     began = time.monotonic()
                     self.progress.elapsed = began - start
                     self._validate_and_save()
+                    self.agreed = None  # rank 0 alone knows whether it improved
                     window.pause(time.monotonic() - began)  # tokens/s counts training only
             self.progress.elapsed = time.monotonic() - start
             self.finish(stopped_by)
@@ -249,30 +234,49 @@ class Trainer:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_signal = signal.Signals(signum).name
 
-    def _stop_reason(self, start: float) -> str:
-        """Which stopping rule fires before the next update ('' if none); agreed by all ranks."""
+    def _stop_reason(self) -> str:
+        """Which stopping rule fires before the next update ('' if none); agreed by all ranks.
+
+        Under torchrun the RANK_RULES come agreed from the last update's all-reduce (`update`
+        folds them into its own), or from one all-reduce of their own after a validation.
+        """
+        rules = self._stop_rules()
+        if self.world.distributed:
+            local = [rules[name] for name in RANK_RULES]
+            agreed = self.agreed
+            if agreed is None:
+                agreed = distributed.any_each(local, self.world, self.device)
+            rules.update(zip(RANK_RULES, agreed, strict=True))
+            self.agreed = None
+        return next((name for name, hit in rules.items() if hit), "")
+
+    def _stop_rules(self) -> dict[str, bool]:
+        """Each stopping rule, as this process sees it now (the first that fires names it)."""
         t = self.cfg.train
-        rules = {
+        return {
             "early stopping": bool(t.patience) and self.progress.bad_evals >= t.patience,
             "signal": self.stop_signal is not None,
             "max_steps": t.max_steps > 0 and self.progress.step >= t.max_steps,
-            "max_minutes": bool(t.max_minutes) and time.monotonic() - start >= t.max_minutes * 60,
+            "max_minutes": bool(t.max_minutes)
+            and time.monotonic() - self.start >= t.max_minutes * 60,
             "max_epochs": bool(t.max_epochs) and self.source.epochs_done >= t.max_epochs,
         }
-        fired = distributed.any_each(list(rules.values()), self.world, self.device)
-        return next((name for name, hit in zip(rules, fired, strict=True) if hit), "")
 
     def update(self) -> Update:
         """One optimizer update over `accumulate` batches on every rank.
 
         The loss is normalised by the target tokens of all batches on all ranks, so the update
         does not depend on how a batch is split (DDP averages gradients, hence `* world size`).
+        Nothing waits for the GPU until the figures are read back, once, at the end: the next
+        update's batches are made and copied meanwhile, the tokens were counted on the host,
+        and a NaN/inf skips the step on the device (the fused optimizer's `found_inf`).
         """
         t = self.cfg.train
-        batches = [self.source.next().to(self.device) for _ in range(t.accumulate)]
-        tokens = distributed.sum_all(
-            sum(b.num_tgt_tokens for b in batches), self.world, self.device
+        batches = [self._place(self.source.next()) for _ in range(t.accumulate)]  # prepared
+        tokens = distributed.sum_to_device(
+            [sum(b.num_tgt_tokens for b in batches)], self.world, self.device
         )
+        loss_scale = (self.world.size / tokens[0]).float()
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
@@ -283,46 +287,47 @@ class Trainer:
                 with autocast_context(self.device, self.dtype):
                     logits = self.train_model(batch.src, batch.tgt_in)
                 loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
-                scaled = loss * (self.world.size / tokens)
+                del logits  # (B, T, V): not alive through the backward beside its gradient
+                scaled = loss * loss_scale
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_sum += loss.detach()
             nll_sum += nll.detach()
+        self.source.prepare(t.accumulate, self._place)  # the next update's, while the GPU works
         if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
+            self.scaler.unscale_(self.optimizer)  # and notes overflowed gradients for update()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
         sums = torch.stack([loss_sum, nll_sum]).double()
-        if self.world.distributed:
+        if self.world.distributed:  # the stopping rules travel with the sums
+            rules = self._stop_rules()
+            flags = distributed.to_device([rules[name] for name in RANK_RULES], self.device)
+            sums = torch.cat([sums, flags])
             torch.distributed.all_reduce(sums)
-        finite = bool(torch.isfinite(sums).all() and torch.isfinite(norm))
+        finite = torch.isfinite(sums[:2]).all() & torch.isfinite(norm)
+        self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+        self.optimizer.step()
+        del self.optimizer.found_inf  # type: ignore[attr-defined]
         if self.scaler is not None:
-            self.scaler.step(self.optimizer)  # skips the step itself on inf gradients
-            self.scaler.update()
-            finite = bool(torch.isfinite(sums).all())
-        elif finite:
-            self.optimizer.step()
+            self.scaler.update()  # halves the scale after an overflow
         self.optimizer.zero_grad(set_to_none=True)
-        return Update(float(sums[0]), float(sums[1]), int(tokens), float(norm), finite)
+        figures = torch.cat([sums.double(), tokens, norm.double().view(1)]).tolist()  # one sync
+        if self.world.distributed:
+            self.agreed = [flag > 0 for flag in figures[2:-2]]
+        loss, nll, tokens_all, grad_norm = *figures[:2], figures[-2], figures[-1]
+        ok = math.isfinite(loss) and math.isfinite(nll) and math.isfinite(grad_norm)
+        return Update(loss, nll, int(tokens_all), grad_norm, ok)
 
-    def _accept(self, update: Update, step: int) -> bool:
-        """False for a skipped (non-finite) update; too many in a row end the run."""
-        if update.finite:
-            self.nonfinite = 0
-            return True
-        self.nonfinite += 1
-        log.warning(
-            "step %d: non-finite loss or gradient; update skipped (%d in a row)",
-            step,
-            self.nonfinite,
-        )
-        if self.nonfinite >= max(self.cfg.train.max_nonfinite, 1):
-            raise TrainingDiverged.after(self.nonfinite, step, self.state.ckpt_dir / "last.pt")
-        return False
+    def _place(self, batch: Batch) -> Batch:
+        """`batch` on the training device (a batch already there stays as it is)."""
+        return batch.to(self.device)
 
     def finish(self, stopped_by: str) -> None:
         """End a run: a stopped run saves last.pt; a finished one validates unless it just did."""
         step = self.progress.step
+        if self.progress.skipped:
+            log.info("%d updates skipped for NaN/inf so far", self.progress.skipped)
         if stopped_by == "signal":
-            self.state.save(best=False)
+            if self.state.saved_step != step:  # not written already by an interrupted validation
+                self.state.save(best=False)
         elif self.progress.last_valid_step != step:
             self._validate_and_save()
         else:
@@ -336,10 +341,17 @@ class Trainer:
     def validate(self) -> Validation:
         """Validation loss/perplexity (teacher forcing) and BLEU/chrF of search output."""
         result = validate(
-            self._translator(self.dtype), self.corpus, self.cfg.train, self.monitor.validating
+            self._translator(self.dtype), self.corpus, self.cfg.train, self._validating
         )
         self.model.train()
         return result
+
+    def _validating(self, done: int, total: int) -> None:
+        """Follow validation; a signal abandons it, so last.pt is written at once (torchrun
+        kills its workers 30 s after it forwards a SIGTERM)."""
+        if self.stop_signal:
+            raise _Interrupted
+        self.monitor.validating(done, total)
 
     def _validate_and_save(self) -> None:
         """Validate on rank 0, log it, and write the checkpoints (best.pt if it improved)."""
@@ -347,10 +359,16 @@ class Trainer:
         result: Validation | None = None
         improved = False
         if self.world.is_main:
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                result = self.validate()
-                self.runlog.attention(step, self._translator, self.corpus.valid_src)
-                self.model.train()
+            try:
+                with torch.random.fork_rng(
+                    devices=[self.device] if self.device.type == "cuda" else []
+                ):
+                    result = self.validate()
+                    self.runlog.attention(step, self._translator, self.corpus.valid_src)
+            except _Interrupted:
+                log.warning("%s: validation at step %d abandoned", self.stop_signal, step)
+            self.model.train()
+        if result is not None:
             improved = self.progress.record(result.metrics[metric], HIGHER_IS_BETTER[metric])
             best = (metric, self.progress.best_score)
             self.runlog.validation(step, result, improved, best, self._valid_share())
@@ -359,6 +377,10 @@ class Trainer:
 
     def _valid_share(self) -> str:
         return valid_share(len(self.corpus.valid_src), self.valid_total)
+
+
+class _Interrupted(Exception):
+    """A signal came during validation."""
 
 
 def wrap_model(

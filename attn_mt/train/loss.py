@@ -7,6 +7,9 @@ import torch.nn.functional as F
 
 from attn_mt.model.vocab import PAD_ID
 
+# Elements of the float32 gradient made at a time for lower-precision logits (64 MiB).
+GRAD_CHUNK = 2**24
+
 
 def label_smoothed_loss(
     logits: torch.Tensor, target: torch.Tensor, epsilon: float
@@ -43,9 +46,23 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor):
         log_probs, target = ctx.saved_tensors
-        eps = ctx.epsilon
-        grad = log_probs.exp().sub_(eps / log_probs.size(-1))  # (N, V) softmax - eps / V
-        hit = torch.full((target.numel(), 1), eps - 1.0, dtype=grad.dtype, device=grad.device)
-        grad.scatter_add_(-1, target.unsqueeze(-1), hit)  # - (1 - eps) at the target
-        grad.mul_((target != PAD_ID).unsqueeze(-1) * grad_loss)
-        return grad.to(ctx.logits_dtype), None, None
+        if log_probs.dtype == ctx.logits_dtype:
+            return _gradient(log_probs, target, ctx.epsilon, grad_loss), None, None
+        # bf16/fp16 logits: written GRAD_CHUNK elements at a time into a tensor of their dtype,
+        # so the float32 log-probs are the only full float32 (N, V) tensor alive.
+        grad = torch.empty(log_probs.shape, dtype=ctx.logits_dtype, device=log_probs.device)
+        rows = max(GRAD_CHUNK // log_probs.size(-1), 1)
+        for start in range(0, len(target), rows):
+            part = slice(start, start + rows)
+            grad[part] = _gradient(log_probs[part], target[part], ctx.epsilon, grad_loss)
+        return grad, None, None
+
+
+def _gradient(
+    log_probs: torch.Tensor, target: torch.Tensor, eps: float, grad_loss: torch.Tensor
+) -> torch.Tensor:
+    """d loss / d logits of rows (N, V), in the log-probs' dtype."""
+    grad = log_probs.exp().sub_(eps / log_probs.size(-1))  # (N, V) softmax - eps / V
+    hit = torch.full((target.numel(), 1), eps - 1.0, dtype=grad.dtype, device=grad.device)
+    grad.scatter_add_(-1, target.unsqueeze(-1), hit)  # - (1 - eps) at the target
+    return grad.mul_((target != PAD_ID).unsqueeze(-1) * grad_loss)

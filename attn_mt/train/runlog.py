@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attn_mt.config import Config, TrainConfig
+from attn_mt.train.memory import peak_gib
 
 if TYPE_CHECKING:
     from attn_mt.data.batching import ShardSource
@@ -235,6 +236,7 @@ def train_line(
         f"epoch {metrics['epoch']}  loss {metrics['loss']:.3f}  ppl {metrics['ppl']:.2f}  "
         f"lr {metrics['lr']:.2e}  grad {metrics['grad_norm']:.2f}  "
         f"{metrics['tokens_per_sec']:,.0f} tgt tok/s"
+        + (f"  mem {metrics['peak_mem_gib']:.1f} GiB" if "peak_mem_gib" in metrics else "")
     )
 
 
@@ -326,10 +328,19 @@ def log_start(
 
 
 def window_line(
-    step: int, window: TrainWindow, lr: float, t: TrainConfig, elapsed: float, source: ShardSource
+    step: int,
+    window: TrainWindow,
+    lr: float,
+    t: TrainConfig,
+    elapsed: float,
+    source: ShardSource,
+    device: torch.device,
 ) -> tuple[str, dict[str, float]]:
-    """The training line of the updates in `window`, and its figures."""
+    """The training line of the updates in `window`, and its figures (on a GPU with the peak
+    memory so far)."""
     metrics = window.metrics(lr, source.epoch)
+    if (peak := peak_gib(device)) is not None:
+        metrics["peak_mem_gib"] = peak
     return train_line(step, metrics, t, elapsed, source.epochs_run), metrics
 
 

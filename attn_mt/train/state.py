@@ -14,6 +14,7 @@ and step_N.pt hold as `model`), so a resume continues the raw weights and the av
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class TrainProgress:
     bad_evals: int = 0  # validations in a row without a better score
     elapsed: float = 0.0  # seconds of training before this process
     last_valid_step: int = -1
+    skipped: int = 0  # updates skipped for a NaN/inf loss or gradient (fp16 overflows included)
     kept_checkpoints: list[str] = field(default_factory=list)  # step_N.pt names, oldest first
 
     def record(self, score: float, higher_is_better: bool) -> bool:
@@ -85,6 +87,7 @@ class TrainState:
     world: distributed.World
     device: torch.device
     progress: TrainProgress = field(default_factory=TrainProgress)
+    saved_step: int = -1  # the step last.pt was last written at by this process
 
     @property
     def ckpt_dir(self) -> Path:
@@ -108,9 +111,9 @@ class TrainState:
             (torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if cuda else None),
             self.world,
         )
+        step = self.saved_step = self.progress.step
         if not self.world.is_main:
             return
-        step = self.progress.step
         state = make_checkpoint(
             self.eval_model, self.cfg, step, self.source.epoch, self.tokenizers, metrics or {}
         )
@@ -170,15 +173,44 @@ def starting_point(
     """What a run starts from: on resume its last.pt, else the checkpoint train.init_from names
     (its path and contents), or neither; and `cfg` with train.init_from recording it."""
     out = Path(cfg.train.out_dir)
-    # Rank 0 alone looks at the run folder and sends last.pt on: no rank can see a folder
-    # rank 0 has begun to write, and other machines need not share it to resume.
-    last = distributed.from_main(lambda: check_run_folder(out, cfg, resume), world)
+
+    def resumable() -> tuple[str, dict[str, Any]] | None:
+        state = check_run_folder(out, cfg, resume)
+        return (str(out / "checkpoints" / "last.pt"), state) if state else None
+
+    # Rank 0 alone looks at the run folder (no rank can see a folder rank 0 has begun to write)
+    # and checks the checkpoint; the other ranks then read the file it names themselves.
+    checked = _checked_on_main(resumable, world)
+    last = checked[1] if checked else None
     # A new run may start from a checkpoint's weights; a resumed one keeps its own record.
-    init = None if last else distributed.from_main(lambda: init_checkpoint(cfg), world)
+    init = None if last else _checked_on_main(lambda: init_checkpoint(cfg), world)
     if last or init:
         started_from = init[0] if init else last["config"]["train"].get("init_from")
         cfg = with_init_from(cfg, started_from)
     return cfg, last, init
+
+
+def _checked_on_main(
+    check: Callable[[], tuple[str, dict[str, Any]] | None], world: distributed.World
+) -> tuple[str, dict[str, Any]] | None:
+    """`check()` (a checkpoint's path and contents, or None) run on rank 0; the other ranks
+    get the path and read the file themselves. Only when some rank cannot see the file (no
+    shared disk) are the contents sent pickled, which takes twice their size in each rank's
+    memory (a transformer-big last.pt is ~3.4 GB)."""
+    held: dict[str, dict[str, Any]] = {}
+
+    def on_main() -> str | None:
+        found = check()
+        if found:
+            held[found[0]] = found[1]
+        return found[0] if found else None
+
+    path = distributed.from_main(on_main, world)
+    if path is None:
+        return None
+    if not all(distributed.gather(Path(path).is_file(), world)):
+        return path, distributed.from_main(lambda: held[path], world)
+    return path, held[path] if path in held else load_checkpoint(path)
 
 
 def check_run_folder(out: Path, cfg: Config, resume: bool) -> dict[str, Any] | None:

@@ -13,8 +13,16 @@ import pytest
 import torch
 from helpers.toy import assert_identical, load_raw
 
-from attn_mt.checkpoint import FORMAT, config_differences, load_checkpoint, save_checkpoint
+import attn_mt
+from attn_mt.checkpoint import (
+    FORMAT,
+    average_checkpoints,
+    config_differences,
+    load_checkpoint,
+    save_checkpoint,
+)
 from attn_mt.config import Config
+from attn_mt.decode.export import export_ctranslate2
 from attn_mt.errors import CheckpointError
 from attn_mt.train.loop import Trainer
 
@@ -142,3 +150,30 @@ def test_checkpoint_error_during_training_is_a_user_error(
         Trainer(cfg).run()
     monkeypatch.undo()
     assert list((Path(cfg.train.out_dir) / "checkpoints").iterdir()) == []
+
+
+def test_a_checkpoint_written_on_a_gpu_loads_resumes_averages_and_exports_on_the_cpu(
+    toy_config, scripted_validation, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Checkpoints whose tensors are tagged cuda:0, as torch.save writes them from a GPU: the
+    bytes of a CPU run, saved with the storage location torch records for a CUDA tensor."""
+    scripted_validation()
+    cfg = toy_config(max_steps=2, eval_every=1, keep_checkpoints=2)
+    Trainer(cfg).run()
+    folder = Path(cfg.train.out_dir) / "checkpoints"
+    names = ("last.pt", "best.pt", "step_1.pt", "step_2.pt")
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        for name in names:
+            save_checkpoint(load_raw(folder / name), folder / name)
+    for name in names:  # really tagged: without map_location torch would place them on a GPU
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(folder / name, weights_only=True)
+    translator = attn_mt.load(folder / "best.pt", device="cpu")
+    assert isinstance(translator.translate(["a b c"])[0], str)
+    averaged = average_checkpoints([folder / "step_1.pt", folder / "step_2.pt"])
+    assert {t.device.type for t in averaged["model"].values()} == {"cpu"}
+    exported = export_ctranslate2(folder / "step_1.pt", tmp_path / "ct2")
+    assert (exported / "model.bin").is_file()
+    resumed = Trainer(toy_config(max_steps=3, eval_every=1, keep_checkpoints=2), resume=True)
+    assert resumed.run().step == 3

@@ -23,6 +23,8 @@ from helpers.toy import assert_identical, load_raw, make_config, resumable_state
 
 import attn_mt
 import attn_mt.train.loop as train_module
+import attn_mt.train.state as state_module
+from attn_mt import distributed
 from attn_mt.checkpoint import FORMAT, load_checkpoint, model_from, save_checkpoint
 from attn_mt.config import Config
 from attn_mt.configfile import config_from_dict
@@ -30,8 +32,10 @@ from attn_mt.data.corpora import split_files
 from attn_mt.data.text import read_parallel
 from attn_mt.errors import UserError
 from attn_mt.evaluate import score
-from attn_mt.train.loop import Trainer, TrainingDiverged, Validation
+from attn_mt.train.loop import Trainer, Validation
 from attn_mt.train.loss import label_smoothed_loss
+from attn_mt.train.skips import TrainingDiverged
+from attn_mt.train.state import starting_point
 
 REAL_TORCH_SAVE = torch.save
 
@@ -530,3 +534,61 @@ def test_a_trainer_built_but_not_run_holds_nothing(toy_config) -> None:
     assert logger.handlers == handlers and signal.getsignal(signal.SIGTERM) is sigterm
     out = Path(cfg.train.out_dir)
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.yaml"]
+
+
+def test_a_signal_during_validation_abandons_it_and_writes_last_once(
+    toy_config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchrun kills its workers 30 s after passing on a SIGTERM: the run must not first
+    finish a long validation, nor write last.pt twice."""
+
+    def validate(translator, corpus, t, on_progress):
+        os.kill(os.getpid(), signal.SIGTERM)
+        on_progress(1, 2)
+        raise AssertionError("validation went on after the signal")
+
+    monkeypatch.setattr(train_module, "validate", validate)
+    written = []
+    real_save = state_module.save_checkpoint
+    monkeypatch.setattr(
+        state_module,
+        "save_checkpoint",
+        lambda state, path: (written.append(Path(path).name), real_save(state, path)),
+    )
+    cfg = toy_config(max_steps=10, eval_every=2)
+    result = run(cfg)
+    assert (result.stopped_by, result.step) == ("signal", 2)
+    assert written == ["last.pt"]
+    out = Path(cfg.train.out_dir)
+    assert "SIGTERM: validation at step 2 abandoned" in (out / "train.log").read_text()
+    assert load_raw(out / "checkpoints" / "last.pt")["step"] == 2
+
+
+def test_other_ranks_read_the_checkpoint_rank_0_checked(
+    toy_config, scripted_validation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 sends a path, not the pickled checkpoint; the other ranks read the file (or,
+    when one cannot see it, get it from rank 0)."""
+    scripted_validation()
+    cfg = toy_config(max_steps=1)
+    run(cfg)
+    last = Path(cfg.train.out_dir) / "checkpoints" / "last.pt"
+    sent = []
+
+    def from_main(compute, world):  # rank 0's side: what the broadcast would carry
+        sent.append(compute())
+        return sent[-1]
+
+    monkeypatch.setattr(distributed, "from_main", from_main)
+    assert starting_point(cfg, True, distributed.World())[1]["step"] == 1
+    assert sent == [str(last)]
+    # Rank 1 of 2, which sees the file.
+    rank1, saved = distributed.World(rank=1, size=2), load_raw(last)
+    monkeypatch.setattr(distributed, "gather", lambda value, world: [True, value])
+    monkeypatch.setattr(distributed, "from_main", lambda compute, world: str(last))
+    assert_identical(starting_point(cfg, True, rank1)[1]["model"], saved["model"])
+    # Without a shared disk rank 0 sends the contents.
+    last.rename(last.with_suffix(".away"))
+    sent = [str(last), saved]
+    monkeypatch.setattr(distributed, "from_main", lambda compute, world: sent.pop(0))
+    assert starting_point(cfg, True, rank1)[1] is saved and not sent

@@ -1,0 +1,101 @@
+"""Updates that are skipped: a NaN/inf loss or gradient leaves the weights, the optimizer, the
+step count, the learning rate and the EMA as they were (fairseq does not count such a step),
+and too many in a row end the run with one line.
+
+Under fp16 an overflowed gradient is GradScaler's normal way to find its scale, so it is
+counted apart: the run ends only when the scale falls below MIN_LOSS_SCALE.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from attn_mt.errors import UserError
+
+log = logging.getLogger("attn_mt")
+
+# fp16: below this loss scale the gradients overflow whatever the scale, and the run has
+# diverged (fairseq's --min-loss-scale). From GradScaler's 2^16 it takes ~30 overflows in a row.
+MIN_LOSS_SCALE = 1e-4
+
+
+def make_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16's loss scaler (None in other precisions)."""
+    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
+class TrainingDiverged(UserError):
+    """The loss stayed NaN/inf for `train.max_nonfinite` updates in a row, or fp16's loss scale
+    fell below MIN_LOSS_SCALE."""
+
+    @classmethod
+    def after(cls, what: str, step: int, last: Path, advice: str) -> TrainingDiverged:
+        """The error once `what` happened at `step`."""
+        kept = (
+            f"the last good checkpoint is kept: {last}"
+            if last.is_file()
+            else "no checkpoint had been written yet"
+        )
+        return cls(f"{what} at step {step}; {advice} ({kept})")
+
+
+@dataclass
+class Update:
+    """What one optimizer update did, summed over all processes."""
+
+    loss: float  # summed label-smoothed loss
+    nll: float  # summed negative log-likelihood
+    tokens: int  # target tokens
+    grad_norm: float
+    finite: bool  # False: NaN/inf in the loss or a gradient, the update was skipped
+
+
+@dataclass
+class SkipRule:
+    """Counts skipped updates in a row and ends the run when there are too many."""
+
+    max_nonfinite: int  # train.max_nonfinite
+    scaler: torch.amp.GradScaler | None
+    last: Path  # last.pt, named in the error
+    nonfinite: int = 0  # updates in a row skipped for a NaN/inf loss
+    overflows: int = field(default=0)  # fp16 updates in a row skipped for overflowed gradients
+
+    def accept(self, update: Update, step: int) -> bool:
+        """False for a skipped update; raises TrainingDiverged when too many came in a row."""
+        if update.finite:
+            self.nonfinite = self.overflows = 0
+            return True
+        if self.scaler is not None and math.isfinite(update.loss + update.nll):
+            self.overflows += 1
+            scale = self.scaler.get_scale()  # already halved by GradScaler.update
+            log.info(
+                "step %d: fp16 gradients overflowed; update skipped, loss scale %g", step, scale
+            )
+            if scale < MIN_LOSS_SCALE:
+                raise TrainingDiverged.after(
+                    f"fp16 gradients overflowed for {self.overflows} updates in a row and the "
+                    f"loss scale fell to {scale:g} (below {MIN_LOSS_SCALE:g})",
+                    step,
+                    self.last,
+                    "train with precision bf16 or fp32, or lower train.lr",
+                )
+            return False
+        self.nonfinite += 1
+        log.warning(
+            "step %d: non-finite loss or gradient; update skipped (%d in a row)",
+            step,
+            self.nonfinite,
+        )
+        if self.nonfinite >= max(self.max_nonfinite, 1):
+            raise TrainingDiverged.after(
+                f"the loss was NaN/inf for {self.nonfinite} updates in a row",
+                step,
+                self.last,
+                "lower train.lr or check the data",
+            )
+        return False

@@ -1,0 +1,69 @@
+"""How the loop feeds the device: batches prepared one update ahead are the batches it would
+have made (and a checkpoint taken meanwhile resumes at the right one), target tokens are
+counted on the host, and an update reads the device back once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attn_mt.data.batching import Batch, ShardSource
+from attn_mt.model.vocab import PAD_ID
+from attn_mt.train.loop import Trainer
+
+
+def marked(batch: Batch) -> Batch:
+    """A stand-in for the copy to the GPU, visible on the batch."""
+    batch.ids = [-1, *batch.ids]
+    return batch
+
+
+def test_prepared_batches_are_the_ones_next_would_make(toy_config) -> None:
+    trainer = Trainer(toy_config(batch_tokens=20000, max_steps=1))
+
+    def source() -> ShardSource:
+        return ShardSource.from_config(trainer.cfg, trainer.corpus.shards, trainer.world)
+
+    plain, ahead = source(), source()
+    taken = []
+    for _ in range(5):  # across an epoch boundary, 2 batches at a time
+        position = ahead.state_dict()
+        ahead.prepare(2, marked)
+        assert ahead.state_dict() == position  # preparing does not move the position
+        taken += [ahead.next(), ahead.next()]
+    expected = [plain.next() for _ in range(10)]
+    assert [b.ids for b in taken] == [[-1, *b.ids] for b in expected]
+    assert all(torch.equal(a.tgt_out, b.tgt_out) for a, b in zip(taken, expected, strict=True))
+    assert (ahead.epoch, ahead.index) == (plain.epoch, plain.index) and plain.epoch >= 1
+    # A position saved while batches wait is where the next batch comes from.
+    ahead.prepare(2, marked)
+    resumed = source()
+    resumed.load_state_dict(ahead.state_dict())
+    assert resumed.next().ids == plain.next().ids == ahead.next().ids[1:]
+
+
+def test_target_tokens_are_counted_when_the_batch_is_made(toy_config) -> None:
+    source = Trainer(toy_config(max_steps=1)).source
+    for _ in range(3):
+        batch = source.next()
+        assert batch.num_tgt_tokens == int((batch.tgt_out != PAD_ID).sum())
+
+
+def test_an_update_reads_the_device_back_once(toy_config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU each read of a tensor's value waits for all queued work: only the figures at
+    the end of an update are read (`tolist`), nothing else per step."""
+    trainer = Trainer(toy_config(max_steps=2, accumulate=2))
+    reads: list[str] = []
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original):
+            reads.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    trainer.source.prepare(2, lambda batch: batch)
+    for _ in range(2):
+        reads.clear()
+        update = trainer.update()
+        assert update.finite and reads == ["tolist"]
