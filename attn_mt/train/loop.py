@@ -6,8 +6,11 @@ The pieces it drives live in modules of their own: the loss (`loss.py`), the lea
 the batches (`data/batching.py`) and what a run writes as it goes (`runlog.py`).
 
 Exact resume rests on three facts: the batch source's position is a function of (seed, epoch,
-index), the learning rate a function of the step, and last.pt holds every RNG and optimizer
-state; validation runs under `torch.random.fork_rng`, so it never moves the training RNG.
+index), the learning rate a function of the step (and with a time-driven schedule of the
+training time, which last.pt keeps), and last.pt holds every RNG and optimizer state;
+validation runs under `torch.random.fork_rng`, so it never moves the training RNG.
+The run's clock counts training time only: validation and checkpoint writes pause it, so
+neither max_minutes nor a time-driven schedule depends on how often the run validates.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +50,7 @@ from attn_mt.train.runlog import (
     valid_share,
     window_line,
 )
-from attn_mt.train.schedule import learning_rate
+from attn_mt.train.schedule import learning_rate, time_driven
 from attn_mt.train.state import TrainProgress, TrainState, starting_point
 from attn_mt.train.validate import HIGHER_IS_BETTER, Validation, validate
 
@@ -117,8 +120,10 @@ class Trainer:
         device: torch.device = torch.device("cpu"),
         resume: bool = False,
         monitor: Monitor | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.cfg, self.world, self.device = cfg, world, device
+        self.clock = clock  # seconds; tests pass a fake one
         self.monitor = monitor or Monitor()
         self.out = Path(cfg.train.out_dir)
         self.setup(resume)
@@ -194,11 +199,11 @@ class Trainer:
         t = self.cfg.train
         with self._session():
             log_start(self.runlog, self.state, self.corpus, self.precision, self.resumed)
-            start = time.monotonic() - self.progress.elapsed
+            start = self.clock() - self.progress.elapsed  # moved on past each validation
             window = TrainWindow()
             while not (stopped_by := self._stop_reason(start)):
                 step = self.progress.step + 1
-                lr = learning_rate(step, t)
+                lr = learning_rate(step, t, self._seconds(start))
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 update = self.update()
@@ -208,18 +213,20 @@ class Trainer:
                 if self.ema:
                     self.ema.update()
                 window.add(update.loss, update.nll, update.tokens, update.grad_norm)
-                elapsed = time.monotonic() - start
+                elapsed = self.clock() - start
                 line, metrics = window_line(step, window, lr, t, elapsed, self.source)
                 self.monitor.training(line)
                 if step % t.log_every == 0:
                     self.runlog.training(step, line, metrics)
                     window = TrainWindow()
                 if step % t.eval_every == 0:
-                    began = time.monotonic()
+                    began = self.clock()
                     self.progress.elapsed = began - start
                     self._validate_and_save()
-                    window.pause(time.monotonic() - began)  # tokens/s counts training only
-            self.progress.elapsed = time.monotonic() - start
+                    paused = self.clock() - began
+                    start += paused  # the clock counts training only
+                    window.pause(paused)
+            self.progress.elapsed = self.clock() - start
             self.finish(stopped_by)
         p, signal_name = self.progress, self.stop_signal
         return TrainResult(p.step, p.best_score, t.select_metric, stopped_by, self.out, signal_name)
@@ -242,6 +249,13 @@ class Trainer:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_signal = signal.Signals(signum).name
 
+    def _seconds(self, start: float) -> float:
+        """Training seconds so far; with a time-driven lr, the ranks' mean, so all agree on it."""
+        seconds = self.clock() - start
+        if self.world.distributed and time_driven(self.cfg.train):
+            seconds = distributed.sum_all(seconds, self.world, self.device) / self.world.size
+        return seconds
+
     def _stop_reason(self, start: float) -> str:
         """Which stopping rule fires before the next update ('' if none); agreed by all ranks."""
         t = self.cfg.train
@@ -249,7 +263,7 @@ class Trainer:
             "early stopping": bool(t.patience) and self.progress.bad_evals >= t.patience,
             "signal": self.stop_signal is not None,
             "max_steps": t.max_steps > 0 and self.progress.step >= t.max_steps,
-            "max_minutes": bool(t.max_minutes) and time.monotonic() - start >= t.max_minutes * 60,
+            "max_minutes": bool(t.max_minutes) and self.clock() - start >= t.max_minutes * 60,
             "max_epochs": bool(t.max_epochs) and self.source.epochs_done >= t.max_epochs,
         }
         fired = distributed.any_each(list(rules.values()), self.world, self.device)
