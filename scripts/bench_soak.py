@@ -125,7 +125,7 @@ class Soak:
             self.profiling[1].stop()
             self._write_profile(self.profiling[1], self.profiling[0], "attn-mt")
             self.profiling, self.ref_profile = None, self.profiling[0]
-        if self.batches and self.chunk["attn_tok"]:
+        if self.batches:
             self._reference_chunk()
         self._end_chunk()
         if self.row["steps"]:
@@ -159,23 +159,26 @@ class Soak:
 
     def _end_row(self, now: float) -> None:
         counters, row = memory_counters(), self.row
-        attn = row["attn_tok"] / max(row["attn_s"], 1e-9)
-        ref = row["ref_tok"] / max(row["ref_s"], 1e-9)
+        # A side with no timed tokens in the row (a profiled update, say) has no figure.
+        attn = round(row["attn_tok"] / row["attn_s"], 1) if row["attn_tok"] else None
+        ref = round(row["ref_tok"] / row["ref_s"], 1) if row["ref_tok"] else None
         entry = {
             "minute": round((now - self.start) / 60, 3),
             "step": self.updates,
             "steps": row["steps"],
-            "attn_tok_s": round(attn, 1),
-            "ref_tok_s": round(ref, 1),
-            "ratio": round(attn / ref, 4) if ref else None,
+            "attn_tok_s": attn,
+            "ref_tok_s": ref,
+            "ratio": round(attn / ref, 4) if attn and ref else None,
             "rss_mib": round(counters["rss_mib"], 1),
             **{k: counters[k] - self.counters[k] for k in ("minflt", "majflt", "thp_fault_alloc")},
             "py_objects": len(gc.get_objects()),
         }
         self.rows.append(entry)
-        print(f"{entry['minute']:>7.2f} {entry['step']:>7} {attn:>10.0f} {ref:>10.0f} "
-              f"{entry['ratio'] or 0:>7.3f} {entry['rss_mib']:>9.0f} {entry['minflt']:>9} "
-              f"{entry['thp_fault_alloc']:>8} {entry['py_objects']:>9}", flush=True)  # fmt: skip
+        shown = {k: "n/a" if entry[k] is None else entry[k] for k in entry}
+        print(f"{entry['minute']:>7.2f} {entry['step']:>7} {shown['attn_tok_s']:>10} "
+              f"{shown['ref_tok_s']:>10} {shown['ratio']:>7} {entry['rss_mib']:>9.0f} "
+              f"{entry['minflt']:>9} {entry['thp_fault_alloc']:>8} {entry['py_objects']:>9}",
+              flush=True)  # fmt: skip
         self.counters, self.row_start = counters, now
         self.row = {k: 0 for k in self.row}
 
@@ -213,12 +216,14 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     width = max(1, min(10, len(rows) // 2))
     result: dict[str, Any] = {"rows_per_window": width}
     for name, part in (("first", rows[:width]), ("last", rows[-width:])):
-        result[name] = {
-            key: sum(r[key] or 0 for r in part) / max(len(part), 1)
-            for key in ("attn_tok_s", "ref_tok_s", "ratio", "rss_mib", "py_objects")
-        }
+        result[name] = {}
+        for key in ("attn_tok_s", "ref_tok_s", "ratio", "rss_mib", "py_objects"):
+            values = [r[key] for r in part if r[key] is not None]
+            result[name][key] = sum(values) / len(values) if values else None
     result["change"] = {
-        key: result["last"][key] / result["first"][key] - 1 if result["first"][key] else None
+        key: result["last"][key] / result["first"][key] - 1
+        if result["first"][key] and result["last"][key] is not None
+        else None
         for key in result["first"]
     }
     return result
