@@ -229,9 +229,11 @@ class TrainConfig:
         None, "run folder or .pt whose weights and SentencePiece start the run"
     )
     lr: float = key(7e-4, "peak learning rate", gt=0)
-    schedule: Literal["inverse_sqrt", "cosine", "constant"] = key("inverse_sqrt", "lr schedule")
+    schedule: Literal["inverse_sqrt", "linear", "cosine", "constant"] = key(
+        "inverse_sqrt", "lr schedule (linear, cosine: decay over max_steps, else max_minutes)"
+    )
     warmup: int = key(4000, "linear warm-up steps", ge=0)
-    min_lr: float = key(0.0, "floor of the cosine schedule", ge=0)
+    min_lr: float = key(0.0, "floor of the linear and cosine schedules", ge=0)
     weight_decay: float = key(0.0, "AdamW decoupled weight decay", ge=0)
     adam_beta1: float = key(0.9, "AdamW beta1", ge=0, lt=1)
     adam_beta2: float = key(0.98, "AdamW beta2", ge=0, lt=1)
@@ -274,9 +276,13 @@ class TrainConfig:
     )
 
     def validate(self) -> None:
-        """A cosine schedule needs its length."""
-        if self.schedule == "cosine" and self.max_steps <= 0:
-            reject("train.schedule", self.schedule, "needs train.max_steps > 0 to know its length")
+        """A decaying schedule needs its length: max_steps, else the max_minutes budget."""
+        if self.schedule in ("linear", "cosine") and self.max_steps <= 0 and not self.max_minutes:
+            reject(
+                "train.schedule",
+                self.schedule,
+                "decays over train.max_steps or train.max_minutes; set one of them",
+            )
 
 
 @dataclass

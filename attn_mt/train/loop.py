@@ -6,8 +6,11 @@ The pieces it drives live in modules of their own: the loss (`loss.py`), the lea
 the batches (`data/batching.py`) and what a run writes as it goes (`runlog.py`).
 
 Exact resume rests on three facts: the batch source's position is a function of (seed, epoch,
-index), the learning rate a function of the step, and last.pt holds every RNG and optimizer
-state; validation runs under `torch.random.fork_rng`, so it never moves the training RNG.
+index), the learning rate a function of the step (and with a time-driven schedule of the
+run's time, which last.pt keeps), and last.pt holds every RNG and optimizer state;
+validation runs under `torch.random.fork_rng`, so it never moves the training RNG.
+The run's clock is wall time (validations included, and earlier processes' time on resume):
+max_minutes bounds the whole run, and a time-driven schedule anneals exactly as it ends.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +57,7 @@ from attn_mt.train.runlog import (
     valid_share,
     window_line,
 )
-from attn_mt.train.schedule import learning_rate
+from attn_mt.train.schedule import learning_rate, time_driven
 from attn_mt.train.skips import SkipRule, Update, make_scaler
 from attn_mt.train.state import TrainProgress, TrainState, starting_point
 from attn_mt.train.validate import HIGHER_IS_BETTER, Validation, validate
@@ -102,8 +105,10 @@ class Trainer:
         device: torch.device = torch.device("cpu"),
         resume: bool = False,
         monitor: Monitor | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.cfg, self.world, self.device = cfg, world, device
+        self.clock = clock  # seconds; tests pass a fake one
         self.monitor = monitor or Monitor()
         self.out = Path(cfg.train.out_dir)
         self.setup(resume)
@@ -159,7 +164,7 @@ class Trainer:
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
         self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, self.state.ckpt_dir / "last.pt")
-        self.start = time.monotonic()  # of the run, less the time of earlier processes
+        self.start = self.clock()  # of the run, less the time of earlier processes
         self.agreed: list[bool] | None = None  # RANK_RULES as all ranks last agreed on them
 
     @property
@@ -183,12 +188,12 @@ class Trainer:
         with self._session(), out_of_memory_hint(t):
             log_start(self.runlog, self.state, self.corpus, self.precision, self.resumed)
             probe_largest_batch(self.model, self.source, self.dtype, t.label_smoothing)
-            self.start = start = time.monotonic() - self.progress.elapsed
+            self.start = self.clock() - self.progress.elapsed  # earlier processes' time counts
             window = TrainWindow()
             self.source.prepare(t.accumulate, self._place)
             while not (stopped_by := self._stop_reason()):
                 step = self.progress.step + 1
-                lr = learning_rate(step, t)
+                lr = learning_rate(step, t, self._seconds())
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 update = self.update()
@@ -199,19 +204,19 @@ class Trainer:
                 if self.ema:
                     self.ema.update()
                 window.add(update.loss, update.nll, update.tokens, update.grad_norm)
-                elapsed = time.monotonic() - start
+                elapsed = self.clock() - self.start
                 line, metrics = window_line(step, window, lr, t, elapsed, self.source, self.device)
                 self.monitor.training(line)
                 if step % t.log_every == 0:
                     self.runlog.training(step, line, metrics)
                     window = TrainWindow()
                 if step % t.eval_every == 0:
-                    began = time.monotonic()
-                    self.progress.elapsed = began - start
+                    began = self.clock()
+                    self.progress.elapsed = began - self.start
                     self._validate_and_save()
                     self.agreed = None  # rank 0 alone knows whether it improved
-                    window.pause(time.monotonic() - began)  # tokens/s counts training only
-            self.progress.elapsed = time.monotonic() - start
+                    window.pause(self.clock() - began)  # tokens/s counts training only
+            self.progress.elapsed = self.clock() - self.start
             self.finish(stopped_by)
         p, signal_name = self.progress, self.stop_signal
         return TrainResult(p.step, p.best_score, t.select_metric, stopped_by, self.out, signal_name)
@@ -233,6 +238,13 @@ class Trainer:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_signal = signal.Signals(signum).name
+
+    def _seconds(self) -> float:
+        """Seconds the run has taken; with a time-driven lr, the ranks' mean, so all agree."""
+        seconds = self.clock() - self.start
+        if self.world.distributed and time_driven(self.cfg.train):
+            seconds = distributed.sum_all(seconds, self.world, self.device) / self.world.size
+        return seconds
 
     def _stop_reason(self) -> str:
         """Which stopping rule fires before the next update ('' if none); agreed by all ranks.
@@ -257,8 +269,7 @@ class Trainer:
             "early stopping": bool(t.patience) and self.progress.bad_evals >= t.patience,
             "signal": self.stop_signal is not None,
             "max_steps": t.max_steps > 0 and self.progress.step >= t.max_steps,
-            "max_minutes": bool(t.max_minutes)
-            and time.monotonic() - self.start >= t.max_minutes * 60,
+            "max_minutes": bool(t.max_minutes) and self.clock() - self.start >= t.max_minutes * 60,
             "max_epochs": bool(t.max_epochs) and self.source.epochs_done >= t.max_epochs,
         }
 

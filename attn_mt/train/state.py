@@ -56,7 +56,7 @@ class TrainProgress:
     step: int = 0  # updates done
     best_score: float | None = None  # best validation figure of train.select_metric so far
     bad_evals: int = 0  # validations in a row without a better score
-    elapsed: float = 0.0  # seconds of training before this process
+    elapsed: float = 0.0  # seconds of training, validation excluded (max_minutes' clock)
     last_valid_step: int = -1
     skipped: int = 0  # updates skipped for a NaN/inf loss or gradient (fp16 overflows included)
     kept_checkpoints: list[str] = field(default_factory=list)  # step_N.pt names, oldest first

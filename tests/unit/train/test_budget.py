@@ -1,0 +1,87 @@
+"""The time budget: max_minutes counts training time only, a time-driven schedule reaches its
+floor exactly when the budget runs out, and a resumed run continues the same schedule.
+
+The clock is fake (each update takes one second of it, each validation a hundred), so the
+tests are exact and fast: no sleeping, no dependence on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from helpers.toy import make_config
+
+from attn_mt.config import Config
+from attn_mt.train.loop import Trainer
+from attn_mt.train.schedule import learning_rate
+
+UPDATE_SECONDS, VALIDATION_SECONDS = 1.0, 100.0
+BUDGET = {"max_steps": 0, "max_minutes": 6 / 60, "schedule": "linear", "warmup": 2}
+BUDGET.update(min_lr=1e-4, lr=3e-3, eval_every=2, batch_tokens=256)  # 6 s, validated 3 times
+
+
+class FakeTime:
+    """A clock the patched update and validation move on; `lrs` records each update's lr."""
+
+    def __init__(self, now: float) -> None:
+        self.now, self.lrs = now, []
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timed_run(cfg: Config, clock: FakeTime, resume: bool = False, stop_after: int = 0):
+    """Run `cfg` on `clock`; with `stop_after`, a signal stops it after that many updates.
+    Validation only takes time here: the budget must not count it."""
+    trainer = Trainer(cfg, resume=resume, clock=clock)
+    update = trainer.update
+
+    def timed_update():
+        clock.lrs.append(trainer.optimizer.param_groups[0]["lr"])
+        result = update()
+        clock.now += UPDATE_SECONDS
+        if len(clock.lrs) == stop_after:
+            trainer.stop_signal = "SIGTERM"
+        return result
+
+    def slow_validation() -> None:
+        trainer.progress.last_valid_step = trainer.progress.step
+        clock.now += VALIDATION_SECONDS
+
+    trainer.update, trainer._validate_and_save = timed_update, slow_validation
+    return trainer, trainer.run()
+
+
+@pytest.fixture(scope="module")
+def straight(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """The budgeted run straight through: (its config, trainer, result, clock)."""
+    cfg = make_config(toy_data, tmp_path_factory.mktemp("budget") / "run", **BUDGET)
+    clock = FakeTime(now=5000.0)
+    return (cfg, *timed_run(cfg, clock), clock)
+
+
+def test_the_run_stops_at_the_budget_with_the_lr_at_its_floor(straight) -> None:
+    cfg, trainer, result, clock = straight
+    # Validation (100 s each, 3 times) is not counted: six 1-second updates fill the budget.
+    assert (result.stopped_by, result.step) == ("max_minutes", 6)
+    assert trainer.progress.elapsed == 6.0
+    assert clock.lrs == [learning_rate(step, cfg.train, step - 1.0) for step in range(1, 7)]
+    assert clock.lrs[0] == pytest.approx(1.5e-3)  # warm-up: step 1 of 2
+    assert all(a > b for a, b in zip(clock.lrs[1:], clock.lrs[2:], strict=False))
+    # The last update ran one second before the end; where the run stopped, the lr is the floor.
+    assert clock.lrs[-1] == pytest.approx(1e-4 + (3e-3 - 1e-4) / 6)
+    assert learning_rate(result.step + 1, cfg.train, trainer.progress.elapsed) == 1e-4
+
+
+def test_resume_continues_the_same_time_driven_schedule(straight, tmp_path: Path) -> None:
+    cfg = straight[0]
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out_dir=str(tmp_path)))
+    first = FakeTime(now=0.0)
+    stopped, result = timed_run(cfg, first, stop_after=3)
+    assert (result.stopped_by, stopped.progress.elapsed) == ("signal", 3.0)
+    later = FakeTime(now=123456.0)  # another process: its clock starts anywhere
+    resumed, result = timed_run(cfg, later, resume=True)
+    assert (result.stopped_by, result.step, resumed.progress.elapsed) == ("max_minutes", 6, 6.0)
+    assert first.lrs + later.lrs == straight[3].lrs
