@@ -1,9 +1,11 @@
 """`attn-mt export --format hf`: the transformers folder translates as the checkpoint does.
 
-Random models of each exportable kind (pre-norm -> Pegasus, post-norm -> Marian, with shared
-or separate vocabularies), every weight perturbed from its init, are exported, loaded back
-with transformers and compared token for token; the trained toy model's folder is loaded in a
-fresh offline process, as a user would; refusals leave nothing behind.
+Random models of each exportable kind (pre-norm -> Pegasus, post-norm -> Marian with separate
+vocabularies), every weight perturbed from its init, pass the export's own parity check
+(greedy and beam `generate()` token for token, log-probabilities) and load back with the
+tokenizer giving our ids on random text; the trained toy model's folder is loaded in a fresh
+offline process, as a user would, and translates text as `translate --beam 1`; refusals
+leave nothing behind.
 """
 
 from __future__ import annotations
@@ -25,10 +27,9 @@ import attn_mt
 from attn_mt.cli import app
 from attn_mt.decode.export_hf import export_hf, model_permutation
 from attn_mt.decode.hf_parity import LOGPROB_TOLERANCE
-from attn_mt.decode.search import max_output_lengths
 from attn_mt.errors import UserError
 from attn_mt.model.transformer import sinusoidal_table
-from attn_mt.model.vocab import BOS_ID, EOS_ID
+from attn_mt.model.vocab import EOS_ID
 
 transformers = pytest.importorskip("transformers")
 
@@ -77,14 +78,6 @@ def test_random_model_generates_as_attn_mt(variant, tmp_path: Path, toy_data, qu
     model, tokenizer = load_folder(tmp_path / "hf")
     assert type(model).__name__ == cls
     translator = attn_mt.load(checkpoint, device="cpu")
-    src = toy_pairs(3, seed=7)[0] + random_text(3, count=3)
-    ours = translator.translate_nbest(src, beam=1)
-    cfg = translator.config.decode
-    for line, best in zip(src, ours, strict=True):
-        batch = tokenizer([line], return_tensors="pt")
-        limit = int(max_output_lengths(batch["input_ids"], cfg.max_len_a, cfg.max_len_b))
-        theirs = model.generate(**batch, num_beams=1, max_length=limit + 1)[0].tolist()
-        assert theirs == [BOS_ID, *best[0].tokens, EOS_ID], line
     lines = random_text(1)
     ids = tokenizer(lines)["input_ids"]
     assert ids == [seq + [EOS_ID] for seq in translator.src_tokenizer.encode(lines)]
