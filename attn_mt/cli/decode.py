@@ -21,6 +21,7 @@ from attn_mt.cli.options import (
     BeamOption,
     DecodeSetOption,
     DeviceOption,
+    ExportFormat,
     LengthPenaltyOption,
     ModelOption,
     ModelsOption,
@@ -260,15 +261,23 @@ def export(
     model: ModelOption,
     out: Annotated[
         Path,
-        typer.Option("--out", metavar="DIR", help="The CTranslate2 model folder to create."),
+        typer.Option("--out", metavar="DIR", help="The model folder to create."),
     ],
+    format_: Annotated[
+        ExportFormat,
+        typer.Option(
+            "--format",
+            help="ct2: a CTranslate2 folder (needs `pip install attn-mt[ct2]`); hf: a Hugging "
+            "Face transformers folder (needs `pip install attn-mt[hf]`).",
+        ),
+    ] = ExportFormat.ct2,
     quantization: Annotated[
         str,
         typer.Option(
             "--quantization",
             metavar="none|int8|float16|...",
-            help="Weight type: none (as trained) or any type the installed CTranslate2 accepts "
-            "(an unknown one is refused with the list).",
+            help="Weight type (ct2 only): none (as trained) or any type the installed "
+            "CTranslate2 accepts (an unknown one is refused with the list).",
         ),
     ] = "none",
     force: Annotated[
@@ -278,13 +287,23 @@ def export(
     length_penalty: LengthPenaltyOption = None,
     set_: DecodeSetOption = None,
 ) -> None:
-    """Export a checkpoint to a CTranslate2 model folder (needs `pip install attn-mt[ct2]`).
+    """Export a checkpoint to a CTranslate2 or Hugging Face transformers model folder.
 
-    The folder's decode.json holds the search settings (the checkpoint's decode config with
-    the options given here), for `translate_batch(..., **decode)`.
+    ct2: the folder's decode.json holds the search settings (the checkpoint's decode config
+    with the options given here), for `translate_batch(..., **decode)`. hf: they go to
+    generation_config.json; the export checks the transformers model against attn-mt on a fixed
+    sample and prints the agreement, or refuses and writes nothing.
     """
-    from attn_mt.decode.export import export_ctranslate2
-
     decode = decode_settings(set_, beam, length_penalty)
-    export_ctranslate2(model, out, quantization=quantization, force=force, decode=decode)
+    if format_ is ExportFormat.hf:
+        from attn_mt.decode.export_hf import export_hf
+
+        if quantization != "none":
+            raise UserError(f"--quantization {quantization}: applies to --format ct2 only")
+        parity = export_hf(model, out, force=force, decode=decode)
+        print(f"parity with attn-mt: {parity}", file=sys.stderr)
+    else:
+        from attn_mt.decode.export import export_ctranslate2
+
+        export_ctranslate2(model, out, quantization=quantization, force=force, decode=decode)
     print(f"exported to {out}", file=sys.stderr)

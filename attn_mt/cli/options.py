@@ -35,6 +35,13 @@ class NbestFormat(str, enum.Enum):
     marian = "marian"  # `id ||| text ||| score` lines (Marian, Moses, fairseq), id from 0
 
 
+class ExportFormat(str, enum.Enum):
+    """What `attn-mt export` writes."""
+
+    ct2 = "ct2"  # a CTranslate2 model folder
+    hf = "hf"  # a Hugging Face transformers folder (model, tokenizer, generation config, card)
+
+
 class Precision(str, enum.Enum):
     """The number format of `translate` and `evaluate`."""
 

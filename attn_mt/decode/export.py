@@ -24,6 +24,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -120,13 +122,16 @@ class AttnMTConverter(Converter):
         return spec
 
 
-def check_exportable(config: Config) -> None:
-    """Refuse, naming the config key, a model CTranslate2's Transformer cannot express."""
-    for key, values in SUPPORTED.items():
+def check_exportable(
+    config: Config, supported: dict[str, tuple] = SUPPORTED, engine: str = "CTranslate2"
+) -> None:
+    """Refuse, naming the config key, a model `engine` cannot express (`supported`: the
+    model.* values it can)."""
+    for key, values in supported.items():
         value = getattr(config.model, key)
         if value not in values:
             raise UserError(
-                f"model.{key}: {value!r} cannot be exported to CTranslate2, which supports "
+                f"model.{key}: {value!r} cannot be exported to {engine}, which supports "
                 f"model.{key} {' or '.join(map(repr, values))} only"
             )
 
@@ -138,14 +143,19 @@ def decode_options(decode: DecodeConfig, max_output_len: int | None) -> dict:
     source of `decode.max_input_len` tokens and <eos>), less the <eos> that CTranslate2 does not
     count; beam search ranks with its own length penalty.
     """
-    longest = torch.full((1, decode.max_input_len + 1), EOS_ID)  # (1, S): any non-pad ids
-    limit = int(max_output_lengths(longest, decode.max_len_a, decode.max_len_b, max_output_len))
     return {
         "beam_size": decode.beam,
         "length_penalty": decode.length_penalty,
-        "max_decoding_length": max(limit - 1, 1),
+        "max_decoding_length": max(longest_output(decode, max_output_len) - 1, 1),
         **DECODE_OPTIONS,
     }
+
+
+def longest_output(decode: DecodeConfig, max_output_len: int | None) -> int:
+    """Our output limit, <eos> included, for the longest source (decode.max_input_len tokens
+    and <eos>): the one limit an engine that takes one per call gets."""
+    longest = torch.full((1, decode.max_input_len + 1), EOS_ID)  # (1, S): any non-pad ids
+    return int(max_output_lengths(longest, decode.max_len_a, decode.max_len_b, max_output_len))
 
 
 def export_ctranslate2(
@@ -168,14 +178,9 @@ def export_ctranslate2(
         )
     out = Path(out)
     checkpoint = resolve_checkpoint(model)
-    _check_out_dir(out, checkpoint, force)
+    check_out_dir(out, checkpoint, force)
     converter = AttnMTConverter(checkpoint, decode)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Build the folder beside `out` and move it into place whole: a failed export leaves
-    # neither a half-written folder nor a damaged earlier one.
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        staging.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide the model from the team
+    with staged_folder(out) as staging:
         weights = None if quantization == "none" else quantization
         converter.convert(str(staging), quantization=weights, force=True)
         (staging / "source.model").write_bytes(converter.src_tokenizer.model_bytes)
@@ -183,15 +188,26 @@ def export_ctranslate2(
         options = decode_options(converter.config.decode, converter.model.max_positions)
         (staging / "decode.json").write_text(json.dumps(options, indent=2) + "\n")
         (staging / "README.txt").write_text(_readme(converter, out, quantization, options))
+    return out
+
+
+@contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """A staging folder beside `out`, moved into place whole when the block succeeds: a failed
+    export leaves neither a half-written folder nor a damaged earlier one."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        staging.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide the model from the team
+        yield staging
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return out
 
 
-def _check_out_dir(out: Path, checkpoint: Path, force: bool) -> None:
+def check_out_dir(out: Path, checkpoint: Path, force: bool) -> None:
     """`out` may be new or empty; a non-empty folder only with --force, never the run itself."""
     check_output_dir(out)
     if checkpoint.resolve().is_relative_to(out.resolve()):

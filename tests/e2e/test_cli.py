@@ -196,6 +196,7 @@ def test_python_api_still_loads_lazily():
 def test_fixed_sets_are_listed_in_help():
     export_help = CliRunner().invoke(app, ["export", "--help"]).output
     assert "--quantization none|int8|float16|..." in export_help  # export_ctranslate2 checks it
+    assert "--format <ct2|hf>" in export_help and "[default: ct2]" in export_help
     assert "--quantize int8" in CliRunner().invoke(app, ["translate", "-h"]).output
     assert "--kind <cross|encoder|decoder>" in CliRunner().invoke(app, ["attention", "-h"]).output
     translate_help = CliRunner().invoke(app, ["translate", "-h"]).output

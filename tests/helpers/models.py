@@ -1,16 +1,23 @@
-"""Tiny untrained models and random sources for search tests, and the checks they share."""
+"""Tiny untrained models (in memory, or saved as checkpoints of any config) and random sources
+for search and export tests, and the checks they share."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
+from attn_mt.checkpoint import FORMAT, save_checkpoint
+from attn_mt.configfile import config_from_dict
 from attn_mt.data.batching import pad_sequences
+from attn_mt.data.tokenizer import train_tokenizer
 from attn_mt.decode.search import (
     Hypothesis,
 )
-from attn_mt.model.transformer import LayerSpec, Transformer
+from attn_mt.model.transformer import LayerSpec, Transformer, build_model
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
+from helpers.toy import toy_config_dict, toy_pairs
 
 VOCAB = 24
 
@@ -45,3 +52,32 @@ def assert_same(a: list[Hypothesis], b: list[Hypothesis], rel: float = 1e-5) -> 
     assert [h.tokens for h in a] == [h.tokens for h in b]
     assert [h.score for h in a] == pytest.approx([h.score for h in b], rel=rel, abs=1e-5)
     assert [h.logprob for h in a] == pytest.approx([h.logprob for h in b], rel=rel, abs=1e-5)
+
+
+def random_checkpoint(folder: Path, toy_data, joint: bool = True, **model) -> Path:
+    """An untrained checkpoint in the saved format, every parameter perturbed from its init."""
+    raw = toy_config_dict(toy_data, folder / "run")
+    raw["model"].update(d_model=32, heads=4, encoder_layers=2, decoder_layers=3, **model)
+    raw["tokenizer"]["joint"] = joint
+    cfg = config_from_dict(raw)
+    src, tgt = toy_pairs(300, seed=1)
+    if joint:
+        src_tok = tgt_tok = train_tokenizer(cfg.tokenizer, src + tgt, folder / "spm")
+    else:
+        src_tok = train_tokenizer(cfg.tokenizer, src, folder / "spm")
+        tgt_tok = train_tokenizer(cfg.tokenizer, tgt, folder / "spm")
+    torch.manual_seed(0)
+    net = build_model(cfg, src_tok.vocab_size, tgt_tok.vocab_size)
+    with torch.no_grad():
+        for param in net.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    state = {
+        "format": FORMAT,
+        "model": net.state_dict(),
+        "config": raw,
+        "step": 0,
+        "tokenizers": {"src": src_tok.model_bytes, "tgt": tgt_tok.model_bytes},
+    }
+    path = folder / "random.pt"
+    save_checkpoint(state, path)
+    return path

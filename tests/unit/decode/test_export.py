@@ -16,21 +16,19 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 import torch
-from helpers.toy import toy_config_dict, toy_pairs
+from helpers.models import random_checkpoint
+from helpers.toy import toy_pairs
 from typer.testing import CliRunner
 
 import attn_mt
-from attn_mt.checkpoint import FORMAT, load_checkpoint, save_checkpoint, tokenizers_from
+from attn_mt.checkpoint import load_checkpoint, tokenizers_from
 from attn_mt.cli import app
-from attn_mt.configfile import config_from_dict
 from attn_mt.data.batching import collate
 from attn_mt.data.text import read_lines
-from attn_mt.data.tokenizer import train_tokenizer
 from attn_mt.decode.export import DECODE_OPTIONS, QUANTIZATIONS, export_ctranslate2
 from attn_mt.decode.search import max_output_lengths
 from attn_mt.errors import UserError
 from attn_mt.evaluate import score
-from attn_mt.model.transformer import build_model
 from attn_mt.model.vocab import EOS_ID, PAD_ID
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -198,35 +196,6 @@ def test_quantized_export_translates(quantization: str, trained_run: Path, tmp_p
 
 # ---------------------------------------------------------------------------------------------
 # Random models of every variant
-
-
-def random_checkpoint(folder: Path, toy_data, joint: bool = True, **model) -> Path:
-    """An untrained checkpoint in the saved format, every parameter perturbed from its init."""
-    raw = toy_config_dict(toy_data, folder / "run")
-    raw["model"].update(d_model=32, heads=4, encoder_layers=2, decoder_layers=3, **model)
-    raw["tokenizer"]["joint"] = joint
-    cfg = config_from_dict(raw)
-    src, tgt = toy_pairs(300, seed=1)
-    if joint:
-        src_tok = tgt_tok = train_tokenizer(cfg.tokenizer, src + tgt, folder / "spm")
-    else:
-        src_tok = train_tokenizer(cfg.tokenizer, src, folder / "spm")
-        tgt_tok = train_tokenizer(cfg.tokenizer, tgt, folder / "spm")
-    torch.manual_seed(0)
-    net = build_model(cfg, src_tok.vocab_size, tgt_tok.vocab_size)
-    with torch.no_grad():
-        for param in net.parameters():
-            param.add_(0.1 * torch.randn_like(param))
-    state = {
-        "format": FORMAT,
-        "model": net.state_dict(),
-        "config": raw,
-        "step": 0,
-        "tokenizers": {"src": src_tok.model_bytes, "tgt": tgt_tok.model_bytes},
-    }
-    path = folder / "random.pt"
-    save_checkpoint(state, path)
-    return path
 
 
 VARIANTS = {

@@ -1,0 +1,184 @@
+"""`attn-mt export --format hf`: the transformers folder translates as the checkpoint does.
+
+Random models of each exportable kind (pre-norm -> Pegasus, post-norm -> Marian with separate
+vocabularies), every weight perturbed from its init, pass the export's own parity check
+(greedy and beam `generate()` token for token, log-probabilities) and load back with the
+tokenizer giving our ids on random text; the trained toy model's folder is loaded in a fresh
+offline process, as a user would, and translates text as `translate --beam 1`; refusals
+leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.clirun import child_env
+from helpers.models import random_checkpoint
+from helpers.toy import toy_pairs
+from typer.testing import CliRunner
+
+import attn_mt
+from attn_mt.cli import app
+from attn_mt.decode.export_hf import export_hf, model_permutation
+from attn_mt.decode.hf_parity import LOGPROB_TOLERANCE
+from attn_mt.errors import UserError
+from attn_mt.model.transformer import sinusoidal_table
+from attn_mt.model.vocab import EOS_ID
+
+transformers = pytest.importorskip("transformers")
+
+VARIANTS = {
+    "pre-norm (Pegasus)": ({}, "PegasusForConditionalGeneration"),
+    "post-norm gelu, separate vocabularies, untied (Marian)": (
+        dict(norm="post", activation="gelu", joint=False, tie_embeddings=False),
+        "MarianMTModel",
+    ),
+}
+
+
+@pytest.fixture
+def quick_parity(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """The export's parity check on 4 sources instead of 12 (an untrained model's outputs run
+    to the length limit, which makes every source slow)."""
+    from attn_mt.decode import hf_parity
+
+    monkeypatch.setattr(hf_parity, "PARITY_SOURCES", 4)
+    return monkeypatch
+
+
+def load_folder(folder: Path):
+    return (
+        transformers.AutoModelForSeq2SeqLM.from_pretrained(folder, local_files_only=True),
+        transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True),
+    )
+
+
+def random_text(seed: int, count: int = 40) -> list[str]:
+    """Lines of random characters: ASCII, Latin accents, Cyrillic, CJK, emoji, odd spaces."""
+    rng = random.Random(seed)
+    alphabet = "abcxyz ABC qbqcqd.,!?'-0123456789 äöüßéñ Жизнь 東京語 🙂👍 \t  ▁<>/s"
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(count)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
+def test_random_model_generates_as_attn_mt(variant, tmp_path: Path, toy_data, quick_parity):
+    settings, cls = variant
+    checkpoint = random_checkpoint(tmp_path, toy_data, **settings)
+    parity = export_hf(checkpoint, tmp_path / "hf")
+    assert parity.ok and parity.max_logprob_diff <= LOGPROB_TOLERANCE
+    names = {p.name for p in (tmp_path / "hf").iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "README.md"} <= names
+    assert {"source.spm", "target.spm", "vocab.json", "tokenizer_config.json"} <= names
+    model, tokenizer = load_folder(tmp_path / "hf")
+    assert type(model).__name__ == cls
+    translator = attn_mt.load(checkpoint, device="cpu")
+    lines = random_text(1)
+    ids = tokenizer(lines)["input_ids"]
+    assert ids == [seq + [EOS_ID] for seq in translator.src_tokenizer.encode(lines)]
+    targets = tokenizer(text_target=lines)["input_ids"]
+    assert targets == [seq + [EOS_ID] for seq in translator.tgt_tokenizer.encode(lines)]
+
+
+def test_permutation_maps_our_positions_onto_transformers_table():
+    """Our interleaved table, columns permuted, is the sin-half/cos-half one of Marian and
+    Pegasus, so one permutation of the model dimension makes the two models equal."""
+    d_model, rows = 16, 50
+    config = transformers.MarianConfig(d_model=d_model, max_position_embeddings=rows)
+    theirs = transformers.MarianMTModel(config).model.encoder.embed_positions.create_weight()
+    ours = sinusoidal_table(rows, d_model)[:, model_permutation(d_model)]
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    assert sorted(model_permutation(d_model).tolist()) == list(range(d_model))
+
+
+def test_trained_model_round_trip_offline(trained_run: Path, tmp_path: Path, toy_data):
+    """A fresh process, offline, runs the model card's example as written and gets what
+    `translate --beam 1` gives."""
+    folder = tmp_path / "hf"
+    result = CliRunner().invoke(
+        app, ["export", "--format", "hf", "--model", str(trained_run), "--out", str(folder),
+              "--beam", "1"]
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "greedy 12/12" in result.output and "tokenizer ids identical" in result.output
+    assert json.loads((folder / "generation_config.json").read_text())["num_beams"] == 1
+    lines = toy_pairs(5, seed=11)[0]
+    card = (folder / "README.md").read_text()
+    code = card.split("```python\n")[1].split("```")[0]
+    code = code.replace('["your sentence here"]', repr(lines))
+    env = child_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    expected = attn_mt.load(trained_run, device="cpu").translate(lines, beam=1)
+    assert eval(done.stdout.strip().splitlines()[-1]) == expected
+    assert "validation BLEU" in card
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals
+
+
+REFUSED = {
+    "additive attention": (dict(attention="additive"), r"model\.attention: 'additive'"),
+    "learned positions": (dict(positions="learned"), r"model\.positions: 'learned'"),
+    "pre-norm, separate vocabularies": (dict(joint=False), r"model\.norm 'pre' with separate"),
+}
+
+
+@pytest.mark.parametrize("variant", REFUSED.values(), ids=REFUSED.keys())
+def test_unsupported_model_is_refused(variant, tmp_path: Path, toy_data):
+    settings, message = variant
+    checkpoint = random_checkpoint(tmp_path, toy_data, **settings)
+    with pytest.raises(UserError, match=message) as refused:
+        export_hf(checkpoint, tmp_path / "out" / "hf")
+    assert "\n" not in str(refused.value)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_disagreeing_model_is_refused_and_nothing_written(tmp_path, toy_data, quick_parity):
+    """One weight off in the map: the parity check refuses and no folder is left behind."""
+    from attn_mt.decode import export_hf as module
+
+    checkpoint = random_checkpoint(tmp_path / "run", toy_data)
+    mapped = module.hf_weights
+
+    def damaged(model):
+        weights = mapped(model)
+        # One element: a shift of every element would pass, the next layer norm removes it.
+        weights["model.decoder.layers.0.fc2.bias"][0] += 0.5
+        return weights
+
+    quick_parity.setattr(module, "hf_weights", damaged)
+    with pytest.raises(UserError, match="disagrees with attn-mt .*nothing written"):
+        export_hf(checkpoint, tmp_path / "hf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_damaged_checkpoint_and_bad_options(tmp_path: Path, monkeypatch):
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(b"not a checkpoint")
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["export", "--format", "hf", "--model", str(damaged), "--out", str(tmp_path / "a")]
+    )
+    assert isinstance(result.exception, UserError) and "\n" not in str(result.exception)
+    result = runner.invoke(
+        app, ["export", "--model", str(damaged), "--out", "x", "--format", "onnx"]
+    )
+    assert result.exit_code == 2 and "'ct2', 'hf'" in result.output
+    result = runner.invoke(
+        app, ["export", "--format", "hf", "--model", str(damaged), "--out",
+              str(tmp_path / "b"), "--quantization", "int8"]
+    )  # fmt: skip
+    assert "--quantization int8: applies to --format ct2 only" in str(result.exception)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    with pytest.raises(UserError, match=r"pip install 'attn-mt\[hf\]'"):
+        export_hf(damaged, tmp_path / "c")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["damaged.pt"]
