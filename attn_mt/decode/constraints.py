@@ -5,9 +5,10 @@ Terms are kept by dynamic beam allocation (Post & Vilar, 2018), as fairseq's
 `LexicallyConstrainedBeamSearch` does: each step's candidates are the 2K best continuations,
 each beam's best token and the next token of every term each beam could advance; a candidate's
 bank is the number of term tokens its hypothesis has met, and the K beams are dealt from the
-banks in turn, fullest bank first (its best, then the next bank's best, ...). The fullest bank's
-best always survives and any beam can add the next term token, so the best hypothesis meets one
-more term token every step: once the output limit leaves room for the prefix, every term token
+banks in turn, fullest bank first (its best, then the next bank's best, ...); when the banks
+outnumber the beams, neighbouring banks share a turn. The fullest bank's best always survives
+and any beam can add the next term token, so the best hypothesis meets one more term token
+every step: once the output limit leaves room for the prefix, every term token
 and <eos>, every term appears. <eos> is closed to a hypothesis until it has met every term.
 
 The model runs batched over every beam of every sentence with the key/value cache; the banks
@@ -33,8 +34,6 @@ from attn_mt.decode.search import (
 from attn_mt.errors import UserError
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
 
-NO_TERM = -1
-
 
 @dataclass
 class Controls:
@@ -45,9 +44,13 @@ class Controls:
     prefix: list[int] = field(default_factory=list)
     avoid: list[list[int]] = field(default_factory=list)
 
+    def banks(self) -> int:
+        """Dynamic beam allocation's banks: one per number of term tokens met, 0 included."""
+        return sum(len(term) for term in self.terms) + 1
+
     def needed_length(self) -> int:
         """Output tokens the search may need: the prefix, every term token, and <eos>."""
-        return len(self.prefix) + sum(len(term) for term in self.terms) + 1
+        return len(self.prefix) + self.banks()
 
 
 def line_controls(
@@ -108,41 +111,35 @@ def _contains(seq: Sequence[int], part: Sequence[int]) -> bool:
 
 @dataclass(frozen=True)
 class Progress:
-    """How far one hypothesis is through its sentence's terms: those met, and the one under way
-    with how many of its tokens are in place (a term broken off starts over)."""
+    """How far one hypothesis is through its sentence's terms: those met, and the partial
+    matches the output ends with, (term, tokens matched), so terms sharing a start (e.g. the
+    word-start piece) are all followed."""
 
     met: frozenset[int] = frozenset()
-    term: int = NO_TERM
-    matched: int = 0
+    partial: tuple[tuple[int, int], ...] = ()
 
     def bank(self, terms: list[list[int]]) -> int:
-        """Term tokens in place: every token of the met terms, and those of the one under way."""
-        return sum(len(terms[i]) for i in self.met) + self.matched
+        """Term tokens in place: every token of the met terms, and the longest partial match."""
+        return sum(len(terms[i]) for i in self.met) + max((m for _, m in self.partial), default=0)
 
     def complete(self, terms: list[list[int]]) -> bool:
         """True once every term is met."""
         return len(self.met) == len(terms)
 
     def next_tokens(self, terms: list[list[int]]) -> list[int]:
-        """The tokens that advance a term: the next of the one under way, or any term's first."""
-        if self.term != NO_TERM:
-            return [terms[self.term][self.matched]]
-        return [terms[i][0] for i in range(len(terms)) if i not in self.met]
+        """The tokens that advance a term: a partial match's next, or an unmet term's first."""
+        going = {terms[term][matched] for term, matched in self.partial}
+        return sorted(going | {terms[i][0] for i in range(len(terms)) if i not in self.met})
 
     def advance(self, terms: list[list[int]], token: int) -> Progress:
-        """The progress after `token`."""
-        if self.term != NO_TERM and terms[self.term][self.matched] == token:
-            return self._moved(terms, self.met, self.term, self.matched + 1)
-        for i, term in enumerate(terms):  # none under way (or broken off): start one?
-            if i not in self.met and term[0] == token:
-                return self._moved(terms, self.met, i, 1)
-        return Progress(self.met) if self.term != NO_TERM else self
-
-    @staticmethod
-    def _moved(terms: list[list[int]], met: frozenset[int], term: int, matched: int) -> Progress:
-        if matched == len(terms[term]):
-            return Progress(met | {term})
-        return Progress(met, term, matched)
+        """The progress after `token` (it meets at most one term)."""
+        grown = [(term, m + 1) for term, m in self.partial if terms[term][m] == token]
+        grown += [(i, 1) for i, term in enumerate(terms) if i not in self.met and term[0] == token]
+        met = self.met
+        if (done := next((t for t, m in grown if m == len(terms[t])), None)) is not None:
+            met = met | {done}
+        partial = sorted({(t, m) for t, m in grown if t not in met and m < len(terms[t])})
+        return Progress(met, tuple(partial))
 
 
 @torch.no_grad()
@@ -193,32 +190,29 @@ def steered_beam_search(
             scores_at.extend((i, beam, token) for beam, token in choices[-1])
         index = torch.tensor(scores_at, device=device).T  # (3, candidates)
         scores = candidates[index[0], index[1], index[2]].tolist()
-        # An <eos> ends a hypothesis when it ranks among the K best continuations.
-        ends = [
-            {j // vocab for j in row if j % vocab == EOS_ID} for row in top_index[:, :k].tolist()
-        ]
         next_rows, next_tokens, next_scores, next_progress = [], [], [], []
         offset = 0
         for i, (c, pairs) in enumerate(zip(rows, choices, strict=True)):
-            kept = []
+            kept = []  # (bank, score, row, token, progress after it)
             for (beam, token), score in zip(
                 pairs, scores[offset : offset + len(pairs)], strict=True
             ):
-                if score == float("-inf"):
-                    continue
-                row = i * k + beam
-                if token == EOS_ID:
-                    if beam in ends[i]:
-                        tokens = prefix[row, 1:].tolist()
-                        lp = length_penalty(len(tokens) + 1, alpha)
-                        finished[int(alive[i])].append(Hypothesis(tokens, score, score / lp))
-                    continue
-                state = progress[row].advance(c.terms, token)
-                kept.append((state.bank(c.terms), score, row, token, state))
+                if score > float("-inf"):
+                    state = progress[i * k + beam].advance(c.terms, token)
+                    kept.append((state.bank(c.terms), score, i * k + beam, token, state))
             offset += len(pairs)
-            chosen = _deal(kept, k)
-            chosen += [(0, float("-inf"), i * k, PAD_ID, Progress())] * (k - len(chosen))
-            for _, score, row, token, state in chosen:
+            # As in beam search: an <eos> among the first K ends a hypothesis, and the first K
+            # others go on (here in the banks' order, not the scores').
+            beams = []
+            for rank, (_, score, row, token, state) in enumerate(_deal(kept, k, c.banks())):
+                if token == EOS_ID and rank < k:
+                    tokens = prefix[row, 1:].tolist()
+                    lp = length_penalty(len(tokens) + 1, alpha)
+                    finished[int(alive[i])].append(Hypothesis(tokens, score, score / lp))
+                elif token != EOS_ID and len(beams) < k:
+                    beams.append((score, row, token, state))
+            beams += [(float("-inf"), i * k, PAD_ID, Progress())] * (k - len(beams))
+            for score, row, token, state in beams:
                 next_rows.append(row)
                 next_tokens.append(token)
                 next_scores.append(score)
@@ -270,14 +264,23 @@ def _mask(
                 log_probs[i, beam, EOS_ID] = float("-inf")
 
 
-def _deal(kept: list[tuple], k: int) -> list[tuple]:
-    """Dynamic beam allocation: the K candidates (bank, score, ...) taken from the banks in
-    turn, fullest bank first, each bank's best first."""
-    kept.sort(key=lambda cand: (-cand[0], -cand[1]))
-    rank_in_bank, previous, rank = [], None, 0
-    for cand in kept:
-        rank = rank + 1 if cand[0] == previous else 0
-        previous = cand[0]
-        rank_in_bank.append(rank)
-    order = sorted(range(len(kept)), key=lambda j: (rank_in_bank[j], -kept[j][0], -kept[j][1]))
-    return [kept[j] for j in order[:k]]
+def _deal(kept: list[tuple], k: int, banks: int) -> list[tuple]:
+    """Dynamic beam allocation: the candidates (bank, score, ...) in the order they get beams:
+    the best of the fullest bank, then the banks in turn, fullest first, each bank's best
+    first. When the `banks` outnumber the other K - 1 beams, neighbouring banks share a turn
+    (so hypotheses with few term tokens keep a beam: Post & Vilar's low banks starve)."""
+    if not kept:
+        return []
+    top = max(kept, key=lambda cand: (cand[0], cand[1]))
+    groups = max(min(banks, k - 1), 1)
+    rest = sorted(
+        ((cand[0] * groups // banks, cand) for cand in kept if cand is not top),
+        key=lambda pair: (-pair[0], -pair[1][1]),
+    )
+    turn, previous, count = [], None, 0
+    for group, _ in rest:
+        count = count + 1 if group == previous else 0
+        previous = group
+        turn.append(count)
+    order = sorted(range(len(rest)), key=lambda j: (turn[j], -rest[j][0], -rest[j][1][1]))
+    return [top] + [rest[j][1] for j in order]

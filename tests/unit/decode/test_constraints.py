@@ -95,11 +95,13 @@ def test_nothing_to_steer_is_beam_search(seed: int) -> None:
         assert_same(a, b)
 
 
-def test_progress_breaks_off_and_restarts_a_term() -> None:
-    terms = [[5, 6, 7], [8]]
+def test_progress_follows_terms_that_share_a_start() -> None:
+    terms = [[5, 6, 7], [5, 8]]
     p = Progress()
-    for token in (5, 6, 5, 6, 7):  # 5 6, broken off by 5, which starts the term again
+    for token in (5, 6, 5, 8):  # 5 6 is broken off by 5, which goes on to meet [5, 8]
         p = p.advance(terms, token)
-    assert p.met == {0} and p.bank(terms) == 3 and not p.complete(terms)
-    assert p.next_tokens(terms) == [8]
-    assert p.advance(terms, 8).complete(terms)
+    assert p.met == {1} and p.bank(terms) == 2 and not p.complete(terms)
+    assert p.next_tokens(terms) == [5]
+    for token in (5, 6, 7):
+        p = p.advance(terms, token)
+    assert p.complete(terms) and p.bank(terms) == 5
