@@ -59,7 +59,7 @@ def line_controls(
     constraints: Sequence[Sequence[str]] | None,
     prefixes: Sequence[str | None] | None,
     avoid: Sequence[str],
-    limit: int | None,
+    limit: int,
     first_line: int = 1,
 ) -> list[Controls | None]:
     """The Controls of each of `lines` lines (None: plain search), terms and prefixes segmented
@@ -84,10 +84,10 @@ def line_controls(
         for what, ids in [*zip(terms, term_ids, strict=True), (prefix, controls.prefix)]:
             if any(_contains(ids, bad) for bad in avoid_ids):
                 raise UserError(f"line {number}: {what!r} holds an avoided word")
-        if limit is not None and controls.needed_length() > limit:
+        if controls.needed_length() > limit:
             raise UserError(
                 f"line {number}: the prefix and terms take {controls.needed_length() - 1} "
-                f"tokens, more than the model's output limit ({limit - 1})"
+                f"tokens, more than an output may hold ({limit - 1}, as decode.max_input_len)"
             )
         result.append(controls)
     return result

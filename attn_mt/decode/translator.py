@@ -145,7 +145,7 @@ class Translator:
             constraints,
             prefixes,
             avoid,
-            self.max_output_len,
+            self.max_input_len + 1,
             first_line,
         )
         if any(c is not None for c in controls):
@@ -156,8 +156,12 @@ class Translator:
                     "--beam 1: constraints need a beam to share among the terms; use --beam 2+"
                 )
         ids = self._encode(lines, first_line)
-        # Blank lines stay "": `nbest` empty entries, as many as any other line gets.
-        results = [[Translation("", 0.0, []) for _ in range(nbest)] for _ in lines]
+        # Blank lines stay "": `nbest` empty entries, as many as any other line gets (with
+        # `alignment`, an empty one).
+        results = [
+            [Translation("", 0.0, [], [] if alignment else None) for _ in range(nbest)]
+            for _ in lines
+        ]
         todo = [i for i, seq in enumerate(ids) if seq]
         if on_batch is not None and len(todo) < len(lines):
             on_batch(len(lines) - len(todo))
