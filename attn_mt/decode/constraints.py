@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decode.search import (
     Hypothesis,
     Models,
@@ -54,7 +55,7 @@ class Controls:
 
 
 def line_controls(
-    tokenizer,
+    tokenizer: Tokenizer,
     lines: int,
     constraints: Sequence[Sequence[str]] | None,
     prefixes: Sequence[str | None] | None,
@@ -67,7 +68,7 @@ def line_controls(
     for name, given in (("constraints", constraints), ("prefixes", prefixes)):
         if given is not None and (isinstance(given, str) or len(given) != lines):
             raise UserError(f"{name}: give one entry per line ({lines}), [] or None for none")
-    avoid_ids = [ids for ids in tokenizer.encode([_checked(a, "avoided word") for a in avoid])]
+    avoid_ids = tokenizer.encode([_checked(a, "avoided word") for a in avoid])
     if any(not ids for ids in avoid_ids):
         raise UserError("avoid: an avoided word is empty")
     result: list[Controls | None] = []

@@ -30,6 +30,7 @@ from attn_mt.decode.constraints import Controls, line_controls, steered_beam_sea
 from attn_mt.decode.inference import pack
 from attn_mt.decode.inference import quantize as quantize_model
 from attn_mt.decode.search import (
+    Hypothesis,
     Models,
     Sampling,
     beam_search,
@@ -170,7 +171,7 @@ class Translator:
             # Steered lines search apart, so plain lines get exactly the plain search.
             plain = [row for row in batch if controls[row] is None]
             steered = [row for row in batch if controls[row] is not None]
-            for rows in (plain, steered) if steered else (plain,):
+            for rows in (plain, steered):
                 if not rows:
                     continue
                 src = source_batch(ids, rows).to(self.device)
@@ -212,7 +213,7 @@ class Translator:
         alpha: float,
         nbest: int,
         use_cache: bool,
-    ) -> list[list]:
+    ) -> list[list[Hypothesis]]:
         """Steered beam search, each row's output limit raised to what its controls need."""
         needed = torch.tensor([c.needed_length() for c in controls], device=limits.device)
         limits = torch.maximum(limits, needed)
