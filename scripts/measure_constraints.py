@@ -62,6 +62,16 @@ def timed(repeat: int, run) -> tuple[float, list]:
     return best, result
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else the machine type."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    names = [line.split(":", 1)[1].strip() for line in info.splitlines() if "model name" in line]
+    return names[0] if names else platform.machine()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="run folder or .pt checkpoint")
@@ -96,7 +106,7 @@ def main() -> None:
         "seconds_plain": round(plain_s, 3),
         "seconds_constrained": round(steered_s, 3),
         "slowdown": round(steered_s / plain_s, 2),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
     }
     if args.gold:
         found = translator.translate_nbest(src, beam=args.beam, alignment=True)
