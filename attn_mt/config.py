@@ -299,6 +299,11 @@ class DecodeConfig:
     max_input_len: int = key(
         256, "longer input lines are truncated to this many tokens, with a warning", ge=1
     )
+    alignment_layer: int = key(
+        -2,
+        "decoder layer whose cross-attention gives --alignment (from 0; -1 last, -2 "
+        "penultimate, the one layer of a one-layer decoder)",
+    )
 
     def validate(self) -> None:
         """No rules between decode keys: each key's own range is in its metadata."""

@@ -90,6 +90,34 @@ def translate(
         float, typer.Option("--temperature", metavar="T", help="With --sample: divide logits by T.")
     ] = 1.0,
     seed: Annotated[int, typer.Option("--seed", metavar="S", help="With --sample: the seed.")] = 1,
+    constraints: Annotated[
+        bool,
+        typer.Option(
+            "--constraints",
+            help="Lines are 'source<TAB>term<TAB>term...': every term appears in the output.",
+        ),
+    ] = False,
+    prefix: Annotated[
+        bool,
+        typer.Option(
+            "--prefix",
+            help="Lines are 'source<TAB>prefix' (with --constraints, terms follow the prefix): "
+            "the output starts with the prefix.",
+        ),
+    ] = False,
+    avoid: Annotated[
+        Path | None,
+        typer.Option(
+            "--avoid", metavar="FILE", help="Words or phrases (one a line) no output may hold."
+        ),
+    ] = None,
+    alignment: Annotated[
+        bool,
+        typer.Option(
+            "--alignment",
+            help="Add ' ||| ' and Pharaoh source-target word pairs (0-0 1-2 ...) to each output.",
+        ),
+    ] = False,
     device: DeviceOption = "auto",
     precision: PrecisionOption = Precision.fp32,
     quantize: QuantizeOption = None,
@@ -107,6 +135,7 @@ def translate(
         decode=decode_settings(set_, beam, length_penalty),
     )
     sampling = attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None
+    avoided = _avoid_list(avoid)
     try:
         with (
             input_file(input_) as (stream, total),
@@ -115,13 +144,18 @@ def translate(
         ):
             first_line = 1
             for chunk in line_chunks(stream, str(input_) if input_ else "stdin"):
+                sources, prefixes, terms = _fields(chunk, prefix, constraints)
                 found = translator.translate_nbest(
-                    chunk,
+                    sources,
                     beam,  # None: the decode.beam, widened to --nbest
                     nbest,
                     first_line=first_line,
                     on_batch=advance,
                     sampling=sampling,
+                    constraints=terms,
+                    prefixes=prefixes,
+                    avoid=avoided,
+                    alignment=alignment,
                 )
                 for number, entries in enumerate(found, start=first_line):
                     out.write(format_entries(number - 1, entries, nbest, nbest_format))
@@ -130,6 +164,34 @@ def translate(
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): end quietly, without a flush error at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _fields(
+    lines: list[str], prefix: bool, constraints: bool
+) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
+    """Split `source<TAB>[prefix<TAB>]term<TAB>...` lines into sources, prefixes and terms
+    (None where the option is off; a line without the fields has none)."""
+    if not (prefix or constraints):
+        return lines, None, None
+    fields = [line.split("\t") for line in lines]
+    sources = [f[0] for f in fields]
+    tail = 2 if constraints else None  # without terms, a prefix holding a TAB is refused
+    prefixes = ["\t".join(f[1:tail]) for f in fields] if prefix else None
+    terms = [f[1 + prefix :] for f in fields] if constraints else None
+    return sources, prefixes, terms
+
+
+def _avoid_list(path: Path | None) -> list[str]:
+    """The words of an --avoid file, one a line, blank lines skipped."""
+    if path is None:
+        return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(
+            f"--avoid {path}: cannot read ({getattr(err, 'strerror', None) or err})"
+        ) from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 @app.command()

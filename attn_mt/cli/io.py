@@ -21,12 +21,23 @@ if TYPE_CHECKING:  # imported inside the commands: `attn-mt --help` must not loa
 
 
 def format_entries(index: int, entries: list[Translation], nbest: int, style: NbestFormat) -> str:
-    """The output lines of input line `index` (from 0): its best text, or its n-best block."""
+    """The output lines of input line `index` (from 0): its best text, or its n-best block;
+    an entry's alignment, if any, follows its text after ` ||| `."""
+    texts = [_with_alignment(e) for e in entries]
     if nbest == 1:
-        return entries[0].text + "\n"
+        return texts[0] + "\n"
     if style is NbestFormat.marian:
-        return "".join(f"{index} ||| {e.text} ||| {e.score:.4f}\n" for e in entries)
-    return "".join(f"{e.score:.4f}\t{e.text}\n" for e in entries) + "\n"
+        return "".join(
+            f"{index} ||| {t} ||| {e.score:.4f}\n" for t, e in zip(texts, entries, strict=True)
+        )
+    return "".join(f"{e.score:.4f}\t{t}\n" for t, e in zip(texts, entries, strict=True)) + "\n"
+
+
+def _with_alignment(entry: Translation) -> str:
+    """`text ||| 0-0 1-1 ...` when the entry has an alignment, else the text."""
+    if entry.alignment is None:
+        return entry.text
+    return entry.text + " ||| " + " ".join(f"{i}-{j}" for i, j in entry.alignment)
 
 
 @contextlib.contextmanager

@@ -25,9 +25,12 @@ from attn_mt.config import Config
 from attn_mt.configfile import config_from_dict
 from attn_mt.data.batching import length_batches, source_batch
 from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decode.alignment import Alignment, cross_attention, word_alignment
+from attn_mt.decode.constraints import Controls, line_controls, steered_beam_search
 from attn_mt.decode.inference import pack
 from attn_mt.decode.inference import quantize as quantize_model
 from attn_mt.decode.search import (
+    Hypothesis,
     Models,
     Sampling,
     beam_search,
@@ -45,11 +48,13 @@ LANGUAGE_KEYS = ("data.src_lang", "data.tgt_lang")
 
 @dataclass
 class Translation:
-    """One n-best entry: the text and its search score (length-normalised log-probability)."""
+    """One n-best entry: the text, its search score (length-normalised log-probability), and
+    on request its word alignment to the source (Pharaoh (source word, target word) pairs)."""
 
     text: str
     score: float
     tokens: list[int]
+    alignment: Alignment | None = None
 
 
 class Translator:
@@ -97,11 +102,19 @@ class Translator:
         first_line: int = 1,
         on_batch: Callable[[int], None] | None = None,
         sampling: Sampling | None = None,
+        constraints: Sequence[Sequence[str]] | None = None,
+        prefixes: Sequence[str | None] | None = None,
+        avoid: Sequence[str] = (),
+        alignment: bool = False,
     ) -> list[list[Translation]]:
         """The `nbest` best translations of every line (best first), in input order; with
         `sampling`, `nbest` samples of every line instead, in the order drawn (no beam).
 
         `beam` None means decode.beam, widened to `nbest` if that is larger.
+
+        `constraints[i]`: terms (plain text) that line i's output must hold; `prefixes[i]`:
+        the text it must start with (None or "" for none); `avoid`: words no output may hold;
+        `alignment`: fill each Translation's `alignment` (see docs/decoding.md).
 
         `first_line` is the number of `lines[0]` in the user's input, for warnings and for
         the samples' random streams (so a line samples the same in any chunk of the input);
@@ -127,35 +140,100 @@ class Translator:
         alpha = cfg.length_penalty if length_penalty is None else length_penalty
         rows_per_line = nbest if sampling is not None else beam
         budget = batch_tokens or cfg.batch_tokens
+        controls = line_controls(
+            self.tgt_tokenizer,
+            len(lines),
+            constraints,
+            prefixes,
+            avoid,
+            self.max_input_len + 1,
+            first_line,
+        )
+        if any(c is not None for c in controls):
+            if sampling is not None:
+                raise UserError("--sample draws freely: it takes no constraints, prefix or avoid")
+            if beam == 1 and any(c is not None and c.terms for c in controls):
+                raise UserError(
+                    "--beam 1: constraints need a beam to share among the terms; use --beam 2+"
+                )
         ids = self._encode(lines, first_line)
-        # Blank lines stay "": `nbest` empty entries, as many as any other line gets.
-        results = [[Translation("", 0.0, []) for _ in range(nbest)] for _ in lines]
+        # Blank lines stay "": `nbest` empty entries, as many as any other line gets (with
+        # `alignment`, an empty one).
+        results = [
+            [Translation("", 0.0, [], [] if alignment else None) for _ in range(nbest)]
+            for _ in lines
+        ]
         todo = [i for i, seq in enumerate(ids) if seq]
         if on_batch is not None and len(todo) < len(lines):
             on_batch(len(lines) - len(todo))
         lengths = [(len(seq) + 1,) for seq in ids]  # + <eos>
-        for rows in length_batches(lengths, max(budget // rows_per_line, 1), order=todo):
-            src = source_batch(ids, rows).to(self.device)
-            limits = max_output_lengths(src, cfg.max_len_a, cfg.max_len_b, self.max_output_len)
-            with autocast_context(self.device, self.dtype):
-                if sampling is not None:
-                    numbers = [first_line + i for i in rows]
-                    hyps = sample(
-                        self.models, src, limits, sampling, numbers, nbest, alpha, use_cache
-                    )
-                elif beam == 1:
-                    hyps = [[h] for h in greedy_search(self.models, src, limits, alpha, use_cache)]
-                else:
-                    hyps = beam_search(self.models, src, limits, beam, alpha, nbest, use_cache)
-            for row, row_hyps in zip(rows, hyps, strict=True):
-                texts = self.tgt_tokenizer.decode([h.tokens for h in row_hyps])
-                results[row] = [
-                    Translation(_one_line(text), h.score, h.tokens)
-                    for text, h in zip(texts, row_hyps, strict=True)
-                ]
+        for batch in length_batches(lengths, max(budget // rows_per_line, 1), order=todo):
+            # Steered lines search apart, so plain lines get exactly the plain search.
+            plain = [row for row in batch if controls[row] is None]
+            steered = [row for row in batch if controls[row] is not None]
+            for rows in (plain, steered):
+                if not rows:
+                    continue
+                src = source_batch(ids, rows).to(self.device)
+                limits = max_output_lengths(src, cfg.max_len_a, cfg.max_len_b, self.max_output_len)
+                with autocast_context(self.device, self.dtype):
+                    if rows is steered:
+                        hyps = self._steered(
+                            src, limits, [controls[r] for r in rows], beam, alpha, nbest, use_cache
+                        )
+                    elif sampling is not None:
+                        numbers = [first_line + i for i in rows]
+                        hyps = sample(
+                            self.models, src, limits, sampling, numbers, nbest, alpha, use_cache
+                        )
+                    elif beam == 1:
+                        hyps = [
+                            [h] for h in greedy_search(self.models, src, limits, alpha, use_cache)
+                        ]
+                    else:
+                        hyps = beam_search(self.models, src, limits, beam, alpha, nbest, use_cache)
+                for row, row_hyps in zip(rows, hyps, strict=True):
+                    texts = self.tgt_tokenizer.decode([h.tokens for h in row_hyps])
+                    results[row] = [
+                        Translation(_one_line(text), h.score, h.tokens)
+                        for text, h in zip(texts, row_hyps, strict=True)
+                    ]
+                if alignment:
+                    self._align([ids[row] for row in rows], [results[row] for row in rows])
             if on_batch is not None:
-                on_batch(len(rows))
+                on_batch(len(batch))
         return results
+
+    def _steered(
+        self,
+        src: torch.Tensor,
+        limits: torch.Tensor,
+        controls: list[Controls],
+        beam: int,
+        alpha: float,
+        nbest: int,
+        use_cache: bool,
+    ) -> list[list[Hypothesis]]:
+        """Steered beam search, each row's output limit raised to what its controls need."""
+        needed = torch.tensor([c.needed_length() for c in controls], device=limits.device)
+        limits = torch.maximum(limits, needed)
+        return steered_beam_search(
+            self.models, src, limits, controls, beam, alpha, nbest, use_cache
+        )
+
+    def _align(self, src: list[list[int]], entries: list[list[Translation]]) -> None:
+        """Fill the alignment of every entry of these lines (their source ids `src`)."""
+        flat = [(s, e) for s, line in zip(src, entries, strict=True) for e in line]
+        attention = cross_attention(
+            self.models,
+            [s for s, _ in flat],
+            [e.tokens for _, e in flat],
+            self.config.decode.alignment_layer,
+        )  # (outputs, T, S)
+        for (s, entry), weights in zip(flat, attention, strict=True):
+            src_pieces = self.src_tokenizer.pieces(s)
+            out_pieces = self.tgt_tokenizer.pieces(entry.tokens)
+            entry.alignment = word_alignment(weights, src_pieces, out_pieces)
 
     def _encode(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:
         """Piece ids per line; blank lines become []; over-long lines are cut, with a warning."""

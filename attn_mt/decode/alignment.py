@@ -1,0 +1,93 @@
+"""Word alignments from cross-attention: which source word each output word came from.
+
+The finished outputs are run once more through the decoder with teacher forcing (the same
+attention the search saw: cached decoding equals uncached), recording the cross-attention of
+one decoder layer (`decode.alignment_layer`, the penultimate by default; Garg et al., 2019),
+averaged over heads and over an ensemble's models. Pieces are merged into words at
+SentencePiece's word boundaries (a piece starting with U+2581 starts a word): a target word's
+attention is the mean of its pieces' rows, a source word's share the sum of its pieces'
+columns, and each target word is linked to the source word with the largest share. The pairs
+are Pharaoh `i-j` (source word i, target word j, from 0), in target order.
+
+Shape legend: B outputs, S source length, T output length, H heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from attn_mt.data.batching import pad_sequences
+from attn_mt.errors import UserError
+from attn_mt.model.attention import padding_mask, record_attention
+from attn_mt.model.transformer import Transformer
+from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
+
+WORD_START = "\u2581"  # SentencePiece's mark of a piece that begins a word
+
+Alignment = list[tuple[int, int]]  # (source word, target word) pairs
+
+
+def layer_index(models: Sequence[Transformer], layer: int) -> int:
+    """`layer` (negative: from the end) as an index valid in every model's decoder; -2 in a
+    one-layer decoder is its one layer."""
+    depth = min(len(m.decoder) for m in models)
+    if layer == -2 and depth == 1:
+        return 0
+    if not -depth <= layer < depth:
+        raise UserError(f"decode.alignment_layer {layer}: the decoder has {depth} layers")
+    return layer % depth
+
+
+@torch.no_grad()
+def cross_attention(
+    models: Sequence[Transformer],
+    src: Sequence[list[int]],
+    outputs: Sequence[list[int]],
+    layer: int,
+) -> torch.Tensor:
+    """The head- and model-mean cross-attention of decoder layer `layer` when each output token
+    was chosen: (B, T, S) for sources (with <eos>) and outputs (without <bos>/<eos>)."""
+    device = next(models[0].parameters()).device
+    src_ids = pad_sequences([[*s, EOS_ID] for s in src], PAD_ID).to(device)  # (B, S)
+    tgt_in = pad_sequences([[BOS_ID, *t] for t in outputs], PAD_ID).to(device)  # (B, T)
+    src_mask = padding_mask(src_ids, PAD_ID)  # (B, 1, 1, S)
+    total = None
+    for model in models:
+        index = layer_index(models, layer)
+        with record_attention(model.decoder[index].cross_attn) as [attention]:
+            model.decode(tgt_in, model.encode(src_ids, src_mask), src_mask)
+            weights = attention.last_weights.float().mean(dim=1)  # (B, T, S)
+        total = weights if total is None else total + weights
+    return total / len(models)
+
+
+def word_starts(pieces: Sequence[str]) -> list[int]:
+    """The word number of each piece: a new word at the first piece and at each U+2581 piece."""
+    numbers, word = [], -1
+    for i, piece in enumerate(pieces):
+        if i == 0 or piece.startswith(WORD_START):
+            word += 1
+        numbers.append(word)
+    return numbers
+
+
+def word_alignment(
+    attention: torch.Tensor, src_pieces: list[str], out_pieces: list[str]
+) -> Alignment:
+    """Pharaoh pairs from one output's piece attention (T, S) (the source's <eos> column and
+    padding included, then dropped)."""
+    if not src_pieces or not out_pieces:
+        return []
+    src_words, out_words = word_starts(src_pieces), word_starts(out_pieces)
+    piece_att = attention[: len(out_pieces), : len(src_pieces)]  # (T, S) without <eos>, padding
+    to_src = torch.zeros(len(src_pieces), src_words[-1] + 1).index_put_(
+        (torch.arange(len(src_pieces)), torch.tensor(src_words)), torch.tensor(1.0)
+    )  # (S, source words): sums a source word's pieces
+    to_out = torch.zeros(out_words[-1] + 1, len(out_pieces)).index_put_(
+        (torch.tensor(out_words), torch.arange(len(out_pieces))), torch.tensor(1.0)
+    )  # (output words, T)
+    to_out /= to_out.sum(dim=1, keepdim=True)  # a mean over a word's pieces
+    word_att = to_out @ piece_att.cpu() @ to_src  # (output words, source words)
+    return [(int(i), j) for j, i in enumerate(word_att.argmax(dim=1).tolist())]

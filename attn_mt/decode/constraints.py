@@ -1,0 +1,287 @@
+"""Steered beam search: terms that must appear in the output (lexical constraints), a forced
+output prefix, and words that must not appear.
+
+Terms are kept by dynamic beam allocation (Post & Vilar, 2018), as fairseq's
+`LexicallyConstrainedBeamSearch` does: each step's candidates are the 2K best continuations,
+each beam's best token and the next token of every term each beam could advance; a candidate's
+bank is the number of term tokens its hypothesis has met, and the K beams are dealt from the
+banks in turn, fullest bank first (its best, then the next bank's best, ...); when the banks
+outnumber the beams, neighbouring banks share a turn. The fullest bank's best always survives
+and any beam can add the next term token, so the best hypothesis meets one more term token
+every step: once the output limit leaves room for the prefix, every term token
+and <eos>, every term appears. <eos> is closed to a hypothesis until it has met every term.
+
+The model runs batched over every beam of every sentence with the key/value cache; the banks
+are dealt per sentence in Python (a hypothesis's progress is a small object), as in fairseq.
+
+Shape legend: B sentences still searching, K beam size, N = B * K rows, V vocabulary, t step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decode.search import (
+    Hypothesis,
+    Models,
+    _sentence_done,
+    _StepDecoder,
+    length_penalty,
+)
+from attn_mt.errors import UserError
+from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
+
+
+@dataclass
+class Controls:
+    """What one line's output must hold: every term (piece ids each), the prefix it starts
+    with, and none of the `avoid` piece sequences."""
+
+    terms: list[list[int]] = field(default_factory=list)
+    prefix: list[int] = field(default_factory=list)
+    avoid: list[list[int]] = field(default_factory=list)
+
+    def banks(self) -> int:
+        """Dynamic beam allocation's banks: one per number of term tokens met, 0 included."""
+        return sum(len(term) for term in self.terms) + 1
+
+    def needed_length(self) -> int:
+        """Output tokens the search may need: the prefix, every term token, and <eos>."""
+        return len(self.prefix) + self.banks()
+
+
+def line_controls(
+    tokenizer: Tokenizer,
+    lines: int,
+    constraints: Sequence[Sequence[str]] | None,
+    prefixes: Sequence[str | None] | None,
+    avoid: Sequence[str],
+    limit: int,
+    first_line: int = 1,
+) -> list[Controls | None]:
+    """The Controls of each of `lines` lines (None: plain search), terms and prefixes segmented
+    by the target SentencePiece; a UserError names the first bad line."""
+    for name, given in (("constraints", constraints), ("prefixes", prefixes)):
+        if given is not None and (isinstance(given, str) or len(given) != lines):
+            raise UserError(f"{name}: give one entry per line ({lines}), [] or None for none")
+    avoid_ids = tokenizer.encode([_checked(a, "avoided word") for a in avoid])
+    if any(not ids for ids in avoid_ids):
+        raise UserError("avoid: an avoided word is empty")
+    result: list[Controls | None] = []
+    for i in range(lines):
+        number = first_line + i
+        terms = [_checked(t, f"line {number}: a term") for t in (constraints or [()] * lines)[i]]
+        prefix = (prefixes or [None] * lines)[i]
+        prefix = _checked(prefix, f"line {number}: the prefix") if prefix else ""
+        if not (terms or prefix or avoid_ids):
+            result.append(None)
+            continue
+        term_ids = tokenizer.encode(terms)
+        controls = Controls(term_ids, tokenizer.encode([prefix])[0] if prefix else [], avoid_ids)
+        for what, ids in [*zip(terms, term_ids, strict=True), (prefix, controls.prefix)]:
+            if any(_contains(ids, bad) for bad in avoid_ids):
+                raise UserError(f"line {number}: {what!r} holds an avoided word")
+        if controls.needed_length() > limit:
+            raise UserError(
+                f"line {number}: the prefix and terms take {controls.needed_length() - 1} "
+                f"tokens, more than an output may hold ({limit - 1}, as decode.max_input_len)"
+            )
+        result.append(controls)
+    return result
+
+
+def _checked(text: object, what: str) -> str:
+    """`text` stripped, or a UserError if it is not a non-empty one-line str."""
+    if not isinstance(text, str):
+        raise UserError(f"{what}: {text!r} is not a str")
+    if "\t" in text or "\n" in text or "\r" in text:
+        raise UserError(f"{what} {text!r} holds a TAB or line break")
+    if not text.strip():
+        raise UserError(f"{what} is empty")
+    return text.strip()
+
+
+def _contains(seq: Sequence[int], part: Sequence[int]) -> bool:
+    """True if `part` occurs in `seq` as a contiguous run."""
+    return any(list(seq[i : i + len(part)]) == list(part) for i in range(len(seq) - len(part) + 1))
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far one hypothesis is through its sentence's terms: those met, and the partial
+    matches the output ends with, (term, tokens matched), so terms sharing a start (e.g. the
+    word-start piece) are all followed."""
+
+    met: frozenset[int] = frozenset()
+    partial: tuple[tuple[int, int], ...] = ()
+
+    def bank(self, terms: list[list[int]]) -> int:
+        """Term tokens in place: every token of the met terms, and the longest partial match."""
+        return sum(len(terms[i]) for i in self.met) + max((m for _, m in self.partial), default=0)
+
+    def complete(self, terms: list[list[int]]) -> bool:
+        """True once every term is met."""
+        return len(self.met) == len(terms)
+
+    def next_tokens(self, terms: list[list[int]]) -> list[int]:
+        """The tokens that advance a term: a partial match's next, or an unmet term's first."""
+        going = {terms[term][matched] for term, matched in self.partial}
+        return sorted(going | {terms[i][0] for i in range(len(terms)) if i not in self.met})
+
+    def advance(self, terms: list[list[int]], token: int) -> Progress:
+        """The progress after `token` (it meets at most one term)."""
+        grown = [(term, m + 1) for term, m in self.partial if terms[term][m] == token]
+        grown += [(i, 1) for i, term in enumerate(terms) if i not in self.met and term[0] == token]
+        met = self.met
+        if (done := next((t for t, m in grown if m == len(terms[t])), None)) is not None:
+            met = met | {done}
+        partial = sorted({(t, m) for t, m in grown if t not in met and m < len(terms[t])})
+        return Progress(met, tuple(partial))
+
+
+@torch.no_grad()
+def steered_beam_search(
+    model: Models,
+    src: torch.Tensor,
+    max_lengths: torch.Tensor,
+    controls: Sequence[Controls],
+    beam_size: int,
+    alpha: float = 1.0,
+    nbest: int = 1,
+    use_cache: bool = True,
+) -> list[list[Hypothesis]]:
+    """Beam search whose every output starts with its prefix, holds every term and none of
+    the avoided sequences; the `nbest` best of every source row, best first.
+
+    Args:
+        src: (B, S) source ids, right-padded.  max_lengths: (B,) output limits in tokens, at
+            least each row's `needed_length()`.  controls: (B,) what each row must hold.
+    """
+    batch, k, device = src.size(0), beam_size, src.device
+    decoder = _StepDecoder(model, src, use_cache, repeat=k)
+    alive = torch.arange(batch, device=device)  # original sentence of each live sentence
+    prefix = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=device)  # (N, 1)
+    beam_scores = torch.full((batch, k), float("-inf"), device=device)  # (B, K)
+    beam_scores[:, 0] = 0.0  # one beam starts; the others join as the first step branches
+    progress = [Progress() for _ in range(batch * k)]  # per row
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    for step in range(int(max_lengths.max())):
+        n = alive.numel()
+        log_probs = decoder.log_probs(prefix).view(n, k, -1)  # (B, K, V)
+        at_limit = step + 1 >= max_lengths[alive]  # (B,) these may only end now
+        log_probs[at_limit, :, :EOS_ID] = float("-inf")
+        log_probs[at_limit, :, EOS_ID + 1 :] = float("-inf")
+        rows = [controls[s] for s in alive.tolist()]
+        _mask(log_probs, rows, progress, prefix, step)
+        candidates = beam_scores[:, :, None] + log_probs  # (B, K, V)
+        top_index = candidates.view(n, -1).topk(2 * k, dim=1).indices  # (B, 2K)
+        vocab = log_probs.size(-1)
+        best_token = log_probs.argmax(dim=-1).tolist()  # (B, K)
+        choices, scores_at = [], []  # per sentence: its candidates (beam, token)
+        for i, c in enumerate(rows):
+            pairs = {(j // vocab, j % vocab) for j in top_index[i].tolist()}
+            for beam in range(k):
+                pairs.add((beam, best_token[i][beam]))
+                pairs.update((beam, t) for t in progress[i * k + beam].next_tokens(c.terms))
+            choices.append(sorted(pairs))
+            scores_at.extend((i, beam, token) for beam, token in choices[-1])
+        index = torch.tensor(scores_at, device=device).T  # (3, candidates)
+        scores = candidates[index[0], index[1], index[2]].tolist()
+        next_rows, next_tokens, next_scores, next_progress = [], [], [], []
+        offset = 0
+        for i, (c, pairs) in enumerate(zip(rows, choices, strict=True)):
+            kept = []  # (bank, score, row, token, progress after it)
+            for (beam, token), score in zip(
+                pairs, scores[offset : offset + len(pairs)], strict=True
+            ):
+                if score > float("-inf"):
+                    state = progress[i * k + beam].advance(c.terms, token)
+                    kept.append((state.bank(c.terms), score, i * k + beam, token, state))
+            offset += len(pairs)
+            # As in beam search: an <eos> among the first K ends a hypothesis, and the first K
+            # others go on (here in the banks' order, not the scores').
+            beams = []
+            for rank, (_, score, row, token, state) in enumerate(_deal(kept, k, c.banks())):
+                if token == EOS_ID and rank < k:
+                    tokens = prefix[row, 1:].tolist()
+                    lp = length_penalty(len(tokens) + 1, alpha)
+                    finished[int(alive[i])].append(Hypothesis(tokens, score, score / lp))
+                elif token != EOS_ID and len(beams) < k:
+                    beams.append((score, row, token, state))
+            beams += [(float("-inf"), i * k, PAD_ID, Progress())] * (k - len(beams))
+            for score, row, token, state in beams:
+                next_rows.append(row)
+                next_tokens.append(token)
+                next_scores.append(score)
+                next_progress.append(state)
+        source_row = torch.tensor(next_rows, device=device)  # (N,)
+        next_token = torch.tensor(next_tokens, device=device)[:, None]  # (N, 1)
+        prefix = torch.cat([prefix.index_select(0, source_row), next_token], dim=1)
+        decoder.reorder_beams(source_row)
+        beam_scores = torch.tensor(next_scores, device=device).view(n, k)  # (B, K)
+        progress = next_progress
+        open_lp = length_penalty(step + 1, alpha)  # the open beams hold step + 1 tokens
+        best_open = [score / open_lp for score in beam_scores.max(dim=1).values.tolist()]
+        done = [_sentence_done(finished[s], k, best_open[i]) for i, s in enumerate(alive.tolist())]
+        if all(done):
+            break
+        if any(done):
+            keep = torch.tensor([i for i, d in enumerate(done) if not d], device=device)
+            rows_kept = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B' * K,)
+            alive, beam_scores = alive[keep], beam_scores[keep]
+            prefix = prefix.index_select(0, rows_kept)
+            progress = [progress[r] for r in rows_kept.tolist()]
+            decoder.select(rows_kept)
+    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
+
+
+def _mask(
+    log_probs: torch.Tensor,
+    rows: list[Controls],
+    progress: list[Progress],
+    prefix: torch.Tensor,
+    step: int,
+) -> None:
+    """Close, in log_probs (B, K, V), every token a row's controls forbid now: all but the
+    prefix's next token while the prefix lasts, the last token of an avoided sequence the
+    output would complete, and <eos> before every term is met."""
+    k = log_probs.size(1)
+    for i, c in enumerate(rows):
+        if step < len(c.prefix):
+            forced = log_probs[i, :, c.prefix[step]].clone()
+            log_probs[i] = float("-inf")
+            log_probs[i, :, c.prefix[step]] = forced
+        for beam in range(k):
+            if c.avoid:
+                output = prefix[i * k + beam, 1:].tolist()
+                for bad in c.avoid:
+                    if len(bad) == 1 or output[max(len(output) - len(bad) + 1, 0) :] == bad[:-1]:
+                        log_probs[i, beam, bad[-1]] = float("-inf")
+            if not progress[i * k + beam].complete(c.terms):
+                log_probs[i, beam, EOS_ID] = float("-inf")
+
+
+def _deal(kept: list[tuple], k: int, banks: int) -> list[tuple]:
+    """Dynamic beam allocation: the candidates (bank, score, ...) in the order they get beams:
+    the best of the fullest bank, then the banks in turn, fullest first, each bank's best
+    first. When the `banks` outnumber the other K - 1 beams, neighbouring banks share a turn
+    (so hypotheses with few term tokens keep a beam: Post & Vilar's low banks starve)."""
+    if not kept:
+        return []
+    top = max(kept, key=lambda cand: (cand[0], cand[1]))
+    groups = max(min(banks, k - 1), 1)
+    rest = sorted(
+        ((cand[0] * groups // banks, cand) for cand in kept if cand is not top),
+        key=lambda pair: (-pair[0], -pair[1][1]),
+    )
+    turn, previous, count = [], None, 0
+    for group, _ in rest:
+        count = count + 1 if group == previous else 0
+        previous = group
+        turn.append(count)
+    order = sorted(range(len(rest)), key=lambda j: (turn[j], -rest[j][0], -rest[j][1][1]))
+    return [top] + [rest[j][1] for j in order]
