@@ -39,6 +39,7 @@ from attn_mt.train.loss import label_smoothed_loss
 from attn_mt.train.runfolder import lock_run_folder
 from attn_mt.train.runlog import (
     Monitor,
+    RunClock,
     RunLog,
     TrainWindow,
     log_finish,
@@ -121,6 +122,7 @@ class Trainer:
         self.cfg, self.world, self.device = cfg, world, device
         self.monitor = monitor or Monitor()
         self.out = Path(cfg.train.out_dir)
+        self.began = time.monotonic()  # the run's time counts its start-up
         self.setup(resume)
 
     def setup(self, resume: bool) -> None:
@@ -194,9 +196,9 @@ class Trainer:
         t = self.cfg.train
         with self._session():
             log_start(self.runlog, self.state, self.corpus, self.precision, self.resumed)
-            start = time.monotonic() - self.progress.elapsed
+            self.clock = RunClock(self.began - self.progress.elapsed, self.progress.step)
             window = TrainWindow()
-            while not (stopped_by := self._stop_reason(start)):
+            while not (stopped_by := self._stop_reason()):
                 step = self.progress.step + 1
                 lr = learning_rate(step, t)
                 for group in self.optimizer.param_groups:
@@ -208,18 +210,20 @@ class Trainer:
                 if self.ema:
                     self.ema.update()
                 window.add(update.loss, update.nll, update.tokens, update.grad_norm)
-                elapsed = time.monotonic() - start
-                line, metrics = window_line(step, window, lr, t, elapsed, self.source)
+                line, metrics = window_line(step, window, lr, t, self.clock, self.source)
                 self.monitor.training(line)
                 if step % t.log_every == 0:
                     self.runlog.training(step, line, metrics)
                     window = TrainWindow()
                 if step % t.eval_every == 0:
                     began = time.monotonic()
-                    self.progress.elapsed = began - start
+                    self.progress.elapsed = self.clock.elapsed()
                     self._validate_and_save()
+                    self.clock.validated(time.monotonic() - began)
                     window.pause(time.monotonic() - began)  # tokens/s counts training only
-            self.progress.elapsed = time.monotonic() - start
+            if window.updates:  # a run shorter than log_every has its curves too
+                self.runlog.training(self.progress.step, line, metrics)
+            self.progress.elapsed = self.clock.elapsed()
             self.finish(stopped_by)
         p, signal_name = self.progress, self.stop_signal
         return TrainResult(p.step, p.best_score, t.select_metric, stopped_by, self.out, signal_name)
@@ -242,14 +246,14 @@ class Trainer:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_signal = signal.Signals(signum).name
 
-    def _stop_reason(self, start: float) -> str:
+    def _stop_reason(self) -> str:
         """Which stopping rule fires before the next update ('' if none); agreed by all ranks."""
         t = self.cfg.train
         rules = {
             "early stopping": bool(t.patience) and self.progress.bad_evals >= t.patience,
             "signal": self.stop_signal is not None,
             "max_steps": t.max_steps > 0 and self.progress.step >= t.max_steps,
-            "max_minutes": bool(t.max_minutes) and time.monotonic() - start >= t.max_minutes * 60,
+            "max_minutes": self.clock.out_of_time(t),
             "max_epochs": bool(t.max_epochs) and self.source.epochs_done >= t.max_epochs,
         }
         fired = distributed.any_each(list(rules.values()), self.world, self.device)

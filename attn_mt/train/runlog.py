@@ -219,36 +219,74 @@ class Monitor:
     def training(self, line: str) -> None:
         """After each update: the training line, as the log writes it every log_every steps."""
 
-    def validating(self, done: int, total: int) -> None:
-        """Validation has translated `done` of its `total` sentences."""
+    def validating(self, phase: str, done: int, total: int) -> None:
+        """Validation's `phase` ("loss" by teacher forcing, then "search") has done `done` of
+        its `total` sentences."""
+
+
+@dataclass
+class RunClock:
+    """The run's time: what has passed since it began (start-up included, and on resume the
+    earlier processes' time), what validating took, and so what is left of the run."""
+
+    start: float  # time.monotonic() at the run's beginning, earlier processes' time subtracted
+    first_step: int  # the step this process resumed from (0 for a new run)
+    validating: float = 0.0  # seconds this process spent validating
+    last_validation: float | None = None  # seconds the latest validation took
+    training_began: float = field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        """Seconds the run has taken so far."""
+        return time.monotonic() - self.start
+
+    def validated(self, seconds: float) -> None:
+        """A validation took `seconds`."""
+        self.validating += seconds
+        self.last_validation = seconds
+
+    def out_of_time(self, t: TrainConfig) -> bool:
+        """Whether max_minutes is spent, keeping back the time the final validation will take
+        (as long as the latest one took), so the run ends within its budget."""
+        reserve = self.last_validation or 0.0
+        return bool(t.max_minutes) and self.elapsed() + reserve >= t.max_minutes * 60
+
+    def remaining(self, t: TrainConfig, step: int, epochs: float) -> float | None:
+        """Seconds left until the run ends, its final validation included: the first of
+        max_steps, max_minutes and max_epochs, at this process's pace of updates and
+        validations (`epochs` may be fractional); None without such a budget."""
+        left = []
+        if t.max_minutes:
+            left.append(t.max_minutes * 60 - self.elapsed())
+        steps_left = []
+        if t.max_steps > 0:
+            steps_left.append(t.max_steps - step)
+        if t.max_epochs and epochs:
+            steps_left.append(math.ceil((t.max_epochs - epochs) * step / epochs))
+        done = step - self.first_step
+        if steps_left and done > 0:
+            training = time.monotonic() - self.training_began - self.validating
+            last = step + min(steps_left)  # the step the run ends at
+            validations = last // t.eval_every - step // t.eval_every
+            validations += last % t.eval_every != 0  # the final one, unless it falls due anyway
+            left.append(
+                min(steps_left) * training / done + validations * (self.last_validation or 0)
+            )
+        return max(min(left), 0.0) if left else None
 
 
 def train_line(
-    step: int, metrics: dict[str, float], t: TrainConfig, elapsed: float, epochs: float
+    step: int, metrics: dict[str, float], t: TrainConfig, run: RunClock, epochs: float
 ) -> str:
     """The training line: train.log's every log_every steps and the live display's after
-    every update (one format, so their labels agree). `elapsed` counts the whole run."""
+    every update (one format, so their labels agree). Its times count the whole run."""
     total = f"/{t.max_steps}" if t.max_steps > 0 else ""
-    eta = remaining_seconds(t, step, elapsed, epochs)
+    eta = run.remaining(t, step, epochs)
     return (
-        f"step {step}{total}  elapsed {clock(elapsed)}  ETA {clock(eta)}  "
+        f"step {step}{total}  elapsed {clock(run.elapsed())}  ETA {clock(eta)}  "
         f"epoch {metrics['epoch']}  loss {metrics['loss']:.3f}  ppl {metrics['ppl']:.2f}  "
         f"lr {metrics['lr']:.2e}  grad {metrics['grad_norm']:.2f}  "
         f"{metrics['tokens_per_sec']:,.0f} tgt tok/s"
     )
-
-
-def remaining_seconds(t: TrainConfig, step: int, elapsed: float, epochs: float) -> float | None:
-    """Seconds left until the first of max_steps, max_minutes and max_epochs ends the run, at
-    the pace so far (`epochs` may be fractional); None without such a budget."""
-    left = []
-    if t.max_minutes:
-        left.append(t.max_minutes * 60 - elapsed)
-    if t.max_steps > 0 and step:
-        left.append((t.max_steps - step) * elapsed / step)
-    if t.max_epochs and epochs:
-        left.append((t.max_epochs - epochs) * elapsed / epochs)
-    return max(min(left), 0.0) if left else None
 
 
 def clock(seconds: float | None) -> str:
@@ -326,11 +364,11 @@ def log_start(
 
 
 def window_line(
-    step: int, window: TrainWindow, lr: float, t: TrainConfig, elapsed: float, source: ShardSource
+    step: int, window: TrainWindow, lr: float, t: TrainConfig, run: RunClock, source: ShardSource
 ) -> tuple[str, dict[str, float]]:
     """The training line of the updates in `window`, and its figures."""
     metrics = window.metrics(lr, source.epoch)
-    return train_line(step, metrics, t, elapsed, source.epochs_run), metrics
+    return train_line(step, metrics, t, run, source.epochs_run), metrics
 
 
 def valid_share(shown: int, total: int) -> str:
