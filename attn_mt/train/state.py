@@ -26,7 +26,6 @@ from attn_mt.checkpoint import (
     config_differences,
     load_checkpoint,
     make_checkpoint,
-    resolve_checkpoint,
     save_checkpoint,
     translation_weights,
 )
@@ -34,6 +33,7 @@ from attn_mt.config import Config
 from attn_mt.data.batching import ShardSource
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import UserError
+from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.transformer import Transformer
 from attn_mt.train.ema import WeightEMA
 
