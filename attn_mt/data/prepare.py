@@ -30,6 +30,7 @@ from attn_mt.data.corpora import cache_dir, train_corpora
 from attn_mt.data.shards import (
     FORMAT,
     MANIFEST,
+    REBUILD,
     Plan,
     Shards,
     _hashes,
@@ -97,7 +98,18 @@ def prepare_shards(
     workers: encoding processes (0 = every core). repair: rebuild a damaged folder instead
     of refusing it (what `attn-mt prepare` does).
     """
+    if workers > (cores := _cores()):  # more could not all start, and none would be faster
+        raise UserError(
+            f"--workers {workers}: this process may run on {cores} core(s); give at most "
+            f"{cores} (0 = every core)"
+        )
     target = plan(cfg)
+    if target.folder.exists() and not target.folder.is_dir():  # where the folder belongs
+        if not repair:
+            rebuild = REBUILD.format(folder=target.folder)
+            raise DataError(f"{target.folder}: a file, not a prepared folder; {rebuild}")
+        log.warning("%s: a file, not a prepared folder; replacing it", target.folder)
+        target.folder.unlink()
     if (target.folder / MANIFEST).is_file():
         try:
             shards = open_shards(target.folder)

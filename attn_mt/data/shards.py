@@ -129,11 +129,13 @@ def open_shards(folder: Path) -> Shards:
     manifest_path = folder / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        files, dtype = manifest["files"], np.dtype(manifest["dtype"])
-        if manifest["format"] != FORMAT:
-            raise _damaged(manifest_path, f"format {manifest['format']}, expected {FORMAT}")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+    except (OSError, UnicodeDecodeError, ValueError) as err:
         raise _damaged(manifest_path, f"unreadable manifest ({type(err).__name__})") from None
+    if problem := _manifest_problem(manifest):
+        raise _damaged(manifest_path, f"unreadable manifest ({problem})")
+    if manifest["format"] != FORMAT:
+        raise _damaged(manifest_path, f"format {manifest['format']}, expected {FORMAT}")
+    files, dtype = manifest["files"], np.dtype(manifest["dtype"])
     for name, expected in files.items():
         path = folder / name
         if not path.is_file():
@@ -143,7 +145,12 @@ def open_shards(folder: Path) -> Shards:
             raise _damaged(path, f"truncated: {size} bytes, expected {expected['bytes']}")
         if sha256_file(path) != expected["sha256"]:
             raise _damaged(path, "corrupt: its sha256 differs from the manifest's")
+    for name, count in zip(("src.bin", "tgt.bin"), manifest["tokens"], strict=True):
+        if files[name]["bytes"] != count * dtype.itemsize:  # e.g. the dtype was edited
+            raise _damaged(manifest_path, f"{name} does not hold {count} {dtype} tokens")
     offsets = np.load(folder / "index.npy", mmap_mode="r")
+    if offsets.shape != (manifest["pairs"] + 1, 2) or list(offsets[-1]) != manifest["tokens"]:
+        raise _damaged(manifest_path, "index.npy does not match its pairs and tokens")
     src_tokens, tgt_tokens = (
         np.memmap(folder / name, dtype=dtype, mode="r") if count else np.zeros(0, dtype)
         for name, count in zip(("src.bin", "tgt.bin"), manifest["tokens"], strict=True)
@@ -156,6 +163,51 @@ def open_shards(folder: Path) -> Shards:
         lengths=np.diff(offsets, axis=0),
         corpus=np.load(folder / "corpus.npy"),
     )
+
+
+# A manifest's fields and their types; a corpus entry's counts (FilterStats and `pairs`).
+MANIFEST_FIELDS = {
+    "format": str,
+    "corpora": list,
+    "identity": dict,
+    "dtype": str,
+    "pairs": int,
+    "tokens": list,
+    "tokenizer_sha256": list,
+    "files": dict,
+}
+CORPUS_COUNTS = ("pairs", "kept", "empty", "too_long", "bad_ratio")
+
+
+def _manifest_problem(manifest: Any) -> str | None:
+    """What makes `manifest` unusable (a field missing or of the wrong type), or None."""
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(manifest, dict):
+        return "not a JSON object"
+    for name, kind in MANIFEST_FIELDS.items():
+        if not isinstance(manifest.get(name), kind) or isinstance(manifest.get(name), bool):
+            return f"{name}: missing or not a {kind.__name__}"
+    if manifest["dtype"] not in ("uint16", "int32"):
+        return f"dtype: {manifest['dtype']!r}, expected uint16 or int32"
+    if len(manifest["tokens"]) != 2 or not all(
+        map(count, [manifest["pairs"], *manifest["tokens"]])
+    ):
+        return "pairs or tokens: not counts"
+    files = manifest["files"]
+    if sorted(files) != sorted(SHARD_FILES) or not all(
+        isinstance(f, dict) and count(f.get("bytes")) and isinstance(f.get("sha256"), str)
+        for f in files.values()
+    ):
+        return f"files: not the {len(SHARD_FILES)} shard files with their bytes and sha256"
+    if not all(
+        isinstance(c, dict) and all(count(c.get(k)) for k in CORPUS_COUNTS)
+        for c in manifest["corpora"]
+    ):
+        return "corpora: an entry without its counts"
+    return None
 
 
 def corpus_lines(entries: Sequence[dict[str, Any]], weights: Sequence[float]) -> list[str]:
