@@ -279,11 +279,15 @@ class DecodeConfig:
     length_penalty: float = key(
         1.0, "GNMT alpha: score / ((5 + len) / 6) ** alpha (0 = raw sum)", ge=0
     )
-    max_len_a: float = key(1.5, "output length limit: a * source_length + b", ge=0)
-    max_len_b: int = key(10, "output length limit: a * source_length + b", ge=1)
+    # Output limits are bounded: a search allocates per output step, an absurd limit fails late.
+    max_len_a: float = key(1.5, "output length limit: a * source_length + b", ge=0, le=100)
+    max_len_b: int = key(10, "output length limit: a * source_length + b", ge=1, le=100_000)
     batch_tokens: int = key(6000, "source tokens (x beam) per translation batch", ge=1)
     max_input_len: int = key(
-        256, "longer input lines are truncated to this many tokens, with a warning", ge=1
+        256,
+        "longer input lines are truncated to this many tokens, with a warning",
+        ge=1,
+        le=100_000,
     )
 
     def validate(self) -> None:
@@ -306,6 +310,13 @@ class Config:
             section = getattr(self, f.name)
             check_keys(section, f"{f.name}.")
             section.validate()
+        for name, beam in (
+            ("train.eval_beam", self.train.eval_beam),
+            ("decode.beam", self.decode.beam),
+        ):
+            if beam > self.tokenizer.vocab_size:  # a search keeps at most one entry per piece
+                vocab = self.tokenizer.vocab_size
+                raise ConfigError(f"{name}: {beam} is wider than tokenizer.vocab_size ({vocab})")
         if (count := self.estimated_parameters()) > MAX_PARAMETERS:
             raise ConfigError(
                 f"model: about {count:,} parameters with tokenizer.vocab_size "

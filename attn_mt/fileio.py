@@ -75,6 +75,11 @@ def os_reason(err: OSError) -> str:
     return err.strerror or str(err) or type(err).__name__
 
 
+def writable(path: str | Path) -> bool:
+    """Whether this process may write the existing file or folder `path`."""
+    return os.access(path, os.W_OK, effective_ids=_EFFECTIVE)
+
+
 def writable_dir(path: str | Path) -> bool:
     """Whether this process may create files in the folder `path`."""
     return os.access(path, os.W_OK | os.X_OK, effective_ids=_EFFECTIVE)
@@ -86,7 +91,7 @@ def check_output_file(path: str | Path, option: str = "--out") -> None:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{option} {path}: is a folder; give a file name")
-    if path.exists() and not os.access(path, os.W_OK, effective_ids=_EFFECTIVE):
+    if path.exists() and not writable(path):
         raise UserError(f"{option} {path}: permission denied; the file is not writable")
     _check_parent(path, option)
 

@@ -29,6 +29,7 @@ KINDS = ("cross", "encoder", "decoder")
 AXES = {"cross": ("output", "source"), "encoder": ("source",) * 2, "decoder": ("output", "target")}
 AXIS_LABELS = {"source": "source", "output": "output", "target": "target (decoder input)"}
 DEFAULT_PE_WIDTH = 256
+MAX_PE_VALUES = 10_000_000  # a table larger than this would not fit the picture, nor memory
 
 
 @dataclass
@@ -152,6 +153,11 @@ def positional_encoding_figure(positions: int = 100, d_model: int = DEFAULT_PE_W
     _check_positions(positions)
     if d_model < 2 or d_model % 2:
         raise UserError(f"--d-model {d_model}: must be an even number of at least 2")
+    if positions * d_model > MAX_PE_VALUES:
+        raise UserError(
+            f"--positions {positions} --d-model {d_model}: {positions * d_model:,} values are "
+            f"too many to draw; at most {MAX_PE_VALUES:,}"
+        )
     table = POSITIONS["sinusoidal"](d_model, positions).encodings(positions)  # (P, D)
     return _position_figure(table, "sinusoidal")
 
