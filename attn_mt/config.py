@@ -22,7 +22,8 @@ from typing import Any, Literal, Union
 from attn_mt.errors import ConfigError
 
 NAMED_CORPORA = ("multi30k",)
-_TAG = re.compile(r"<[A-Za-z0-9_-]+>")
+# A tag is a piece of its own: never one SentencePiece has already (special, byte <0xNN>).
+_TAG = re.compile(r"(?!<(s|unk|pad)>|<0x[0-9A-Fa-f]{2}>)<[A-Za-z0-9_-]+>")
 # Above this many parameters the model cannot be held for training on any machine we support.
 MAX_PARAMETERS = 2**32
 _SHORT_REPR = reprlib.Repr()
@@ -82,7 +83,11 @@ class TrainCorpus:
     tag: str | None = key(
         None,
         "a token like <bt> put before each source sentence of this corpus",
-        rule=(_TAG.fullmatch, "must look like <name> (letters, digits, _ or -)"),
+        rule=(
+            _TAG.fullmatch,
+            "must look like <name> (letters, digits, _ or -), not a piece SentencePiece has "
+            "(<s>, <unk>, <pad>, <0xNN>)",
+        ),
     )
 
     def validate(self, where: str) -> None:

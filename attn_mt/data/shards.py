@@ -312,6 +312,7 @@ def write_shards(
                 "tokenizer was trained without it); start a new run to add tags"
             )
     dtype = "uint16" if max(src_tok.vocab_size, tgt_tok.vocab_size) <= 65535 else "int32"
+    corpus_dtype = np.int16 if len(target.corpora) <= 2**15 else np.int32  # tens of thousands
     target.folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.folder.with_name(f".{target.folder.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -330,7 +331,7 @@ def write_shards(
                 src_out.write(src.tobytes())
                 tgt_out.write(tgt.tobytes())
                 lengths.append(rows)
-                corpus_of.append(np.full(len(rows), corpus, dtype=np.int16))
+                corpus_of.append(np.full(len(rows), corpus, dtype=corpus_dtype))
                 stats[corpus].add(chunk_stats)
         _check_kept(cfg, stats)
         all_lengths = np.concatenate(lengths)

@@ -147,6 +147,12 @@ def flip_tensor_bytes(path: Path) -> Path:
     return path
 
 
+def tagged(ws: Workspace, tag: str) -> dict[str, str]:
+    """The tiny run's training files as one corpus of a list, with `tag`."""
+    corpus = ws.world.corpus
+    return {"src": str(corpus["train.src"]), "tgt": str(corpus["train.tgt"]), "tag": tag}
+
+
 # -- config -----------------------------------------------------------------------------------
 
 CONFIG_CASES = [
@@ -161,6 +167,16 @@ CONFIG_CASES = [
         ["run.yaml is a config file; give it as `attn-mt train --config"],
     ),
     Case("prepare-no-config", lambda ws: ["prepare"], ["prepare: give --config FILE"]),
+    Case(  # SentencePiece has these pieces already: a tag must be a piece of its own
+        "config-tag-is-a-special-piece",
+        lambda ws: train_args(ws.config(data={"train": [tagged(ws, "<s>")]})),
+        ["data.train[0].tag", "not a piece SentencePiece has"],
+    ),
+    Case(
+        "config-tag-is-a-byte-piece",
+        lambda ws: train_args(ws.config(data={"train": [tagged(ws, "<0x0A>")]})),
+        ["data.train[0].tag", "not a piece SentencePiece has"],
+    ),
     Case(
         "prepare-workers-beyond-the-machine",
         lambda ws: ["prepare", "--config", ws.config(), "--workers", str(2**40)],
@@ -506,7 +522,28 @@ def read_only_run(ws: Workspace, name: str) -> list[Any]:
     return train_args(ws.config(), "--resume")
 
 
+def torchrun_env(ws: Workspace, **variables: str) -> list[Any]:
+    """The tiny run with torchrun's variables as a user might set them by hand."""
+    ws.env.update(variables)
+    return train_args(ws.config())
+
+
 RUN_CASES = [
+    Case(
+        "run-torchrun-rank-not-a-number",
+        lambda ws: torchrun_env(ws, WORLD_SIZE="2", RANK="abc", MASTER_ADDR="x", MASTER_PORT="1"),
+        ["RANK='abc': not a number; torchrun sets it"],
+    ),
+    Case(
+        "run-torchrun-world-size-without-rank",
+        lambda ws: torchrun_env(ws, WORLD_SIZE="2"),
+        ["WORLD_SIZE is set but RANK is not; start the run with torchrun"],
+    ),
+    Case(
+        "run-torchrun-without-master-addr",
+        lambda ws: torchrun_env(ws, WORLD_SIZE="2", RANK="1"),
+        ["WORLD_SIZE=2 but MASTER_ADDR is not set"],
+    ),
     Case(
         "run-resume-read-only-train-log",
         lambda ws: read_only_run(ws, "train.log"),
