@@ -27,6 +27,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,6 +247,13 @@ def _hashes(tokenizers: tuple[Tokenizer, Tokenizer]) -> list[str]:
 _WORKER: dict[str, Any] = {}  # each worker's tokenizers and settings, set once
 
 
+def _init_pool_worker(*init_args: Any) -> None:
+    # Ctrl-C is the parent's to handle (it ends the pool); a worker that took it too would
+    # print a traceback and could leave the pool waiting on it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _init_worker(*init_args)
+
+
 def _init_worker(src_model: bytes, tgt_model: bytes, max_len: int, ratio: float, dtype: str):
     _WORKER.update(src=Tokenizer(src_model), tgt=Tokenizer(tgt_model))
     _WORKER.update(max_len=max_len, ratio=ratio, dtype=dtype)
@@ -290,7 +298,7 @@ def _encoded(tasks: Iterator[Any], workers: int, init_args: tuple[Any, ...]) -> 
         yield from map(encode_chunk, tasks)
         return
     # fork: the workers need no imports of their own (spawn would import torch in each)
-    with multiprocessing.get_context("fork").Pool(workers, _init_worker, init_args) as pool:
+    with multiprocessing.get_context("fork").Pool(workers, _init_pool_worker, init_args) as pool:
         pending: collections.deque = collections.deque()
         for task in tasks:
             pending.append(pool.apply_async(encode_chunk, (task,)))

@@ -4,9 +4,12 @@ corpora mixed by weight and tagged, and numpy batches equal to the list-based on
 from __future__ import annotations
 
 import json
+import logging
 import random
+import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -246,6 +249,28 @@ def test_damaged_shard_is_refused_in_one_line(toy_data, tmp_path, name, how, rea
     assert "\n" not in message
     rebuilt = prepare_shards(cfg, workers=1, repair=True)  # what `attn-mt prepare` does
     assert rebuilt.folder == folder and len(rebuilt) == 3000
+
+
+def test_concurrent_prepares_share_one_build(toy_data, tmp_path, caplog):
+    """Two prepares of one corpus at once: one encodes, both get the folder; a temp folder a
+    killed prepare left is removed."""
+    cfg = shard_config(toy_data, tmp_path)
+    folder = prepare_module.plan(cfg).folder
+    stale = folder.with_name(f".{folder.name}.99999999.tmp")
+    stale.mkdir(parents=True)
+    results: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(prepare_shards(cfg, workers=1)))
+        for _ in range(2)
+    ]
+    with caplog.at_level(logging.INFO, logger="attn_mt"):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert [(r.folder, len(r)) for r in results] == [(folder, 3000)] * 2
+    assert sum("encoding into" in r.getMessage() for r in caplog.records) == 1
+    assert not stale.exists()
 
 
 def test_a_file_where_the_prepared_folder_belongs(toy_data, tmp_path):
