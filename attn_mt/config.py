@@ -227,7 +227,11 @@ class TrainConfig:
         ge=-1,
         why="-1 = run until stopped",
     )
-    max_minutes: float = key(0.0, "stop after this much wall time (0 = no limit)", ge=0)
+    max_minutes: float = key(
+        0.0,
+        "wall minutes for the whole run, start-up and final validation included (0 = none)",
+        ge=0,
+    )
     max_epochs: int = key(0, "stop after this many passes over the data (0 = no limit)", ge=0)
     seed: int = key(1, "seeds parameter init, data order and dropout", ge=0)
     init_from: str | None = key(
