@@ -32,12 +32,12 @@ def lock_run_folder(out_dir: str | Path) -> Iterator[None]:
     created = _make_folders(out)
     try:
         handle = _acquire(out)
-        _check_writable(out)
     except BaseException:
         _remove_folders(created)
         raise
     existed = {name for name in RUN_ENTRIES if (out / name).exists()}
     try:
+        _check_writable(out)
         yield
     except BaseException:
         if not (out / "checkpoints" / "last.pt").exists():  # nothing to resume: leave no trace

@@ -455,6 +455,7 @@ def test_prepare_and_data_info_commands(two_corpora):
     runner = CliRunner()
     before = runner.invoke(app, ["data", "info", "--config", str(two_corpora)])
     assert "not prepared yet" in before.stdout and "92.3% of an epoch" in before.stdout
+    assert "multi30k" not in before.stdout  # a named corpus this config does not use
     done = runner.invoke(app, ["prepare", "--config", str(two_corpora), "--workers", "1"])
     assert done.exit_code == 0, done.output
     assert "corpus 2: " in done.stdout and "weight 0.5, tag <bt>, 7.7% of an epoch" in done.stdout
