@@ -306,3 +306,46 @@ def test_resume_by_folder_continues_that_folder(trained_run: Path, tmp_path: Pat
     assert result.exit_code == 0, result.output
     assert torch.load(copy / "checkpoints" / "last.pt", weights_only=True)["step"] == 402
     assert (trained_run / "checkpoints" / "last.pt").read_bytes() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Streams are streams: what translate reads and writes besides regular files
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+def test_a_fifo_is_read_once_as_it_comes(tmp_path: Path, compressed: bool):
+    """A FIFO (as `<(zcat ...)` or /dev/stdin give) has no line count and cannot be read twice:
+    it is streamed, gzip data decompressed."""
+    import gzip
+    import threading
+
+    from attn_mt.cli.io import input_file, line_chunks
+
+    fifo = tmp_path / "in"
+    os.mkfifo(fifo)
+    data = b"qb qc\n\nqd\n"
+    payload = gzip.compress(data) if compressed else data
+
+    def write() -> None:
+        with open(fifo, "wb") as handle:
+            handle.write(payload)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    with input_file(fifo) as (stream, total):
+        lines = [line for chunk in line_chunks(stream, str(fifo)) for line in chunk]
+    writer.join()
+    assert total is None and lines == ["qb qc", "", "qd"]
+
+
+def test_closed_standard_streams_are_one_line(monkeypatch: pytest.MonkeyPatch):
+    from attn_mt.cli import io
+    from attn_mt.errors import UserError
+
+    monkeypatch.setattr(sys, "stdout", None)
+    monkeypatch.setattr(sys, "stdin", None)
+    with pytest.raises(UserError, match=r"stdout: cannot write \(it is closed\); give --output"):
+        io.check_output(None)
+    with pytest.raises(UserError, match=r"stdin: cannot read text \(it is closed\)"):
+        io.check_input(None)
+    io.check_output(Path("/dev/null"))  # a device: written in place, nothing to refuse
