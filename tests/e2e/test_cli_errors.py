@@ -111,7 +111,8 @@ def test_a_partly_written_metrics_line_is_dropped_on_resume(world: World, tmp_pa
     result = run_cli(train_args(config, "--resume"), Stdin(), env)  # finished: no new step
     assert result.returncode == 0, result.stderr.decode()
     assert (out / "metrics.jsonl").read_text() == whole  # the whole lines, as they were
-    assert [json.loads(line)["step"] for line in whole.splitlines()] == [3]
+    lines = [json.loads(line) for line in whole.splitlines()]
+    assert [(m["step"], m["split"]) for m in lines] == [(3, "train"), (3, "valid")]
 
 
 def test_run_folder_and_cache_files_follow_the_umask(world: World, tmp_path: Path) -> None:
