@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import types
 import typing
@@ -211,7 +212,7 @@ def _expand_home(raw: dict[str, Any]) -> None:
     train = raw.get("train")
     for key in ("out_dir", "init_from"):
         if isinstance(train, dict) and isinstance(train.get(key), str):
-            train[key] = str(Path(train[key]).expanduser())
+            train[key] = os.path.expanduser(train[key])  # "" stays "" (and is refused)
 
 
 def _list_item(hint: Any) -> Any:
