@@ -159,7 +159,10 @@ def _build_lock(folder: Path) -> Iterator[bool]:
         folder.parent.mkdir(parents=True, exist_ok=True)
         handle = open(lock, "a")  # noqa: SIM115 (closed below)
     except OSError as err:
-        raise DataError(f"{folder.parent}: cannot prepare data here ({os_reason(err)})") from None
+        raise DataError(
+            f"{folder.parent}: cannot use the prepared-data cache ({os_reason(err)}); make it "
+            "writable or set data.prepared_dir or ATTN_MT_CACHE to another folder"
+        ) from None
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

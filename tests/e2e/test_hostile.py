@@ -485,7 +485,7 @@ DATA_CASES = [
             ws.env.update(ATTN_MT_CACHE=str(ws.folder("cache", mode=0o555))),
             train_args(ws.config()),
         )[1],
-        ["cache/spm: cannot use the SentencePiece cache (Permission denied)", "ATTN_MT_CACHE"],
+        ["cache/prepared: cannot use the prepared-data cache (Permission denied)", "ATTN_MT_CACHE"],
         user=True,
     ),
     Case(
@@ -494,7 +494,7 @@ DATA_CASES = [
             ws.env.update(ATTN_MT_CACHE=str(ws.file("cachefile", "x"))),
             train_args(ws.config()),
         )[1],
-        ["cachefile/spm: cannot use the SentencePiece cache (Not a directory)"],
+        ["cachefile/prepared: cannot use the prepared-data cache (Not a directory)"],
     ),
 ]
 
