@@ -51,9 +51,9 @@ def lock_run_folder(out_dir: str | Path) -> Iterator[None]:
 
 
 def _check_writable(out: Path) -> None:
-    """What the run will write that exists already must be writable (a read-only copy of a run
-    would fail at its first log line or checkpoint, after the start-up)."""
-    for name in RUN_ENTRIES:
+    """The logs a resumed run appends to must be writable (a read-only copy of a run would fail
+    at its first log line, after the start-up); checkpoints are checked where they are read."""
+    for name in ("metrics.jsonl", "train.log", "tb"):
         path = out / name
         if path.exists() and not writable(path):
             raise UserError(f"{path}: permission denied; the run writes it (make it writable)")
