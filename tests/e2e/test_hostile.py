@@ -512,13 +512,17 @@ def drop_key(key: str) -> Callable[[dict], Any]:
     return lambda state: state["train_state"].pop(key)
 
 
-def read_only_run(ws: Workspace, name: str) -> list[Any]:
-    """The finished tiny run, copied (NOBODY may write it), its `name` made read-only, to
-    resume."""
+def shared_run(ws: Workspace) -> Path:
+    """The finished tiny run, copied, every file and folder writable by NOBODY."""
     run = ws.run_copy()
     for path in [run, *run.rglob("*")]:
         path.chmod(0o777 if path.is_dir() else 0o666)
-    (run / name).chmod(0o444)
+    return run
+
+
+def read_only_run(ws: Workspace, name: str) -> list[Any]:
+    """The shared run with `name` made read-only, to resume."""
+    (shared_run(ws) / name).chmod(0o444)
     return train_args(ws.config(), "--resume")
 
 
@@ -693,10 +697,9 @@ RUN_CASES = [
     Case(
         "run-resume-last-unreadable",
         lambda ws: (
-            ws.run_copy().chmod(0o777),
-            (ws.dir / "run" / "checkpoints" / "last.pt").chmod(0o600),
+            (shared_run(ws) / "checkpoints" / "last.pt").chmod(0o600),
             train_args(ws.config(), "--resume"),
-        )[2],
+        )[1],
         ["last.pt: cannot read the checkpoint (Permission denied)"],
         user=True,
     ),
