@@ -32,7 +32,7 @@ from attn_mt.config import Config
 from attn_mt.configfile import config_from_dict
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import CheckpointError, ConfigError
-from attn_mt.fileio import atomic_write, os_reason
+from attn_mt.fileio import atomic_write, os_reason, resolve_checkpoint
 from attn_mt.model.transformer import Transformer, build_model
 
 FORMAT = "attn-mt/1"
@@ -57,25 +57,6 @@ def make_checkpoint(
         "tokenizers": {"src": tokenizers[0].model_bytes, "tgt": tokenizers[1].model_bytes},
         "metrics": metrics,
     }
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A run folder means its `checkpoints/best.pt`; a file is used as it is."""
-    path = Path(path)
-    if path.is_dir():
-        best = path / "checkpoints" / "best.pt"
-        if not best.is_file():
-            last = path / "checkpoints" / "last.pt"
-            hint = (
-                "it stopped before its first validation; resume it with `attn-mt train --resume`"
-                if last.is_file()
-                else "is it a run folder (train.out_dir)?"
-            )
-            raise CheckpointError(f"{path}: no checkpoints/best.pt in this folder; {hint}")
-        return best
-    if not path.is_file():
-        raise CheckpointError(f"{path}: checkpoint not found")
-    return path
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:

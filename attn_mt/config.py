@@ -22,7 +22,8 @@ from typing import Any, Literal, Union
 from attn_mt.errors import ConfigError
 
 NAMED_CORPORA = ("multi30k",)
-_TAG = re.compile(r"<[A-Za-z0-9_-]+>")
+# A tag is a piece of its own: never one SentencePiece has already (special, byte <0xNN>).
+_TAG = re.compile(r"(?!<(s|unk|pad)>|<0x[0-9A-Fa-f]{2}>)<[A-Za-z0-9_-]+>")
 # Above this many parameters the model cannot be held for training on any machine we support.
 MAX_PARAMETERS = 2**32
 _SHORT_REPR = reprlib.Repr()
@@ -82,7 +83,11 @@ class TrainCorpus:
     tag: str | None = key(
         None,
         "a token like <bt> put before each source sentence of this corpus",
-        rule=(_TAG.fullmatch, "must look like <name> (letters, digits, _ or -)"),
+        rule=(
+            _TAG.fullmatch,
+            "must look like <name> (letters, digits, _ or -), not a piece SentencePiece has "
+            "(<s>, <unk>, <pad>, <0xNN>)",
+        ),
     )
 
     def validate(self, where: str) -> None:
@@ -222,7 +227,11 @@ class TrainConfig:
         ge=-1,
         why="-1 = run until stopped",
     )
-    max_minutes: float = key(0.0, "stop after this much wall time (0 = no limit)", ge=0)
+    max_minutes: float = key(
+        0.0,
+        "wall minutes for the whole run, start-up and final validation included (0 = none)",
+        ge=0,
+    )
     max_epochs: int = key(0, "stop after this many passes over the data (0 = no limit)", ge=0)
     seed: int = key(1, "seeds parameter init, data order and dropout", ge=0)
     init_from: str | None = key(
@@ -293,11 +302,15 @@ class DecodeConfig:
     length_penalty: float = key(
         1.0, "GNMT alpha: score / ((5 + len) / 6) ** alpha (0 = raw sum)", ge=0
     )
-    max_len_a: float = key(1.5, "output length limit: a * source_length + b", ge=0)
-    max_len_b: int = key(10, "output length limit: a * source_length + b", ge=1)
+    # Output limits are bounded: a search allocates per output step, an absurd limit fails late.
+    max_len_a: float = key(1.5, "output length limit: a * source_length + b", ge=0, le=100)
+    max_len_b: int = key(10, "output length limit: a * source_length + b", ge=1, le=100_000)
     batch_tokens: int = key(6000, "source tokens (x beam) per translation batch", ge=1)
     max_input_len: int = key(
-        256, "longer input lines are truncated to this many tokens, with a warning", ge=1
+        256,
+        "longer input lines are truncated to this many tokens, with a warning",
+        ge=1,
+        le=100_000,
     )
     alignment_layer: int = key(
         -2,
@@ -325,6 +338,13 @@ class Config:
             section = getattr(self, f.name)
             check_keys(section, f"{f.name}.")
             section.validate()
+        for name, beam in (
+            ("train.eval_beam", self.train.eval_beam),
+            ("decode.beam", self.decode.beam),
+        ):
+            if beam > self.tokenizer.vocab_size:  # a search keeps at most one entry per piece
+                vocab = self.tokenizer.vocab_size
+                raise ConfigError(f"{name}: {beam} is wider than tokenizer.vocab_size ({vocab})")
         if (count := self.estimated_parameters()) > MAX_PARAMETERS:
             raise ConfigError(
                 f"model: about {count:,} parameters with tokenizer.vocab_size "

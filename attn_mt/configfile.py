@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import types
 import typing
@@ -119,6 +120,7 @@ def load_config(
     for item in overrides:
         apply_override(raw, item)
     _resolve_data_paths(raw, Path.cwd())  # paths given with --set are relative to the shell
+    _expand_home(raw)
     config = config_from_dict(raw)
     if training:
         _check_budget(config.train)
@@ -203,6 +205,14 @@ def _resolve_data_paths(raw: dict[str, Any], base: Path) -> None:
                 entry[key] = str((base / value).resolve())
             elif isinstance(value, str):
                 entry[key] = str(Path(value).expanduser())
+
+
+def _expand_home(raw: dict[str, Any]) -> None:
+    """`~` in train.out_dir and train.init_from means the home folder, as a shell user expects."""
+    train = raw.get("train")
+    for key in ("out_dir", "init_from"):
+        if isinstance(train, dict) and isinstance(train.get(key), str):
+            train[key] = os.path.expanduser(train[key])  # "" stays "" (and is refused)
 
 
 def _list_item(hint: Any) -> Any:

@@ -47,10 +47,9 @@ def setup(device: torch.device) -> tuple[World, torch.device]:
 
     NCCL with one GPU per local rank on CUDA, gloo on CPU.
     """
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size == 1:
-        return World(), device
-    world = World(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), size)
+    world = world_from_env()
+    if not world.distributed:
+        return world, device
     if device.type == "cuda":
         if world.local_rank >= torch.cuda.device_count():
             raise UserError(
@@ -66,6 +65,33 @@ def setup(device: torch.device) -> tuple[World, torch.device]:
             timeout=TIMEOUT,
         )
     return world, device
+
+
+def world_from_env() -> World:
+    """This process's place as torchrun's variables give it; malformed or incomplete ones (set
+    by hand, not by torchrun) are one line."""
+
+    def number(name: str, default: int | None = None) -> int:
+        value = os.environ.get(name)
+        if value is None and default is not None:
+            return default
+        if value is None:
+            raise UserError(f"WORLD_SIZE is set but {name} is not; start the run with torchrun")
+        try:
+            return int(value)
+        except ValueError:
+            raise UserError(f"{name}={value!r}: not a number; torchrun sets it") from None
+
+    size = number("WORLD_SIZE", 1)
+    if size == 1:
+        return World()
+    world = World(number("RANK"), number("LOCAL_RANK", 0), size)
+    if not 0 <= world.rank < size or size < 1 or world.local_rank < 0:
+        raise UserError(f"RANK={world.rank} WORLD_SIZE={size}: need 0 <= RANK < WORLD_SIZE")
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if name not in os.environ:
+            raise UserError(f"WORLD_SIZE={size} but {name} is not set; start the run with torchrun")
+    return world
 
 
 def teardown(world: World) -> None:

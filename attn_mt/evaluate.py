@@ -120,6 +120,8 @@ def evaluate_split(
     out = Path(out)
     check_output_file(out)
     sources, references = read_parallel(src, ref)
+    if not sources:
+        raise UserError(f"{src}: no lines; there is nothing to evaluate")
     with (progress or (lambda _: nullcontext(None)))(len(sources)) as on_batch:
         hypotheses = translator.translate(sources, on_batch=on_batch)
     scores = score(hypotheses, references)

@@ -1,4 +1,5 @@
-"""Files written whole or not at all, with the user's umask, and output paths checked up front.
+"""Files written whole or not at all, with the user's umask; output paths and checkpoint paths
+checked up front (no torch here: a mistake is reported before the seconds its import takes).
 
 `atomic_write` is the one way attn-mt writes a file others may read (checkpoints, cached
 SentencePiece models, downloads, hypotheses): a temp file beside the target, fsync, rename, so a
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from attn_mt.errors import UserError
+from attn_mt.errors import CheckpointError, UserError
 
 # Check access as the effective user (what opening the file will be checked against).
 _EFFECTIVE = os.access in os.supports_effective_ids
@@ -74,6 +75,11 @@ def os_reason(err: OSError) -> str:
     return err.strerror or str(err) or type(err).__name__
 
 
+def writable(path: str | Path) -> bool:
+    """Whether this process may write the existing file or folder `path`."""
+    return os.access(path, os.W_OK, effective_ids=_EFFECTIVE)
+
+
 def writable_dir(path: str | Path) -> bool:
     """Whether this process may create files in the folder `path`."""
     return os.access(path, os.W_OK | os.X_OK, effective_ids=_EFFECTIVE)
@@ -85,7 +91,7 @@ def check_output_file(path: str | Path, option: str = "--out") -> None:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{option} {path}: is a folder; give a file name")
-    if path.exists() and not os.access(path, os.W_OK, effective_ids=_EFFECTIVE):
+    if path.exists() and not writable(path):
         raise UserError(f"{option} {path}: permission denied; the file is not writable")
     _check_parent(path, option)
 
@@ -107,3 +113,23 @@ def _check_parent(path: Path, option: str) -> None:
         raise UserError(f"{option} {path}: {parent} is a file, not a folder")
     if not writable_dir(parent):
         raise UserError(f"{option} {path}: permission denied; cannot write in {parent}")
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The checkpoint a `--model` path means, checked before any import of torch: a run folder
+    (or its checkpoints/ folder) means its best.pt; a file is used as it is."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        folder = path if path.name == "checkpoints" else path / "checkpoints"
+        best = folder / "best.pt"
+        if not best.is_file():
+            hint = (
+                "it stopped before its first validation; resume it with `attn-mt train --resume`"
+                if (folder / "last.pt").is_file()
+                else "is it a run folder (train.out_dir)?"
+            )
+            raise CheckpointError(f"{path}: no {best.relative_to(path)} in this folder; {hint}")
+        return best
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    return path

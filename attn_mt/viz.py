@@ -8,6 +8,7 @@ Shape legend: L layers, H heads, R rows (queries), C columns (keys), P positions
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,21 +21,25 @@ from attn_mt.decode.translator import Translator, load
 from attn_mt.errors import UserError
 from attn_mt.model.attention import record_attention
 from attn_mt.model.transformer import POSITIONS
-from attn_mt.model.vocab import BOS_ID
+from attn_mt.model.vocab import BOS_ID, EOS_ID
 
 KINDS = ("cross", "encoder", "decoder")
-AXES = {"cross": ("target", "source"), "encoder": ("source",) * 2, "decoder": ("target",) * 2}
-AXIS_LABELS = {"source": "source", "target": "target (decoder input)"}
+# (rows, columns) of each kind. A decoder row is labelled by the piece it outputs (y1 .. yn
+# `</s>`), as other toolkits draw it; decoder columns by the decoder's input (`<s>` y1 .. yn).
+AXES = {"cross": ("output", "source"), "encoder": ("source",) * 2, "decoder": ("output", "target")}
+AXIS_LABELS = {"source": "source", "output": "output", "target": "target (decoder input)"}
 DEFAULT_PE_WIDTH = 256
+MAX_PE_VALUES = 10_000_000  # a table larger than this would not fit the picture, nor memory
 
 
 @dataclass
 class AttentionMaps:
     """Attention weights of every layer and head for one sentence and its translation.
 
-    Rows are queries, columns keys: for `cross` the target pieces (`<s>` y1 .. yn) attending
-    the source pieces (x1 .. xm `</s>`); for `encoder` source x source; for `decoder` target x
-    target (causal, so the upper triangle is zero).
+    Rows are queries, columns keys: for `cross` the decoder positions, labelled by the pieces
+    they output (y1 .. yn `</s>`), attending the source pieces (x1 .. xm `</s>`); for `encoder`
+    source x source; for `decoder` output x decoder input (`<s>` y1 .. yn; causal, so the upper
+    triangle is zero).
     """
 
     kind: str
@@ -66,6 +71,7 @@ def attention_maps(translator: Translator, text: str, kind: str = "cross") -> At
     pieces = {
         "source": translator.src_tokenizer.pieces(src_ids),
         "target": translator.tgt_tokenizer.pieces(tgt_ids),
+        "output": translator.tgt_tokenizer.pieces([*best.tokens, EOS_ID]),
     }
     rows, columns = (pieces[side] for side in AXES[kind])
     return AttentionMaps(kind, text.strip(), best.text, rows, columns, weights.float().cpu())
@@ -108,7 +114,11 @@ def plot_attention(
             if j == 0:
                 ax.set_ylabel(y_name, fontsize=fontsize + 1)
     figure.colorbar(image, ax=axes, label="attention weight", shrink=0.9)
-    figure.suptitle(f"{maps.kind} attention: {maps.source}  →  {maps.translation}", fontsize=10)
+    title = f"{maps.kind} attention: {maps.source}  →  {maps.translation}"
+    # Wrapped to the figure's width (a 10-point character is about 0.08 inch wide), so a
+    # one-panel figure shows the whole sentence.
+    width = max(int(figure.get_figwidth() / 0.08), 20)
+    figure.suptitle(textwrap.fill(title, width), fontsize=10)
     return figure
 
 
@@ -143,6 +153,11 @@ def positional_encoding_figure(positions: int = 100, d_model: int = DEFAULT_PE_W
     _check_positions(positions)
     if d_model < 2 or d_model % 2:
         raise UserError(f"--d-model {d_model}: must be an even number of at least 2")
+    if positions * d_model > MAX_PE_VALUES:
+        raise UserError(
+            f"--positions {positions} --d-model {d_model}: {positions * d_model:,} values are "
+            f"too many to draw; at most {MAX_PE_VALUES:,}"
+        )
     table = POSITIONS["sinusoidal"](d_model, positions).encodings(positions)  # (P, D)
     return _position_figure(table, "sinusoidal")
 

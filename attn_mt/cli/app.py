@@ -72,8 +72,8 @@ def _setup_logging() -> None:
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
-    rank = int(os.environ.get("RANK", "0"))
-    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    main_rank = os.environ.get("RANK", "0") == "0"  # a malformed RANK is distributed.py's error
+    logger.setLevel(logging.INFO if main_rank else logging.WARNING)
     logger.propagate = False
 
     def show(message, category, filename, lineno, file=None, line=None):

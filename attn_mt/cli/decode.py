@@ -2,7 +2,8 @@
 
 `translate`, `evaluate` and `export` pass their search options to the library as `decode=`
 overrides; every check (device, precision, quantization, beam and n-best, ensembles) is the
-library's, so a notebook user meets the same rules and messages.
+library's, so a notebook user meets the same rules and messages. The paths given are checked
+before torch is imported (seconds): a mistyped path is reported at once.
 """
 
 from __future__ import annotations
@@ -123,27 +124,32 @@ def translate(
     quantize: QuantizeOption = None,
 ) -> None:
     """Translate stdin to stdout (or --input to --output), one line per input line, in order."""
-    import attn_mt
+    from attn_mt.cli import io
+    from attn_mt.fileio import os_reason, resolve_checkpoint
+
+    for path in model:
+        resolve_checkpoint(path)
+    io.check_input(input_)
+    io.check_output(output)
+    if not sample and (top_k, top_p, temperature) != (0, 1.0, 1.0):
+        raise UserError("--top-k, --top-p and --temperature shape sampling; add --sample")
+    decode = decode_settings(set_, beam, length_penalty)
+    import attn_mt  # torch: only once the arguments are known to be good
     from attn_mt.cli import progress
-    from attn_mt.cli.io import format_entries, input_file, line_chunks, output_file
 
     translator = attn_mt.load(
-        model,
-        device=device,
-        precision=precision.value,
-        quantize=quantize,
-        decode=decode_settings(set_, beam, length_penalty),
+        model, device=device, precision=precision.value, quantize=quantize, decode=decode
     )
     sampling = attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None
     avoided = _avoid_list(avoid)
     try:
         with (
-            input_file(input_) as (stream, total),
-            output_file(output) as out,
+            io.input_file(input_) as (stream, total),
+            io.output_file(output) as out,
             progress.sentences(total, "translate") as advance,
         ):
             first_line = 1
-            for chunk in line_chunks(stream, str(input_) if input_ else "stdin"):
+            for chunk in io.line_chunks(stream, str(input_) if input_ else "stdin"):
                 sources, prefixes, terms = _fields(chunk, prefix, constraints)
                 found = translator.translate_nbest(
                     sources,
@@ -158,12 +164,17 @@ def translate(
                     alignment=alignment,
                 )
                 for number, entries in enumerate(found, start=first_line):
-                    out.write(format_entries(number - 1, entries, nbest, nbest_format))
+                    out.write(io.format_entries(number - 1, entries, nbest, nbest_format))
                 out.flush()
                 first_line += len(chunk)
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): end quietly, without a flush error at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as err:  # stdout on a full disk or /dev/full (--output's are its own)
+        if output is not None:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise UserError(f"stdout: cannot write ({os_reason(err)})") from None
 
 
 def _fields(
@@ -232,17 +243,20 @@ def evaluate(
     quantize: QuantizeOption = None,
 ) -> None:
     """Translate a split (or --src/--ref files) and print sacreBLEU BLEU and chrF."""
-    import attn_mt
-    from attn_mt.cli import progress
     from attn_mt.evaluate import check_evaluation_files, evaluate_split
+    from attn_mt.fileio import check_output_file, resolve_checkpoint
 
+    for path in model:
+        resolve_checkpoint(path)
     check_evaluation_files(split and split.value, src, ref)  # before loading the models
+    if out is not None:
+        check_output_file(out)
+    decode = decode_settings(set_, beam, length_penalty)
+    import attn_mt  # torch: only once the arguments are known to be good
+    from attn_mt.cli import progress
+
     translator = attn_mt.load(
-        model,
-        device=device,
-        precision=precision.value,
-        quantize=quantize,
-        decode=decode_settings(set_, beam, length_penalty),
+        model, device=device, precision=precision.value, quantize=quantize, decode=decode
     )
     result = evaluate_split(
         translator,
@@ -263,12 +277,18 @@ def evaluate(
 def average(
     out: Annotated[Path, typer.Option("--out", help="The averaged checkpoint to write.")],
     checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints of one run to average.")],
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
 ) -> None:
     """Average the parameters of several checkpoints of one run into one checkpoint."""
-    from attn_mt.checkpoint import average_checkpoints, save_checkpoint
-    from attn_mt.fileio import check_output_file
+    from attn_mt.fileio import check_output_file, resolve_checkpoint
 
+    for path in checkpoints:
+        resolve_checkpoint(path)
     check_output_file(out)
+    if out.exists() and not force:
+        raise UserError(f"--out {out}: file exists; add --force to replace it")
+    from attn_mt.checkpoint import average_checkpoints, save_checkpoint  # torch
+
     save_checkpoint(average_checkpoints(checkpoints), out)
     print(f"averaged {len(checkpoints)} checkpoints into {out}", file=sys.stderr)
 
@@ -301,17 +321,18 @@ def attention(
     device: DeviceOption = "auto",
 ) -> None:
     """Draw attention heatmaps (layers x heads) for one sentence, or the positional encoding."""
-    from attn_mt import viz
-    from attn_mt.fileio import check_output_file
+    from attn_mt.fileio import check_output_file, resolve_checkpoint
 
     check_output_file(out)
+    if model is not None:
+        resolve_checkpoint(model)
+    if not pe and (model is None or text is None):
+        raise UserError("attention: give --model and --text (or --pe for the positional encoding)")
+    from attn_mt import viz  # torch and matplotlib
+
     if pe:
         viz.plot_positional_encoding_file(out, model=model, positions=positions, d_model=d_model)
     else:
-        if model is None or text is None:
-            raise UserError(
-                "attention: give --model and --text (or --pe for the positional encoding)"
-            )
         viz.plot_attention_file(
             model, text, out, kind=kind.value, layer=layer, head=head, device=device
         )
@@ -356,16 +377,20 @@ def export(
     generation_config.json; the export checks the transformers model against attn-mt on a fixed
     sample and prints the agreement, or refuses and writes nothing.
     """
+    from attn_mt.fileio import check_output_dir, resolve_checkpoint
+
+    resolve_checkpoint(model)
+    check_output_dir(out)
+    if format_ is ExportFormat.hf and quantization != "none":
+        raise UserError(f"--quantization {quantization}: applies to --format ct2 only")
     decode = decode_settings(set_, beam, length_penalty)
     if format_ is ExportFormat.hf:
-        from attn_mt.decode.export_hf import export_hf
+        from attn_mt.decode.export_hf import export_hf  # torch
 
-        if quantization != "none":
-            raise UserError(f"--quantization {quantization}: applies to --format ct2 only")
         parity = export_hf(model, out, force=force, decode=decode)
         print(f"parity with attn-mt: {parity}", file=sys.stderr)
     else:
-        from attn_mt.decode.export import export_ctranslate2
+        from attn_mt.decode.export import export_ctranslate2  # torch
 
         export_ctranslate2(model, out, quantization=quantization, force=force, decode=decode)
     print(f"exported to {out}", file=sys.stderr)

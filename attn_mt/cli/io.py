@@ -1,14 +1,22 @@
 """Line input and output of `translate`: stdin or a file in, stdout or an atomic file out,
-lines read in chunks as they arrive, n-best entries formatted."""
+lines read in chunks as they arrive, n-best entries formatted.
+
+Streams are streams, as a Unix tool treats them: `--input` may be a FIFO, /dev/stdin or a
+process substitution (read once, as it comes; gzip data is decompressed), `--output` a device
+such as /dev/null (written in place; only a regular file is replaced atomically).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
+import os
 import queue
 import sys
 import threading
 import warnings
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, TextIO
@@ -40,33 +48,78 @@ def _with_alignment(entry: Translation) -> str:
     return entry.text + " ||| " + " ".join(f"{i}-{j}" for i, j in entry.alignment)
 
 
-@contextlib.contextmanager
-def input_file(path: Path | None) -> Iterator[tuple[BinaryIO, int | None]]:
-    """stdin or FILE as a binary stream, with its number of lines (None for stdin)."""
+GZIP_MAGIC = b"\x1f\x8b"
+# What reading damaged or odd input raises: OS errors (a folder, EIO), truncated or corrupt gzip
+READ_ERRORS = (OSError, EOFError, ValueError, zlib.error)
+
+
+def check_input(path: Path | None) -> None:
+    """Refuse, before any work, an --input that is missing, a folder or unreadable (stdin:
+    closed)."""
     if path is None:
         if sys.stdin is None:  # the shell closed it (<&-)
             raise UserError("stdin: cannot read text (it is closed)")
+    elif not path.exists():
+        raise UserError(f"--input {path}: file not found")
+    elif path.is_dir():
+        raise UserError(f"--input {path}: is a folder; give a text file")
+    elif not os.access(path, os.R_OK):
+        raise UserError(f"--input {path}: permission denied; the file is not readable")
+
+
+def check_output(path: Path | None) -> None:
+    """Refuse, before any work, an output that cannot be written (stdout: closed)."""
+    from attn_mt.fileio import check_output_file
+
+    if path is None:
+        if sys.stdout is None:  # the shell closed it (>&-)
+            raise UserError("stdout: cannot write (it is closed); give --output FILE")
+    elif not path.exists() or path.is_file() or path.is_dir():
+        check_output_file(path, "--output")
+    elif not os.access(path, os.W_OK):  # a device or FIFO, written in place
+        raise UserError(f"--output {path}: permission denied; it is not writable")
+
+
+@contextlib.contextmanager
+def input_file(path: Path | None) -> Iterator[tuple[BinaryIO, int | None]]:
+    """stdin or FILE as a binary stream (gzip data decompressed), with its number of lines
+    when FILE is a regular file (None for a stream: it can be read only once)."""
+    if path is None:
+        check_input(path)
         yield sys.stdin.buffer, None
         return
-    try:
-        handle = path.open("rb")
-        total = sum(1 for _ in handle)
-        handle.seek(0)
-    except OSError as err:
-        raise UserError(f"--input {path}: cannot read ({err.strerror})") from None
-    with handle:
+    with contextlib.ExitStack() as stack:
+        try:
+            handle: BinaryIO = stack.enter_context(path.open("rb"))
+            if handle.peek(2)[:2] == GZIP_MAGIC:
+                handle = stack.enter_context(gzip.GzipFile(fileobj=handle))
+            total = None
+            if path.is_file():
+                total = sum(1 for _ in handle)
+                handle.seek(0)
+        except READ_ERRORS as err:
+            reason = getattr(err, "strerror", None) or err
+            raise UserError(f"--input {path}: cannot read ({reason})") from None
         yield handle, total
 
 
 @contextlib.contextmanager
 def output_file(path: Path | None) -> Iterator[TextIO]:
     """stdout, or `path` written atomically: it appears only once every line is written."""
-    from attn_mt.fileio import atomic_write, check_output_file, os_reason
+    from attn_mt.fileio import atomic_write, os_reason
 
     if path is None:
+        check_output(path)
         yield sys.stdout
         return
-    check_output_file(path, "--output")
+    check_output(path)
+    if path.exists() and not path.is_file():  # a device or FIFO: written in place
+        try:
+            with path.open("w", encoding="utf-8", newline="") as handle:
+                yield handle
+        except OSError as err:
+            raise UserError(f"--output {path}: cannot write ({os_reason(err)})") from None
+        return
     try:
         with atomic_write(path) as raw:
             handle = io.TextIOWrapper(raw, encoding="utf-8", newline="")
@@ -101,7 +154,7 @@ def line_chunks(stream: BinaryIO, name: str, max_lines: int = 1000) -> Iterator[
                         f"line {number}: invalid UTF-8, replaced with U+FFFD", stacklevel=1
                     )
                 lines.put(text.rstrip("\r\n"))
-        except (OSError, ValueError) as err:  # write-only, a folder, not a file
+        except READ_ERRORS as err:  # write-only, a folder, not a file, damaged gzip
             lines.put(
                 UserError(f"{name}: cannot read text ({getattr(err, 'strerror', None) or err})")
             )

@@ -46,10 +46,11 @@ class RateColumn(ProgressColumn):
 
 
 def _sentence_columns(label: str) -> tuple[ProgressColumn, ...]:
-    """LABEL, a bar, done/total sentences, sentences/s, elapsed time and ETA."""
+    """LABEL, a bar (as wide as the terminal leaves), done/total sentences, sentences/s,
+    elapsed time and ETA."""
     return (
         TextColumn(label),
-        BarColumn(),
+        BarColumn(bar_width=None),
         MofNCompleteColumn(),
         TextColumn("sentences"),
         RateColumn("sent/s"),
@@ -74,13 +75,31 @@ def sentences(total: int | None, label: str) -> Iterator[Callable[[int], None]]:
         yield lambda n: bar.advance(task, n)
 
 
+# The training line's fields a narrow terminal drops first, by their first word: the rest
+# (step, ETA, loss and tokens/s) fit in 80 columns.
+LEAST_NEEDED = ("grad", "lr", "epoch", "ppl", "elapsed")
+
+
+def fit(line: str, width: int) -> str:
+    """The training line in `width` columns: whole fields dropped, least needed first."""
+    fields = line.split("  ")
+    for name in LEAST_NEEDED:
+        if len("  ".join(fields)) <= width:
+            break
+        fields = [f for f in fields if f.split(" ")[0] != name]
+    return "  ".join(fields)
+
+
 class TrainingDisplay:
-    """Training's live line (the log line's figures after every update) and, while it
-    validates, a bar of sentences translated. Log lines print above it."""
+    """Training's live line (the log line's figures after every update, as many as the
+    terminal's width holds) and, while it validates, a bar of sentences scored ("validation
+    loss") then translated ("validation search"). Log lines print above it."""
 
     def __init__(self, console: Console):
+        self.console = console
         self.line = Text("")
-        self.bar = Progress(*_sentence_columns("validating"), console=console, auto_refresh=False)
+        columns = _sentence_columns("{task.description}")
+        self.bar = Progress(*columns, console=console, auto_refresh=False)
         self.task: TaskID | None = None
         self.live = Live(
             console=console, transient=True, redirect_stderr=True, get_renderable=self._render
@@ -92,17 +111,22 @@ class TrainingDisplay:
     def training(self, line: str) -> None:
         """Show the training line `line` (drawn at the next refresh, a few times a second)."""
         first = not self.line
-        self.line = Text(line, no_wrap=True, overflow="ellipsis")
+        self.line = Text(fit(line, self.console.width), no_wrap=True, overflow="ellipsis")
         if first:
             self.live.refresh()
 
-    def validating(self, done: int, total: int) -> None:
-        """Validation has translated `done` of `total` sentences; the bar goes when done."""
+    def validating(self, phase: str, done: int, total: int) -> None:
+        """Validation's `phase` has done `done` of `total` sentences; the bar goes when the
+        search is done."""
+        label = f"validation {phase}"
+        if self.task is not None and self.bar.tasks[0].description != label:
+            self.bar.remove_task(self.task)  # the next phase: a bar of its own
+            self.task = None
         if self.task is None:
-            self.task = self.bar.add_task("validating", total=total)
+            self.task = self.bar.add_task(label, total=total)
             self.live.refresh()  # shown at least once, however quick the validation
         self.bar.update(self.task, completed=done, total=total)
-        if done >= total:
+        if phase == "search" and done >= total:
             self.bar.remove_task(self.task)
             self.task = None
 

@@ -125,7 +125,11 @@ def data_fetch(name: Annotated[str, typer.Argument(help="Corpus name: multi30k."
 def data_info(
     config: Annotated[
         Path | None,
-        typer.Option("--config", help="Also show this config's training corpora and shares."),
+        typer.Option(
+            "--config",
+            help="Show this config's training corpora and shares instead (and the named "
+            "corpus files only if it uses one).",
+        ),
     ] = None,
     set_: ConfigSetOption = None,
 ) -> None:
@@ -136,8 +140,9 @@ def data_info(
     if set_ and config is None:
         raise UserError("data info: --set needs --config FILE")
     cfg = load_config(config, set_ or [], training=False) if config is not None else None
-    for line in corpus_info():
-        print(line)
+    if cfg is None or cfg.data.dataset is not None:  # the named corpora only where used
+        for line in corpus_info():
+            print(line)
     if cfg is not None:
         from attn_mt.data.prepare import prepared_corpus_lines
 

@@ -247,6 +247,7 @@ class ShardSource:
         self.resampler = resampler
         self.batch_tokens, self.seed, self.world = batch_tokens, seed, world
         counts = np.bincount(shards.corpus, minlength=len(self.weights))
+        check_epoch(self.weights, counts)
         self.starts = np.concatenate([[0], np.cumsum(counts)])  # corpora are stored in order
         self.epoch, self.index = 0, 0  # the position: batches handed out by `next`
         self.rescaled = ""  # how a position saved by another process count was mapped
@@ -369,3 +370,22 @@ class ShardSource:
         if self.resampler:
             line += f", segmentations sampled (alpha {self.resampler.alpha:g})"
         return f"{line}; {self.rescaled}" if self.rescaled else line
+
+
+MAX_EPOCH_PAIRS = 2**31  # an epoch's row numbers, held in memory at once
+
+
+def check_epoch(weights: Sequence[float], counts: np.ndarray) -> None:
+    """Refuse weights that give an epoch too large to hold, or a corpus none of its pairs."""
+    size = sum(w * int(n) for w, n in zip(weights, counts, strict=True))
+    if size > MAX_EPOCH_PAIRS:
+        raise DataError(
+            f"data.train: the weights give an epoch of {size:,.0f} pairs (weight x pairs kept); "
+            f"at most {MAX_EPOCH_PAIRS:,}: lower the weights"
+        )
+    for i, (weight, count) in enumerate(zip(weights, counts, strict=True)):
+        if count and int(weight) * count + round((weight - int(weight)) * count) < 1:
+            raise DataError(
+                f"data.train[{i}].weight: {weight:g} of {count} pairs is no pair per epoch; "
+                f"give at least {1 / count:.3g}"
+            )

@@ -10,17 +10,25 @@ Every step streams, so memory stays bounded whatever the corpus size:
    `data.max_len_ratio`) and append to the flat token files; the index, the models and last
    the manifest follow, in a temp folder renamed into place when complete, so an interrupted
    prepare leaves nothing that training would trust.
+
+Building holds a lock beside the folder (`.NAME.lock`): a second `prepare` or `train` of the
+same corpora waits, then uses what the first built; the holder removes the temp folders a
+killed prepare left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import glob
 import hashlib
 import json
 import logging
 import os
 import random
-from collections.abc import Iterable
+import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +38,7 @@ from attn_mt.data.corpora import cache_dir, train_corpora
 from attn_mt.data.shards import (
     FORMAT,
     MANIFEST,
+    REBUILD,
     Plan,
     Shards,
     _hashes,
@@ -97,7 +106,34 @@ def prepare_shards(
     workers: encoding processes (0 = every core). repair: rebuild a damaged folder instead
     of refusing it (what `attn-mt prepare` does).
     """
+    if workers > (cores := _cores()):  # more could not all start, and none would be faster
+        raise UserError(
+            f"--workers {workers}: this process may run on {cores} core(s); give at most "
+            f"{cores} (0 = every core)"
+        )
     target = plan(cfg)
+    if shards := _reusable(target, tokenizers, repair):
+        return shards
+    with _build_lock(target.folder) as waited:
+        if waited and (shards := _reusable(target, tokenizers, repair)):
+            return shards  # another process built it while this one waited
+        if tokenizers is None:
+            tokenizers = _train_tokenizers(cfg, target.corpora)
+        write_shards(cfg, target, tokenizers, workers or _cores())
+    return open_shards(target.folder)
+
+
+def _reusable(
+    target: Plan, tokenizers: tuple[Tokenizer, Tokenizer] | None, repair: bool
+) -> Shards | None:
+    """The prepared folder when it is up to date; None when it must be (re)built; a damaged
+    one is a DataError unless `repair`."""
+    if target.folder.exists() and not target.folder.is_dir():  # where the folder belongs
+        if not repair:
+            rebuild = REBUILD.format(folder=target.folder)
+            raise DataError(f"{target.folder}: a file, not a prepared folder; {rebuild}")
+        log.warning("%s: a file, not a prepared folder; replacing it", target.folder)
+        target.folder.unlink()
     if (target.folder / MANIFEST).is_file():
         try:
             shards = open_shards(target.folder)
@@ -111,10 +147,34 @@ def prepare_shards(
                 log.info("prepared data: %s is up to date (%d pairs)", target.folder, len(shards))
                 return shards
             log.info("prepared data: %s is outdated (another tokenizer)", target.folder)
-    if tokenizers is None:
-        tokenizers = _train_tokenizers(cfg, target.corpora)
-    write_shards(cfg, target, tokenizers, workers or _cores())
-    return open_shards(target.folder)
+    return None
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path) -> Iterator[bool]:
+    """Hold the lock for building `folder` (yields whether another process held it first);
+    temp folders that a killed prepare left are removed while it is held."""
+    lock = folder.with_name(f".{folder.name}.lock")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock, "a")  # noqa: SIM115 (closed below)
+    except OSError as err:
+        raise DataError(
+            f"{folder.parent}: cannot use the prepared-data cache ({os_reason(err)}); make it "
+            "writable or set data.prepared_dir or ATTN_MT_CACHE to another folder"
+        ) from None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            waited = False
+        except BlockingIOError:
+            log.info("prepared data: another process is preparing %s; waiting for it", folder)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            waited = True
+        for suffix in ("tmp", "old"):  # see write_shards and _move_into_place
+            for stale in folder.parent.glob(glob.escape(f".{folder.name}.") + f"*.{suffix}"):
+                shutil.rmtree(stale, ignore_errors=True)
+        yield waited
 
 
 def shards_for_run(

@@ -27,6 +27,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,11 +130,13 @@ def open_shards(folder: Path) -> Shards:
     manifest_path = folder / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        files, dtype = manifest["files"], np.dtype(manifest["dtype"])
-        if manifest["format"] != FORMAT:
-            raise _damaged(manifest_path, f"format {manifest['format']}, expected {FORMAT}")
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+    except (OSError, UnicodeDecodeError, ValueError) as err:
         raise _damaged(manifest_path, f"unreadable manifest ({type(err).__name__})") from None
+    if problem := _manifest_problem(manifest):
+        raise _damaged(manifest_path, f"unreadable manifest ({problem})")
+    if manifest["format"] != FORMAT:
+        raise _damaged(manifest_path, f"format {manifest['format']}, expected {FORMAT}")
+    files, dtype = manifest["files"], np.dtype(manifest["dtype"])
     for name, expected in files.items():
         path = folder / name
         if not path.is_file():
@@ -143,7 +146,12 @@ def open_shards(folder: Path) -> Shards:
             raise _damaged(path, f"truncated: {size} bytes, expected {expected['bytes']}")
         if sha256_file(path) != expected["sha256"]:
             raise _damaged(path, "corrupt: its sha256 differs from the manifest's")
+    for name, count in zip(("src.bin", "tgt.bin"), manifest["tokens"], strict=True):
+        if files[name]["bytes"] != count * dtype.itemsize:  # e.g. the dtype was edited
+            raise _damaged(manifest_path, f"{name} does not hold {count} {dtype} tokens")
     offsets = np.load(folder / "index.npy", mmap_mode="r")
+    if offsets.shape != (manifest["pairs"] + 1, 2) or list(offsets[-1]) != manifest["tokens"]:
+        raise _damaged(manifest_path, "index.npy does not match its pairs and tokens")
     src_tokens, tgt_tokens = (
         np.memmap(folder / name, dtype=dtype, mode="r") if count else np.zeros(0, dtype)
         for name, count in zip(("src.bin", "tgt.bin"), manifest["tokens"], strict=True)
@@ -156,6 +164,51 @@ def open_shards(folder: Path) -> Shards:
         lengths=np.diff(offsets, axis=0),
         corpus=np.load(folder / "corpus.npy"),
     )
+
+
+# A manifest's fields and their types; a corpus entry's counts (FilterStats and `pairs`).
+MANIFEST_FIELDS = {
+    "format": str,
+    "corpora": list,
+    "identity": dict,
+    "dtype": str,
+    "pairs": int,
+    "tokens": list,
+    "tokenizer_sha256": list,
+    "files": dict,
+}
+CORPUS_COUNTS = ("pairs", "kept", "empty", "too_long", "bad_ratio")
+
+
+def _manifest_problem(manifest: Any) -> str | None:
+    """What makes `manifest` unusable (a field missing or of the wrong type), or None."""
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(manifest, dict):
+        return "not a JSON object"
+    for name, kind in MANIFEST_FIELDS.items():
+        if not isinstance(manifest.get(name), kind) or isinstance(manifest.get(name), bool):
+            return f"{name}: missing or not a {kind.__name__}"
+    if manifest["dtype"] not in ("uint16", "int32"):
+        return f"dtype: {manifest['dtype']!r}, expected uint16 or int32"
+    if len(manifest["tokens"]) != 2 or not all(
+        map(count, [manifest["pairs"], *manifest["tokens"]])
+    ):
+        return "pairs or tokens: not counts"
+    files = manifest["files"]
+    if sorted(files) != sorted(SHARD_FILES) or not all(
+        isinstance(f, dict) and count(f.get("bytes")) and isinstance(f.get("sha256"), str)
+        for f in files.values()
+    ):
+        return f"files: not the {len(SHARD_FILES)} shard files with their bytes and sha256"
+    if not all(
+        isinstance(c, dict) and all(count(c.get(k)) for k in CORPUS_COUNTS)
+        for c in manifest["corpora"]
+    ):
+        return "corpora: an entry without its counts"
+    return None
 
 
 def corpus_lines(entries: Sequence[dict[str, Any]], weights: Sequence[float]) -> list[str]:
@@ -192,6 +245,13 @@ def _hashes(tokenizers: tuple[Tokenizer, Tokenizer]) -> list[str]:
 
 
 _WORKER: dict[str, Any] = {}  # each worker's tokenizers and settings, set once
+
+
+def _init_pool_worker(*init_args: Any) -> None:
+    # Ctrl-C is the parent's to handle (it ends the pool); a worker that took it too would
+    # print a traceback and could leave the pool waiting on it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _init_worker(*init_args)
 
 
 def _init_worker(src_model: bytes, tgt_model: bytes, max_len: int, ratio: float, dtype: str):
@@ -238,7 +298,7 @@ def _encoded(tasks: Iterator[Any], workers: int, init_args: tuple[Any, ...]) -> 
         yield from map(encode_chunk, tasks)
         return
     # fork: the workers need no imports of their own (spawn would import torch in each)
-    with multiprocessing.get_context("fork").Pool(workers, _init_worker, init_args) as pool:
+    with multiprocessing.get_context("fork").Pool(workers, _init_pool_worker, init_args) as pool:
         pending: collections.deque = collections.deque()
         for task in tasks:
             pending.append(pool.apply_async(encode_chunk, (task,)))
@@ -260,6 +320,7 @@ def write_shards(
                 "tokenizer was trained without it); start a new run to add tags"
             )
     dtype = "uint16" if max(src_tok.vocab_size, tgt_tok.vocab_size) <= 65535 else "int32"
+    corpus_dtype = np.int16 if len(target.corpora) <= 2**15 else np.int32  # tens of thousands
     target.folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.folder.with_name(f".{target.folder.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -278,7 +339,7 @@ def write_shards(
                 src_out.write(src.tobytes())
                 tgt_out.write(tgt.tobytes())
                 lengths.append(rows)
-                corpus_of.append(np.full(len(rows), corpus, dtype=np.int16))
+                corpus_of.append(np.full(len(rows), corpus, dtype=corpus_dtype))
                 stats[corpus].add(chunk_stats)
         _check_kept(cfg, stats)
         all_lengths = np.concatenate(lengths)

@@ -33,13 +33,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from attn_mt.checkpoint import resolve_checkpoint
 from attn_mt.config import Config, DecodeConfig
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decode.search import max_output_lengths
 from attn_mt.decode.translator import load
 from attn_mt.errors import UserError
-from attn_mt.fileio import check_output_dir, umask
+from attn_mt.fileio import check_output_dir, resolve_checkpoint, umask
 from attn_mt.model.attention import MultiHeadAttention
 from attn_mt.model.transformer import Embedder, FeedForward, Transformer
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID

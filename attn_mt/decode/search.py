@@ -14,6 +14,7 @@ rows, V vocabulary, t step.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -45,7 +46,7 @@ def length_penalty(length: int, alpha: float) -> float:
 def max_output_lengths(src: torch.Tensor, a: float, b: int, cap: int | None = None) -> torch.Tensor:
     """Per-sentence output limit a * source_length + b (source without padding), capped."""
     src_len = (src != PAD_ID).sum(dim=1).float()
-    limit = (a * src_len + b).long().clamp(min=1)
+    limit = (a * src_len.double() + b).clamp(min=1, max=2**31 - 1).long()  # no overflow
     return limit.clamp(max=cap) if cap is not None else limit
 
 
@@ -134,8 +135,8 @@ class Sampling:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise UserError(f"temperature {self.temperature}: must be > 0")
+        if not 0 < self.temperature < math.inf:
+            raise UserError(f"temperature {self.temperature}: must be a finite number > 0")
         if self.top_k < 0:
             raise UserError(f"top-k {self.top_k}: must be >= 0 (0 = no cut)")
         if not 0 < self.top_p <= 1:
@@ -151,7 +152,10 @@ class Sampling:
         """One token per row of log_probs (N, V) by inverse transform sampling: in order of
         probability, the first token at which the kept tokens' cumulative probability reaches
         uniform (N,) times their total; (N,)."""
-        scaled, order = (log_probs / self.temperature).sort(dim=-1, descending=True, stable=True)
+        # Shifted so the likeliest token is at 0 before dividing: a temperature near 0 then
+        # gives 0 and -inf (greedy), never -inf alone (no probabilities at all).
+        shifted = log_probs - log_probs.amax(dim=-1, keepdim=True)  # (N, V)
+        scaled, order = (shifted / self.temperature).sort(dim=-1, descending=True, stable=True)
         probs = scaled.softmax(dim=-1)  # (N, V), most probable first; masked tokens get 0
         keep = torch.ones_like(probs, dtype=torch.bool)
         if self.top_k:

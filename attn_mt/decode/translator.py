@@ -18,7 +18,6 @@ from attn_mt.checkpoint import (
     config_differences,
     load_checkpoint,
     model_from,
-    resolve_checkpoint,
     tokenizers_from,
 )
 from attn_mt.config import Config
@@ -39,10 +38,13 @@ from attn_mt.decode.search import (
     sample,
 )
 from attn_mt.errors import UserError
+from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.transformer import Transformer
 from attn_mt.precision import DTYPES, autocast_context, resolve_device, resolve_precision
 
-_LINE_BREAKS = re.compile(r"[\r\n]+")
+# Every character `str.splitlines` breaks at, not only a file's \n and \r: a caller that splits
+# the output either way gets one line per input line.
+_LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]+")
 LANGUAGE_KEYS = ("data.src_lang", "data.tgt_lang")
 
 
@@ -125,17 +127,18 @@ class Translator:
         lines = list(lines)
         if not all(isinstance(line, str) for line in lines):
             raise TypeError("translate: every sentence must be a str")
-        cfg = self.config.decode
+        cfg, vocab = self.config.decode, self.tgt_tokenizer.vocab_size
         if sampling is not None:
             if beam is not None:
                 raise UserError(f"--beam {beam}: sampling searches no beam; leave --beam out")
-            if nbest < 1:
-                raise UserError(f"--nbest {nbest}: need at least 1 sample per line")
+            if not 1 <= nbest <= vocab:  # rows of the batch, as a beam's are
+                raise UserError(f"--nbest {nbest}: need 1 to {vocab} samples per line")
         else:
             beam = max(cfg.beam, nbest) if beam is None else beam
-            if beam < 1 or not 1 <= nbest <= beam:
+            if beam < 1 or not 1 <= nbest <= beam or beam > vocab:
                 raise UserError(
-                    f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam"
+                    f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam, "
+                    f"and a beam no wider than the target vocabulary ({vocab} pieces)"
                 )
         alpha = cfg.length_penalty if length_penalty is None else length_penalty
         rows_per_line = nbest if sampling is not None else beam

@@ -49,6 +49,7 @@ from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
 from attn_mt.train.runfolder import lock_run_folder
 from attn_mt.train.runlog import (
     Monitor,
+    RunClock,
     RunLog,
     TrainWindow,
     log_finish,
@@ -108,9 +109,10 @@ class Trainer:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.cfg, self.world, self.device = cfg, world, device
-        self.clock = clock  # seconds; tests pass a fake one
+        self.now = clock  # seconds; tests pass a fake one
         self.monitor = monitor or Monitor()
         self.out = Path(cfg.train.out_dir)
+        self.began = self.now()  # the run's time counts its start-up
         self.setup(resume)
 
     def setup(self, resume: bool) -> None:
@@ -164,7 +166,6 @@ class Trainer:
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
         self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, self.state.ckpt_dir / "last.pt")
-        self.start = self.clock()  # of the run, less the time of earlier processes
         self.agreed: list[bool] | None = None  # RANK_RULES as all ranks last agreed on them
 
     @property
@@ -188,7 +189,8 @@ class Trainer:
         with self._session(), out_of_memory_hint(t):
             log_start(self.runlog, self.state, self.corpus, self.precision, self.resumed)
             probe_largest_batch(self.model, self.source, self.dtype, t.label_smoothing)
-            self.start = self.clock() - self.progress.elapsed  # earlier processes' time counts
+            p = self.progress
+            self.clock = RunClock(self.began - p.elapsed, p.step, p.validation_seconds, self.now)
             window = TrainWindow()
             self.source.prepare(t.accumulate, self._place)
             while not (stopped_by := self._stop_reason()):
@@ -204,19 +206,24 @@ class Trainer:
                 if self.ema:
                     self.ema.update()
                 window.add(update.loss, update.nll, update.tokens, update.grad_norm)
-                elapsed = self.clock() - self.start
-                line, metrics = window_line(step, window, lr, t, elapsed, self.source, self.device)
+                line, metrics = window_line(
+                    step, window, lr, t, self.clock, self.source, self.device
+                )
                 self.monitor.training(line)
                 if step % t.log_every == 0:
                     self.runlog.training(step, line, metrics)
                     window = TrainWindow()
                 if step % t.eval_every == 0:
-                    began = self.clock()
-                    self.progress.elapsed = began - self.start
+                    began = self.now()
+                    self.progress.elapsed = self.clock.elapsed()
                     self._validate_and_save()
                     self.agreed = None  # rank 0 alone knows whether it improved
-                    window.pause(self.clock() - began)  # tokens/s counts training only
-            self.progress.elapsed = self.clock() - self.start
+                    took = self.progress.validation_seconds = self.now() - began
+                    self.clock.validated(took)
+                    window.pause(took)  # tokens/s counts training only
+            if window.updates:  # a run shorter than log_every has its curves too
+                self.runlog.training(self.progress.step, line, metrics)
+            self.progress.elapsed = self.clock.elapsed()
             self.finish(stopped_by)
         p, signal_name = self.progress, self.stop_signal
         return TrainResult(p.step, p.best_score, t.select_metric, stopped_by, self.out, signal_name)
@@ -240,8 +247,9 @@ class Trainer:
         self.stop_signal = signal.Signals(signum).name
 
     def _seconds(self) -> float:
-        """Seconds the run has taken; with a time-driven lr, the ranks' mean, so all agree."""
-        seconds = self.clock() - self.start
+        """The run's time as the lr schedule reads it; with a time-driven lr, the ranks' mean,
+        so all agree on the lr."""
+        seconds = self.clock.schedule_seconds(self.cfg.train)
         if self.world.distributed and time_driven(self.cfg.train):
             seconds = distributed.sum_all(seconds, self.world, self.device) / self.world.size
         return seconds
@@ -269,7 +277,7 @@ class Trainer:
             "early stopping": bool(t.patience) and self.progress.bad_evals >= t.patience,
             "signal": self.stop_signal is not None,
             "max_steps": t.max_steps > 0 and self.progress.step >= t.max_steps,
-            "max_minutes": bool(t.max_minutes) and self.clock() - self.start >= t.max_minutes * 60,
+            "max_minutes": self.clock.out_of_time(t),
             "max_epochs": bool(t.max_epochs) and self.source.epochs_done >= t.max_epochs,
         }
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from attn_mt.errors import UserError
-from attn_mt.fileio import os_reason
+from attn_mt.fileio import os_reason, writable
 
 LOCK_NAME = ".lock"
 # What a run writes into its folder (README.md, "Train"); removed again when the run fails
@@ -37,6 +37,7 @@ def lock_run_folder(out_dir: str | Path) -> Iterator[None]:
         raise
     existed = {name for name in RUN_ENTRIES if (out / name).exists()}
     try:
+        _check_writable(out)
         yield
     except BaseException:
         if not (out / "checkpoints" / "last.pt").exists():  # nothing to resume: leave no trace
@@ -47,6 +48,15 @@ def lock_run_folder(out_dir: str | Path) -> Iterator[None]:
         (out / LOCK_NAME).unlink(missing_ok=True)  # the next holder makes a new one
         handle.close()
         _remove_folders(created)
+
+
+def _check_writable(out: Path) -> None:
+    """The logs a resumed run appends to must be writable (a read-only copy of a run would fail
+    at its first log line, after the start-up); checkpoints are checked where they are read."""
+    for name in ("metrics.jsonl", "train.log", "tb"):
+        path = out / name
+        if path.exists() and not writable(path):
+            raise UserError(f"{path}: permission denied; the run writes it (make it writable)")
 
 
 def _acquire(out: Path):

@@ -220,37 +220,87 @@ class Monitor:
     def training(self, line: str) -> None:
         """After each update: the training line, as the log writes it every log_every steps."""
 
-    def validating(self, done: int, total: int) -> None:
-        """Validation has translated `done` of its `total` sentences."""
+    def validating(self, phase: str, done: int, total: int) -> None:
+        """Validation's `phase` ("loss" by teacher forcing, then "search") has done `done` of
+        its `total` sentences."""
+
+
+@dataclass
+class RunClock:
+    """The run's time: what has passed since it began (start-up included, and on resume the
+    earlier processes' time), what validating took, and so what is left of the run."""
+
+    start: float  # now() at the run's beginning, earlier processes' time subtracted
+    first_step: int  # the step this process resumed from (0 for a new run)
+    last_validation: float = 0.0  # seconds the latest validation took (0: none yet)
+    now: Callable[[], float] = time.monotonic  # tests pass a fake clock
+    validating: float = 0.0  # seconds this process spent validating
+    training_began: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.training_began = self.now()
+
+    def elapsed(self) -> float:
+        """Seconds the run has taken so far."""
+        return self.now() - self.start
+
+    def validated(self, seconds: float) -> None:
+        """A validation took `seconds`."""
+        self.validating += seconds
+        self.last_validation = seconds
+
+    def deadline(self, t: TrainConfig) -> float:
+        """The run's second at which max_minutes stops training: the budget less the time the
+        final validation will take (as long as the latest one took), so the run ends within it."""
+        return t.max_minutes * 60 - self.last_validation
+
+    def out_of_time(self, t: TrainConfig) -> bool:
+        """Whether training must stop for max_minutes."""
+        return bool(t.max_minutes) and self.elapsed() >= self.deadline(t)
+
+    def schedule_seconds(self, t: TrainConfig) -> float:
+        """The run's time as a time-driven lr schedule reads it: stretched so the budget's end
+        falls on the deadline, where training stops, so the last update's lr is the floor."""
+        if not t.max_minutes:
+            return self.elapsed()
+        return self.elapsed() * t.max_minutes * 60 / max(self.deadline(t), 1e-9)
+
+    def remaining(self, t: TrainConfig, step: int, epochs: float) -> float | None:
+        """Seconds left until the run ends, its final validation included: the first of
+        max_steps, max_minutes and max_epochs, at this process's pace of updates and
+        validations (`epochs` may be fractional); None without such a budget."""
+        left = []
+        if t.max_minutes:
+            left.append(t.max_minutes * 60 - self.elapsed())
+        steps_left = []
+        if t.max_steps > 0:
+            steps_left.append(t.max_steps - step)
+        if t.max_epochs and epochs:
+            steps_left.append(math.ceil((t.max_epochs - epochs) * step / epochs))
+        done = step - self.first_step
+        if steps_left and done > 0:
+            training = self.now() - self.training_began - self.validating
+            last = step + min(steps_left)  # the step the run ends at
+            validations = last // t.eval_every - step // t.eval_every
+            validations += last % t.eval_every != 0  # the final one, unless it falls due anyway
+            left.append(min(steps_left) * training / done + validations * self.last_validation)
+        return max(min(left), 0.0) if left else None
 
 
 def train_line(
-    step: int, metrics: dict[str, float], t: TrainConfig, elapsed: float, epochs: float
+    step: int, metrics: dict[str, float], t: TrainConfig, run: RunClock, epochs: float
 ) -> str:
     """The training line: train.log's every log_every steps and the live display's after
-    every update (one format, so their labels agree). `elapsed` counts the whole run."""
+    every update (one format, so their labels agree). Its times count the whole run."""
     total = f"/{t.max_steps}" if t.max_steps > 0 else ""
-    eta = remaining_seconds(t, step, elapsed, epochs)
+    eta = run.remaining(t, step, epochs)
     return (
-        f"step {step}{total}  elapsed {clock(elapsed)}  ETA {clock(eta)}  "
+        f"step {step}{total}  elapsed {clock(run.elapsed())}  ETA {clock(eta)}  "
         f"epoch {metrics['epoch']}  loss {metrics['loss']:.3f}  ppl {metrics['ppl']:.2f}  "
         f"lr {metrics['lr']:.2e}  grad {metrics['grad_norm']:.2f}  "
         f"{metrics['tokens_per_sec']:,.0f} tgt tok/s"
         + (f"  mem {metrics['peak_mem_gib']:.1f} GiB" if "peak_mem_gib" in metrics else "")
     )
-
-
-def remaining_seconds(t: TrainConfig, step: int, elapsed: float, epochs: float) -> float | None:
-    """Seconds left until the first of max_steps, max_minutes and max_epochs ends the run, at
-    the pace so far (`epochs` may be fractional); None without such a budget."""
-    left = []
-    if t.max_minutes:
-        left.append(t.max_minutes * 60 - elapsed)
-    if t.max_steps > 0 and step:
-        left.append((t.max_steps - step) * elapsed / step)
-    if t.max_epochs and epochs:
-        left.append((t.max_epochs - epochs) * elapsed / epochs)
-    return max(min(left), 0.0) if left else None
 
 
 def clock(seconds: float | None) -> str:
@@ -332,7 +382,7 @@ def window_line(
     window: TrainWindow,
     lr: float,
     t: TrainConfig,
-    elapsed: float,
+    run: RunClock,
     source: ShardSource,
     device: torch.device,
 ) -> tuple[str, dict[str, float]]:
@@ -341,7 +391,7 @@ def window_line(
     metrics = window.metrics(lr, source.epoch)
     if (peak := peak_gib(device)) is not None:
         metrics["peak_mem_gib"] = peak
-    return train_line(step, metrics, t, elapsed, source.epochs_run), metrics
+    return train_line(step, metrics, t, run, source.epochs_run), metrics
 
 
 def valid_share(shown: int, total: int) -> str:

@@ -27,7 +27,6 @@ from attn_mt.checkpoint import (
     config_differences,
     load_checkpoint,
     make_checkpoint,
-    resolve_checkpoint,
     save_checkpoint,
     translation_weights,
 )
@@ -35,6 +34,7 @@ from attn_mt.config import Config
 from attn_mt.data.batching import ShardSource
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import UserError
+from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.transformer import Transformer
 from attn_mt.train.ema import WeightEMA
 
@@ -56,7 +56,8 @@ class TrainProgress:
     step: int = 0  # updates done
     best_score: float | None = None  # best validation figure of train.select_metric so far
     bad_evals: int = 0  # validations in a row without a better score
-    elapsed: float = 0.0  # seconds of training, validation excluded (max_minutes' clock)
+    elapsed: float = 0.0  # seconds the run has taken (max_minutes' clock)
+    validation_seconds: float = 0.0  # how long the latest validation took
     last_valid_step: int = -1
     skipped: int = 0  # updates skipped for a NaN/inf loss or gradient (fp16 overflows included)
     kept_checkpoints: list[str] = field(default_factory=list)  # step_N.pt names, oldest first

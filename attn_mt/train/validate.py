@@ -37,10 +37,11 @@ def validate(
     translator: Translator,
     corpus: Corpus,
     t: TrainConfig,
-    on_progress: Callable[[int, int], None] = lambda done, total: None,
+    on_progress: Callable[[str, int, int], None] = lambda phase, done, total: None,
 ) -> Validation:
     """Validate `translator.model` on the corpus's validation split (in the translator's device
-    and dtype); `on_progress(done, total)` follows the translation. Leaves the model in eval mode.
+    and dtype); `on_progress(phase, done, total)` follows the sentences scored ("loss") and
+    translated ("search"). Leaves the model in eval mode.
     """
     model = translator.model
     loss = nll = 0.0
@@ -49,6 +50,7 @@ def validate(
         (len(s) + 1, len(r) + 1)
         for s, r in zip(corpus.valid_src_ids, corpus.valid_tgt_ids, strict=True)
     ]
+    scored = 0
     with autocast_context(translator.device, translator.dtype):
         for rows in length_batches(lengths, t.batch_tokens):
             batch = collate(corpus.valid_src_ids, corpus.valid_tgt_ids, rows)
@@ -57,12 +59,14 @@ def validate(
             batch_loss, batch_nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
             loss, nll = loss + float(batch_loss), nll + float(batch_nll)
             tokens += batch.num_tgt_tokens
+            scored += len(rows)
+            on_progress("loss", scored, len(lengths))
     done = 0
 
     def advance(count: int) -> None:
         nonlocal done
         done += count
-        on_progress(done, len(corpus.valid_src))
+        on_progress("search", done, len(corpus.valid_src))
 
     hyps = translator.translate(corpus.valid_src, beam=t.eval_beam, on_batch=advance)
     scores = score(hyps, corpus.valid_ref)

@@ -173,6 +173,59 @@ print("torch" in sys.modules, file=sys.stderr)
     assert done.stderr.splitlines()[-1] == "False"
 
 
+def test_other_mistakes_are_reported_before_torch_is_imported(tmp_path: Path):
+    """Every command checks its paths and options before it imports torch or matplotlib."""
+    fake = tmp_path / "model.pt"  # a path that exists: the mistake is elsewhere
+    fake.write_bytes(b"")
+    folder, missing = tmp_path / "folder", tmp_path / "missing"
+    folder.mkdir()
+    mistakes = [
+        ["translate", "--model", missing],
+        ["translate", "--model", tmp_path],  # a folder that is no run
+        ["translate", "--model", fake, "--input", missing],
+        ["translate", "--model", fake, "--output", folder],
+        ["translate", "--model", fake, "--top-k", "5"],
+        ["evaluate", "--model", missing],
+        ["evaluate", "--model", fake, "--src", fake],
+        ["average", "--out", fake, fake, fake],
+        ["attention", "--pe", "--out", folder],
+        ["attention", "--model", missing, "--text", "x", "--out", tmp_path / "a.png"],
+        ["export", "--model", fake, "--out", fake],
+        ["prepare", "--config", missing],
+        ["data", "info", "--config", missing],
+    ]
+    script = f"""
+import sys
+from attn_mt.cli import main
+for args in {[[str(a) for a in m] for m in mistakes]!r}:
+    sys.argv = ["attn-mt", *args]
+    try:
+        main()
+    except SystemExit as exit:
+        assert exit.code == 2, (args, exit.code)
+print(sorted(m for m in ("torch", "matplotlib") if m in sys.modules), file=sys.stderr)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("attn-mt: error:")]
+    assert len(errors) == len(mistakes), done.stderr
+    assert done.stderr.splitlines()[-1] == "[]"
+
+
+def test_home_folder_in_run_paths_is_expanded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    from attn_mt.configfile import load_config
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    overrides = ["train.out_dir=~/runs/a", "train.init_from=~/runs/b"]
+    cfg = load_config(REPO / "configs" / "tiny.yaml", overrides)
+    assert (cfg.train.out_dir, cfg.train.init_from) == (
+        str(tmp_path / "runs" / "a"),
+        str(tmp_path / "runs" / "b"),
+    )
+
+
 def test_version_and_short_help():
     import attn_mt
 
@@ -254,3 +307,46 @@ def test_resume_by_folder_continues_that_folder(trained_run: Path, tmp_path: Pat
     assert result.exit_code == 0, result.output
     assert torch.load(copy / "checkpoints" / "last.pt", weights_only=True)["step"] == 402
     assert (trained_run / "checkpoints" / "last.pt").read_bytes() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Streams are streams: what translate reads and writes besides regular files
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+def test_a_fifo_is_read_once_as_it_comes(tmp_path: Path, compressed: bool):
+    """A FIFO (as `<(zcat ...)` or /dev/stdin give) has no line count and cannot be read twice:
+    it is streamed, gzip data decompressed."""
+    import gzip
+    import threading
+
+    from attn_mt.cli.io import input_file, line_chunks
+
+    fifo = tmp_path / "in"
+    os.mkfifo(fifo)
+    data = b"qb qc\n\nqd\n"
+    payload = gzip.compress(data) if compressed else data
+
+    def write() -> None:
+        with open(fifo, "wb") as handle:
+            handle.write(payload)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    with input_file(fifo) as (stream, total):
+        lines = [line for chunk in line_chunks(stream, str(fifo)) for line in chunk]
+    writer.join()
+    assert total is None and lines == ["qb qc", "", "qd"]
+
+
+def test_closed_standard_streams_are_one_line(monkeypatch: pytest.MonkeyPatch):
+    from attn_mt.cli import io
+    from attn_mt.errors import UserError
+
+    monkeypatch.setattr(sys, "stdout", None)
+    monkeypatch.setattr(sys, "stdin", None)
+    with pytest.raises(UserError, match=r"stdout: cannot write \(it is closed\); give --output"):
+        io.check_output(None)
+    with pytest.raises(UserError, match=r"stdin: cannot read text \(it is closed\)"):
+        io.check_input(None)
+    io.check_output(Path("/dev/null"))  # a device: written in place, nothing to refuse

@@ -111,7 +111,8 @@ def test_a_partly_written_metrics_line_is_dropped_on_resume(world: World, tmp_pa
     result = run_cli(train_args(config, "--resume"), Stdin(), env)  # finished: no new step
     assert result.returncode == 0, result.stderr.decode()
     assert (out / "metrics.jsonl").read_text() == whole  # the whole lines, as they were
-    assert [json.loads(line)["step"] for line in whole.splitlines()] == [3]
+    lines = [json.loads(line) for line in whole.splitlines()]
+    assert [(m["step"], m["split"]) for m in lines] == [(3, "train"), (3, "valid")]
 
 
 def test_run_folder_and_cache_files_follow_the_umask(world: World, tmp_path: Path) -> None:
@@ -144,12 +145,24 @@ def test_a_damaged_sentencepiece_cache_entry_is_trained_again(world: World, tmp_
 
 
 def newline_pieces(translator: Translator) -> list[int]:
-    """Piece ids of a hypothesis that decodes to '\\nqb\\r\\nqc\\r' (byte pieces)."""
+    """Piece ids of a hypothesis that decodes to '\\nqb\\r\\nqc\\r\\x0bqd\\u2028' (byte pieces):
+    breaks for a file's reader and for Python's `str.splitlines` alike."""
     sp = translator.tgt_tokenizer.sp
-    newline, carriage_return = sp.piece_to_id("<0x0A>"), sp.piece_to_id("<0x0D>")
-    assert sp.unk_id() not in (newline, carriage_return)
-    qb, qc = translator.tgt_tokenizer.encode(["qb", "qc"])
-    return [newline, *qb, carriage_return, newline, *qc, carriage_return]
+    pieces = [sp.piece_to_id(f"<0x{byte:02X}>") for byte in b"\n\r\x0b\xe2\x80\xa8"]
+    assert sp.unk_id() not in pieces
+    newline, carriage_return, vertical_tab, *separator = pieces
+    qb, qc, qd = translator.tgt_tokenizer.encode(["qb", "qc", "qd"])
+    return [
+        newline,
+        *qb,
+        carriage_return,
+        newline,
+        *qc,
+        carriage_return,
+        vertical_tab,
+        *qd,
+        *separator,
+    ]
 
 
 def test_output_has_one_line_per_input_line_whatever_the_model_emits(world: World) -> None:
@@ -172,7 +185,7 @@ def test_output_has_one_line_per_input_line_whatever_the_model_emits(world: Worl
     assert result.returncode == 0, result.stderr.decode()
     assert beam == greedy
     assert [bool(text) for text in beam] == [True, False, True, True]
-    assert all("qb" in t and "qc" in t and "\n" not in t and "\r" not in t for t in beam if t)
+    assert all("qb" in t and "qd" in t and len(t.splitlines()) == 1 for t in beam if t)
     assert result.stdout.decode().split("\n") == [*beam, ""]  # the CLI prints what load gives
 
 

@@ -147,6 +147,12 @@ def flip_tensor_bytes(path: Path) -> Path:
     return path
 
 
+def tagged(ws: Workspace, tag: str) -> dict[str, str]:
+    """The tiny run's training files as one corpus of a list, with `tag`."""
+    corpus = ws.world.corpus
+    return {"src": str(corpus["train.src"]), "tgt": str(corpus["train.tgt"]), "tag": tag}
+
+
 # -- config -----------------------------------------------------------------------------------
 
 CONFIG_CASES = [
@@ -161,6 +167,21 @@ CONFIG_CASES = [
         ["run.yaml is a config file; give it as `attn-mt train --config"],
     ),
     Case("prepare-no-config", lambda ws: ["prepare"], ["prepare: give --config FILE"]),
+    Case(  # SentencePiece has these pieces already: a tag must be a piece of its own
+        "config-tag-is-a-special-piece",
+        lambda ws: train_args(ws.config(data={"train": [tagged(ws, "<s>")]})),
+        ["data.train[0].tag", "not a piece SentencePiece has"],
+    ),
+    Case(
+        "config-tag-is-a-byte-piece",
+        lambda ws: train_args(ws.config(data={"train": [tagged(ws, "<0x0A>")]})),
+        ["data.train[0].tag", "not a piece SentencePiece has"],
+    ),
+    Case(
+        "prepare-workers-beyond-the-machine",
+        lambda ws: ["prepare", "--config", ws.config(), "--workers", str(2**40)],
+        ["--workers 1099511627776: this process may run on", "give at most"],
+    ),
     Case(
         "data-info-set-without-config",
         lambda ws: ["data", "info", "--set", "data.max_len=8"],
@@ -464,7 +485,7 @@ DATA_CASES = [
             ws.env.update(ATTN_MT_CACHE=str(ws.folder("cache", mode=0o555))),
             train_args(ws.config()),
         )[1],
-        ["cache/spm: cannot use the SentencePiece cache (Permission denied)", "ATTN_MT_CACHE"],
+        ["cache/prepared: cannot use the prepared-data cache (Permission denied)", "ATTN_MT_CACHE"],
         user=True,
     ),
     Case(
@@ -473,7 +494,7 @@ DATA_CASES = [
             ws.env.update(ATTN_MT_CACHE=str(ws.file("cachefile", "x"))),
             train_args(ws.config()),
         )[1],
-        ["cachefile/spm: cannot use the SentencePiece cache (Not a directory)"],
+        ["cachefile/prepared: cannot use the prepared-data cache (Not a directory)"],
     ),
 ]
 
@@ -491,7 +512,54 @@ def drop_key(key: str) -> Callable[[dict], Any]:
     return lambda state: state["train_state"].pop(key)
 
 
+def shared_run(ws: Workspace) -> Path:
+    """The finished tiny run, copied, every file and folder writable by NOBODY."""
+    run = ws.run_copy()
+    for path in [run, *run.rglob("*")]:
+        path.chmod(0o777 if path.is_dir() else 0o666)
+    return run
+
+
+def read_only_run(ws: Workspace, name: str) -> list[Any]:
+    """The shared run with `name` made read-only, to resume."""
+    (shared_run(ws) / name).chmod(0o444)
+    return train_args(ws.config(), "--resume")
+
+
+def torchrun_env(ws: Workspace, **variables: str) -> list[Any]:
+    """The tiny run with torchrun's variables as a user might set them by hand."""
+    ws.env.update(variables)
+    return train_args(ws.config())
+
+
 RUN_CASES = [
+    Case(
+        "run-torchrun-rank-not-a-number",
+        lambda ws: torchrun_env(ws, WORLD_SIZE="2", RANK="abc", MASTER_ADDR="x", MASTER_PORT="1"),
+        ["RANK='abc': not a number; torchrun sets it"],
+    ),
+    Case(
+        "run-torchrun-world-size-without-rank",
+        lambda ws: torchrun_env(ws, WORLD_SIZE="2"),
+        ["WORLD_SIZE is set but RANK is not; start the run with torchrun"],
+    ),
+    Case(
+        "run-torchrun-without-master-addr",
+        lambda ws: torchrun_env(ws, WORLD_SIZE="2", RANK="1"),
+        ["WORLD_SIZE=2 but MASTER_ADDR is not set"],
+    ),
+    Case(
+        "run-resume-read-only-train-log",
+        lambda ws: read_only_run(ws, "train.log"),
+        ["train.log: permission denied; the run writes it"],
+        user=True,
+    ),
+    Case(
+        "run-resume-read-only-metrics",
+        lambda ws: read_only_run(ws, "metrics.jsonl"),
+        ["metrics.jsonl: permission denied; the run writes it"],
+        user=True,
+    ),
     Case(
         "run-out_dir-holds-a-run",
         lambda ws: (ws.run_copy(), train_args(ws.config()))[1],
@@ -629,10 +697,9 @@ RUN_CASES = [
     Case(
         "run-resume-last-unreadable",
         lambda ws: (
-            ws.run_copy().chmod(0o777),
-            (ws.dir / "run" / "checkpoints" / "last.pt").chmod(0o600),
+            (shared_run(ws) / "checkpoints" / "last.pt").chmod(0o600),
             train_args(ws.config(), "--resume"),
-        )[2],
+        )[1],
         ["last.pt: cannot read the checkpoint (Permission denied)"],
         user=True,
     ),
@@ -757,6 +824,13 @@ CHECKPOINT_CASES = [
         ),
         ["model.pt: its stored config is invalid", "more than can be allocated"],
     ),
+    Case(  # a search allocates per output step: an absurd limit is refused, not overflowed
+        "checkpoint-config-absurd-output-limit",
+        lambda ws: translate_args(
+            ws.checkpoint(edit=lambda s: s["config"]["decode"].update(max_len_a=1e300))
+        ),
+        ["model.pt: its stored config is invalid", "decode.max_len_a: 1e+300 is invalid"],
+    ),
     Case(
         "checkpoint-config-unknown-key",
         lambda ws: translate_args(
@@ -875,6 +949,64 @@ OUTPUT_CASES = [
         lambda ws: ["attention", "--pe", "--d-model", "16", "--out", ws.folder("png")],
         ["--out", "png: is a folder"],
     ),
+    Case(
+        "attention-pe-impossible-d-model",
+        lambda ws: ["attention", "--pe", "--d-model", str(2**40), "--out", ws.dir / "pe.png"],
+        ["--d-model 1099511627776", "too many to draw; at most 10,000,000"],
+    ),
+    Case(
+        "evaluate-empty-src-and-ref",
+        lambda ws: (
+            ["evaluate", "--model", best(ws), "--device", "cpu"]
+            + ["--src", ws.file("empty.src", ""), "--ref", ws.file("empty.ref", "")]
+        ),
+        ["empty.src: no lines; there is nothing to evaluate"],
+    ),
+    Case(  # as export does: an existing file is replaced only with --force
+        "average-out-exists-without-force",
+        lambda ws: ["average", "--out", ws.file("avg.pt", "old"), best(ws), ws.checkpoint("b.pt")],
+        ["--out", "avg.pt: file exists; add --force to replace it"],
+    ),
+    Case(
+        "translate-input-missing",
+        lambda ws: translate_args(best(ws), "--input", ws.dir / "missing.txt"),
+        ["--input", "missing.txt: file not found"],
+    ),
+    Case(
+        "translate-input-is-a-folder",
+        lambda ws: translate_args(best(ws), "--input", ws.folder("texts")),
+        ["--input", "texts: is a folder; give a text file"],
+    ),
+    Case(
+        "translate-input-damaged-gzip",
+        lambda ws: translate_args(best(ws), "--input", damaged_gz(ws, "in.gz", "crc")),
+        ["--input", "in.gz: cannot read", "CRC check failed"],
+    ),
+    Case(  # a beam keeps at most one hypothesis per piece: the first step could not fill it
+        "translate-beam-wider-than-vocabulary",
+        lambda ws: translate_args(best(ws), "--beam", "1000"),
+        ["decode.beam: 1000 is wider than tokenizer.vocab_size (300)"],
+    ),
+    Case(
+        "translate-beam-past-2-to-the-31",
+        lambda ws: translate_args(best(ws), "--beam", str(2**31 + 1)),
+        ["decode.beam", "2,147,483,648"],
+    ),
+    Case(
+        "train-eval-beam-wider-than-vocabulary",
+        lambda ws: train_args(ws.config(train={"eval_beam": 301})),
+        ["train.eval_beam: 301 is wider than tokenizer.vocab_size (300)"],
+    ),
+    Case(
+        "translate-temperature-infinite",
+        lambda ws: translate_args(best(ws), "--sample", "--temperature", "inf"),
+        ["temperature inf: must be a finite number > 0"],
+    ),
+    Case(  # silently ignored before: greedy or beam output where samples were wanted
+        "translate-top-k-without-sample",
+        lambda ws: translate_args(best(ws), "--top-k", "5"),
+        ["--top-k, --top-p and --temperature shape sampling; add --sample"],
+    ),
 ]
 
 # -- stdin ------------------------------------------------------------------------------------
@@ -947,8 +1079,49 @@ def translation(name: str, stdin: bytes, expected: list[Any], warning: str | Non
     return Case(name, make, None, check, process=True)
 
 
+def streams(ws: Workspace, *extra: Any) -> list[Any]:
+    """The tiny run's checkpoints/ folder as --model, three lines on stdin."""
+    ws.stdin = Stdin(b"qb qc\nqd\nqf\n")
+    return translate_args(ws.world.run / "checkpoints", *extra)
+
+
+def assert_nothing_written(result: subprocess.CompletedProcess[bytes]) -> None:
+    stderr = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 0 and result.stdout == b"" and "error" not in stderr, stderr
+    assert Path("/dev/null").is_char_device()  # written in place, never replaced
+
+
 TRANSLATE_CASES = [
     translation("translate-empty-input", b"", []),
+    Case(  # configs read .gz; so does --input. And RUN/checkpoints means its best.pt
+        "translate-gzip-input-from-checkpoints-folder",
+        lambda ws: translate_args(
+            ws.trained_run() / "checkpoints", "--input", ws.file("in.gz", gz(["qb qc", "", "qd"]))
+        ),
+        None,
+        lambda result: assert_translations(result, [ANY_TEXT, "", ANY_TEXT], None),
+        process=True,
+    ),
+    Case(  # streams are streams: read once as they come, devices written in place
+        "translate-dev-stdin-to-dev-null",
+        lambda ws: streams(ws, "--input", "/dev/stdin", "--output", "/dev/null"),
+        None,
+        assert_nothing_written,
+        process=True,
+    ),
+    Case(  # checked by the search itself (rows per line), so in a process of its own
+        "translate-nbest-in-millions",
+        lambda ws: streams(ws, "--nbest", "3000000"),
+        ["--beam 3000000 --nbest 3000000", "no wider than the target vocabulary (300 pieces)"],
+        process=True,
+    ),
+    Case(
+        "translate-output-dev-full",
+        lambda ws: streams(ws, "--output", "/dev/full"),
+        ["--output /dev/full: cannot write (No space left on device)"],
+        process=True,
+        marks=(pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full"),),
+    ),
     translation(
         "translate-blank-whitespace-crlf-lines",
         b"qb qc\r\n\n   \n\t\r\n\r\nqd",  # and no final newline

@@ -101,21 +101,49 @@ def test_evaluate_shows_progress_on_a_terminal_only(trained_run: Path, tmp_path:
 # Training
 
 
-def test_remaining_time_is_the_first_budget_to_end() -> None:
+def test_remaining_time_counts_the_run_to_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ETA is of the run, not of its updates: start-up, the validations still due and
+    the final one count; max_minutes keeps back the final validation's time."""
     from attn_mt.config import TrainConfig
-    from attn_mt.train.runlog import clock, remaining_seconds
+    from attn_mt.train import runlog
 
-    # 100 of 1,000 steps in 60 s: 540 s left by steps; 10 minutes give 540 s too; 0.5 epochs
-    # of 2 in 60 s: 180 s left. The epochs end first.
-    budget = TrainConfig(max_steps=1000, max_minutes=10, max_epochs=2)
-    assert remaining_seconds(budget, 100, 60.0, 0.5) == pytest.approx(180)
-    assert remaining_seconds(TrainConfig(max_steps=1000), 100, 60.0, 0.5) == pytest.approx(540)
-    assert remaining_seconds(TrainConfig(max_minutes=2), 100, 150.0, 0.5) == 0.0
-    assert remaining_seconds(TrainConfig(max_steps=-1), 100, 60.0, 0.5) is None
-    assert remaining_seconds(TrainConfig(patience=3), 100, 60.0, 0.5) is None
-    assert [clock(s) for s in (0, 59.9, 61, 3600, 3 * 3600 + 62, None)] == [
+    now = [20.0]  # 20 s of start-up, then 600 updates of 0.1 s and one validation of 30 s
+    monkeypatch.setattr(runlog.time, "monotonic", lambda: now[0])
+    run = runlog.RunClock(start=0.0, first_step=0, training_began=20.0)
+    now[0] += 600 * 0.1
+    run.validated(30.0)
+    now[0] += 30.0
+    assert run.elapsed() == pytest.approx(110)
+
+    def left(epochs: float = 0.0, **budget: float) -> float | None:
+        return run.remaining(TrainConfig(eval_every=500, **budget), 600, epochs)
+
+    # 400 updates and the validation at step 1000, which is the final one
+    assert left(max_steps=1000) == pytest.approx(400 * 0.1 + 30)
+    # 1,800 updates to the end of epoch 2: validations at 1000, 1500, 2000 and the final one
+    assert left(0.5, max_epochs=2) == pytest.approx(1800 * 0.1 + 4 * 30)
+    assert left(max_steps=1000, max_minutes=2) == pytest.approx(10)  # the budget ends first
+    assert left(max_steps=-1) is None and left(patience=3) is None
+    assert run.out_of_time(TrainConfig(max_minutes=2))  # 110 s + 30 s for the final validation
+    assert not run.out_of_time(TrainConfig(max_minutes=3)) and not run.out_of_time(TrainConfig())
+    assert [runlog.clock(s) for s in (0, 59.9, 61, 3600, 3 * 3600 + 62, None)] == [
         "0:00", "0:59", "1:01", "1:00:00", "3:01:02", "?",
     ]  # fmt: skip
+
+
+def test_the_live_line_fits_the_terminal() -> None:
+    from attn_mt.cli.progress import fit
+
+    line = (
+        "step 1200/100000  elapsed 1:02:03  ETA 12:34:56  epoch 3  loss 3.456  ppl 31.70  "
+        "lr 1.00e-03  grad 1.23  123,456 tgt tok/s"
+    )
+    assert fit(line, 200) == line
+    narrow = fit(line, 80)
+    assert len(narrow) <= 80 and narrow.split("  ") == [
+        "step 1200/100000", "elapsed 1:02:03", "ETA 12:34:56", "loss 3.456", "123,456 tgt tok/s",
+    ]  # fmt: skip
+    assert fit(line, 60).startswith("step 1200/100000  ETA 12:34:56  loss 3.456")
 
 
 def labels(line: str) -> str:
@@ -128,31 +156,34 @@ class Recorder:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self.validations: list[tuple[int, int]] = []
+        self.validations: list[tuple[str, int, int]] = []
 
     def training(self, line: str) -> None:
         self.lines.append(line)
 
-    def validating(self, done: int, total: int) -> None:
-        self.validations.append((done, total))
+    def validating(self, phase: str, done: int, total: int) -> None:
+        self.validations.append((phase, done, total))
 
 
 def test_training_reports_to_its_monitor(toy_config, caplog) -> None:
-    """One line per update with the log line's labels; validation progress on a subset."""
+    """One line per update with the log line's labels, the last updates logged even short of
+    log_every; validation progress of both phases on a subset."""
     from attn_mt.train.loop import train
 
     recorder = Recorder()
-    cfg = toy_config(max_steps=4, eval_every=2, log_every=2, valid_max_sentences=30)
+    cfg = toy_config(max_steps=4, eval_every=2, log_every=3, valid_max_sentences=30)
     with caplog.at_level(logging.INFO, logger="attn_mt"):
         result = train(cfg, device="cpu", monitor=recorder)
     assert result.step == 4 and len(recorder.lines) == 4
     assert re.fullmatch(LINE, recorder.lines[1]) and recorder.lines[1].startswith("step 2/4 ")
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
-    assert [labels(line) for line in logged] == [labels(line) for line in recorder.lines[1::2]]
-    assert recorder.validations[-1] == (30, 30)  # two validations of the 30-pair subset
-    assert sum(done == total for done, total in recorder.validations) == 2
+    assert [labels(line) for line in logged] == [labels(line) for line in recorder.lines[2:]]
+    assert recorder.validations[-1] == ("search", 30, 30)  # two validations of 30 pairs, each
+    for phase in ("loss", "search"):  # scoring them, then translating them
+        assert [done for p, done, _ in recorder.validations if p == phase].count(30) == 2
     valid = [json.loads(line) for line in (cfg_out(cfg) / "metrics.jsonl").read_text().splitlines()]
     assert [m["sentences"] for m in valid if m["split"] == "valid"] == [30, 30]
+    assert [m["step"] for m in valid if m["split"] == "train"] == [3, 4]  # in TensorBoard too
     log_text = (cfg_out(cfg) / "train.log").read_text()
     assert "valid step 4 (on 30 of 100 validation sentences): loss" in log_text
     finished = next(line for line in log_text.splitlines() if "finished at step 4" in line)
@@ -177,7 +208,8 @@ def test_training_shows_a_live_line_on_a_terminal(toy_data, tmp_path: Path) -> N
     for stage in stages:
         assert stage in terminal, stage
     assert re.search(r"\r\x1b\[2Kstep [1-6]/6  elapsed \d+:\d\d  ETA \d+:\d\d  epoch", terminal)
-    assert "validating" in terminal and "sent/s" in terminal
+    assert "validation loss" in terminal and "validation search" in terminal
+    assert "sent/s" in terminal
     assert "valid step 6 (on 20 of 100 validation sentences)" in terminal
     logged = (tmp_path / "run" / "train.log").read_text()
     assert re.search(LINE, logged) and not any(c in logged for c in CONTROL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import subprocess
 import sys
@@ -81,13 +82,12 @@ def test_maps_are_the_model_attention(translator: attn_mt.Translator, weights, k
     assert maps.weights.shape[2:] == (len(maps.rows), len(maps.columns))
     torch.testing.assert_close(maps.weights.sum(-1), torch.ones(maps.weights.shape[:3]))
     source = translator.src_tokenizer.pieces(translator.src_tokenizer.encode([SENTENCE])[0])
-    target = ["<s>"] + translator.tgt_tokenizer.pieces(
-        translator.tgt_tokenizer.encode([maps.translation])[0]
-    )
+    output = translator.tgt_tokenizer.pieces(translator.tgt_tokenizer.encode([maps.translation])[0])
+    # A decoder row is labelled by what it outputs: one place on from its input
     expected = {
-        "cross": (target, source + ["</s>"]),
+        "cross": (output + ["</s>"], source + ["</s>"]),
         "encoder": (source + ["</s>"],) * 2,
-        "decoder": (target,) * 2,
+        "decoder": (output + ["</s>"], ["<s>"] + output),
     }
     assert (maps.rows, maps.columns) == expected[kind]
     assert maps.translation == translator.translate([SENTENCE], beam=1)[0]
@@ -110,6 +110,11 @@ def test_figure_shows_the_weights(translator: attn_mt.Translator) -> None:
     assert len(figure.axes) == len(panels) + 1  # and one colour bar
     single = viz.plot_attention(maps, layer=0, head=heads - 1)
     assert [ax.get_title() for ax in single.axes[:-1]] == [f"layer 0 head {heads - 1}"]
+    long = dataclasses.replace(maps, source=" ".join(["a long source sentence"] * 8))
+    single = viz.plot_attention(long, layer=0, head=0)
+    single.canvas.draw()  # the one-panel title is drawn whole, inside the figure
+    shown = single._suptitle.get_window_extent()
+    assert shown.x0 >= 0 and shown.x1 <= single.bbox.width and shown.y1 <= single.bbox.height
 
 
 def test_png_has_the_figure_size(trained_run: Path, tmp_path: Path) -> None:

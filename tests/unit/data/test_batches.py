@@ -6,10 +6,12 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from attn_mt.data.batching import ShardSource
+from attn_mt.data.batching import MAX_EPOCH_PAIRS, ShardSource, check_epoch
 from attn_mt.data.shards import Shards, TokenView
 from attn_mt.distributed import World
+from attn_mt.errors import DataError
 
 
 def corpus(pairs: int = 300, seed: int = 0) -> Shards:
@@ -84,3 +86,15 @@ def test_describe_says_how_another_process_count_was_mapped() -> None:
     line = single.describe()
     assert "\n" not in line
     assert "resuming a 2-process run with 1 processes: epoch 0 continues at batch 6" in line
+
+
+def test_weights_at_the_edges_are_one_line() -> None:
+    """An epoch too large to hold, or a corpus that gives no pair, is refused before training."""
+    counts = np.array([300, 100])
+    check_epoch([1e6, 0.01], counts)  # 300 million pairs and 1 pair: fine
+    with pytest.raises(DataError, match=r"an epoch of 30,000,000,000,000,000,000 pairs"):
+        check_epoch([1e17, 1.0], counts)
+    assert MAX_EPOCH_PAIRS < 1e17 * 300
+    with pytest.raises(DataError, match=r"data.train\[1\].weight: 0.001 of 100 pairs is no pair"):
+        check_epoch([1.0, 0.001], counts)
+    check_epoch([1.0, 0.001], np.array([300, 0]))  # a corpus left empty by cleaning is no error

@@ -4,9 +4,12 @@ corpora mixed by weight and tagged, and numpy batches equal to the list-based on
 from __future__ import annotations
 
 import json
+import logging
 import random
+import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -197,9 +200,22 @@ def test_interrupted_prepare_leaves_nothing_to_trust(toy_data, tmp_path, monkeyp
 # Damaged shards are refused
 
 
+# Edits of a manifest that keep it valid JSON: each must be found, not trained on.
+MANIFEST_EDITS = {
+    "dtype": lambda m: m.update(dtype="int32"),  # the files still hold uint16 tokens
+    "retype": lambda m: m.update(files=list(m["files"])),
+    "drop": lambda m: m.pop("tokens"),
+    "string-count": lambda m: m["corpora"][0].update(kept="300"),
+}
+
+
 def damage(path: Path, how: str) -> None:
     data = path.read_bytes()
-    if how == "truncate":
+    if how in MANIFEST_EDITS:
+        manifest = json.loads(data)
+        MANIFEST_EDITS[how](manifest)
+        path.write_text(json.dumps(manifest))
+    elif how == "truncate":
         path.write_bytes(data[: len(data) // 2])
     elif how == "flip":
         path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
@@ -215,6 +231,10 @@ def damage(path: Path, how: str) -> None:
         ("index.npy", "flip", "corrupt"),
         ("corpus.npy", "delete", "missing"),
         ("manifest.json", "truncate", "unreadable manifest"),
+        ("manifest.json", "dtype", "src.bin does not hold"),
+        ("manifest.json", "retype", "unreadable manifest (files: missing or not a dict)"),
+        ("manifest.json", "drop", "unreadable manifest (tokens: missing or not a list)"),
+        ("manifest.json", "string-count", "unreadable manifest (corpora: an entry without"),
     ],
 )
 def test_damaged_shard_is_refused_in_one_line(toy_data, tmp_path, name, how, reason):
@@ -229,6 +249,39 @@ def test_damaged_shard_is_refused_in_one_line(toy_data, tmp_path, name, how, rea
     assert "\n" not in message
     rebuilt = prepare_shards(cfg, workers=1, repair=True)  # what `attn-mt prepare` does
     assert rebuilt.folder == folder and len(rebuilt) == 3000
+
+
+def test_concurrent_prepares_share_one_build(toy_data, tmp_path, caplog):
+    """Two prepares of one corpus at once: one encodes, both get the folder; a temp folder a
+    killed prepare left is removed."""
+    cfg = shard_config(toy_data, tmp_path)
+    folder = prepare_module.plan(cfg).folder
+    stale = folder.with_name(f".{folder.name}.99999999.tmp")
+    stale.mkdir(parents=True)
+    results: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(prepare_shards(cfg, workers=1)))
+        for _ in range(2)
+    ]
+    with caplog.at_level(logging.INFO, logger="attn_mt"):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert [(r.folder, len(r)) for r in results] == [(folder, 3000)] * 2
+    assert sum("encoding into" in r.getMessage() for r in caplog.records) == 1
+    assert not stale.exists()
+
+
+def test_a_file_where_the_prepared_folder_belongs(toy_data, tmp_path):
+    """Refused in one line by train; replaced by `attn-mt prepare`."""
+    cfg = shard_config(toy_data, tmp_path)
+    folder = prepare_module.plan(cfg).folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.write_text("not a folder")
+    with pytest.raises(DataError, match="a file, not a prepared folder; rebuild it"):
+        prepare_shards(cfg, workers=1)
+    assert len(prepare_shards(cfg, workers=1, repair=True)) == 3000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,6 +455,7 @@ def test_prepare_and_data_info_commands(two_corpora):
     runner = CliRunner()
     before = runner.invoke(app, ["data", "info", "--config", str(two_corpora)])
     assert "not prepared yet" in before.stdout and "92.3% of an epoch" in before.stdout
+    assert "multi30k" not in before.stdout  # a named corpus this config does not use
     done = runner.invoke(app, ["prepare", "--config", str(two_corpora), "--workers", "1"])
     assert done.exit_code == 0, done.output
     assert "corpus 2: " in done.stdout and "weight 0.5, tag <bt>, 7.7% of an epoch" in done.stdout

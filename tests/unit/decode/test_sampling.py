@@ -60,6 +60,15 @@ def test_a_cut_to_one_token_is_greedy_search(case, sampling: Sampling) -> None:
         assert_same(row_samples, [g, g])
 
 
+def test_a_temperature_near_zero_is_greedy_search(case) -> None:
+    """Dividing by 1e-300 overflows every log-probability but the likeliest's: still greedy."""
+    model, src, limits, lines = case
+    greedy = greedy_search(model, src, limits, alpha=0.6)
+    drawn = sample(model, src, limits, Sampling(temperature=1e-300), lines, 1, 0.6)
+    for row_samples, g in zip(drawn, greedy, strict=True):
+        assert_same(row_samples, [g])
+
+
 @pytest.mark.parametrize("top_k", [2, 5])
 def test_every_token_is_in_the_top_k_of_its_step(case, top_k: int) -> None:
     """Re-scored with the full decoder: fewer than k tokens beat each sampled one, and the
@@ -138,6 +147,8 @@ def test_a_line_samples_the_same_in_any_batch_and_with_any_count(case) -> None:
     ("options", "fragment"),
     [
         ({"temperature": 0.0}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
         ({"top_k": -1}, "top-k"),
         ({"top_p": 0.0}, "top-p"),
         ({"top_p": 1.5}, "top-p"),

@@ -1,8 +1,9 @@
-"""The time budget: max_minutes counts training time only, a time-driven schedule reaches its
-floor exactly when the budget runs out, and a resumed run continues the same schedule.
+"""The time budget: max_minutes counts the whole run (validations too) and keeps back the
+final validation's time, a time-driven schedule reaches its floor exactly where training
+stops, and a resumed run continues the same schedule.
 
-The clock is fake (each update takes one second of it, each validation a hundred), so the
-tests are exact and fast: no sleeping, no dependence on the machine's speed.
+The clock is fake (each update takes one second of it, each validation one and a half), so
+the tests are exact and fast: no sleeping, no dependence on the machine's speed.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from attn_mt.config import Config
 from attn_mt.train.loop import Trainer
 from attn_mt.train.schedule import learning_rate
 
-UPDATE_SECONDS, VALIDATION_SECONDS = 1.0, 100.0
-BUDGET = {"max_steps": 0, "max_minutes": 6 / 60, "schedule": "linear", "warmup": 2}
-BUDGET.update(min_lr=1e-4, lr=3e-3, eval_every=2, batch_tokens=256)  # 6 s, validated 3 times
+UPDATE_SECONDS, VALIDATION_SECONDS = 1.0, 1.5
+BUDGET = {"max_steps": 0, "max_minutes": 10 / 60, "schedule": "linear", "warmup": 2}
+BUDGET.update(min_lr=1e-4, lr=3e-3, eval_every=4, batch_tokens=256)  # 10 s
 
 
 class FakeTime:
@@ -34,7 +35,7 @@ class FakeTime:
 
 def timed_run(cfg: Config, clock: FakeTime, resume: bool = False, stop_after: int = 0):
     """Run `cfg` on `clock`; with `stop_after`, a signal stops it after that many updates.
-    Validation only takes time here: the budget must not count it."""
+    Only updates and validations take time here."""
     trainer = Trainer(cfg, resume=resume, clock=clock)
     update = trainer.update
 
@@ -64,15 +65,18 @@ def straight(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 
 def test_the_run_stops_at_the_budget_with_the_lr_at_its_floor(straight) -> None:
     cfg, trainer, result, clock = straight
-    # Validation (100 s each, 3 times) is not counted: six 1-second updates fill the budget.
-    assert (result.stopped_by, result.step) == ("max_minutes", 6)
-    assert trainer.progress.elapsed == 6.0
-    assert clock.lrs == [learning_rate(step, cfg.train, step - 1.0) for step in range(1, 7)]
+    # Updates 1-4 (4 s), a validation (5.5 s); the budget of 10 s less the final validation's
+    # 1.5 s puts the deadline at 8.5 s: updates 5-7 reach it, and the final validation ends
+    # the run at 10 s, its budget.
+    assert (result.stopped_by, result.step) == ("max_minutes", 7)
+    assert trainer.progress.elapsed == 8.5  # the validation counts
+    assert clock.now - 5000.0 == 10.0
     assert clock.lrs[0] == pytest.approx(1.5e-3)  # warm-up: step 1 of 2
     assert all(a > b for a, b in zip(clock.lrs[1:], clock.lrs[2:], strict=False))
-    # The last update ran one second before the end; where the run stopped, the lr is the floor.
-    assert clock.lrs[-1] == pytest.approx(1e-4 + (3e-3 - 1e-4) / 6)
-    assert learning_rate(result.step + 1, cfg.train, trainer.progress.elapsed) == 1e-4
+    # Where training stopped, the schedule stands at its floor.
+    seconds = trainer.clock.schedule_seconds(cfg.train)
+    assert learning_rate(result.step + 1, cfg.train, seconds) == 1e-4
+    assert clock.lrs[-1] > 1e-4
 
 
 def test_resume_continues_the_same_time_driven_schedule(straight, tmp_path: Path) -> None:
@@ -83,5 +87,5 @@ def test_resume_continues_the_same_time_driven_schedule(straight, tmp_path: Path
     assert (result.stopped_by, stopped.progress.elapsed) == ("signal", 3.0)
     later = FakeTime(now=123456.0)  # another process: its clock starts anywhere
     resumed, result = timed_run(cfg, later, resume=True)
-    assert (result.stopped_by, result.step, resumed.progress.elapsed) == ("max_minutes", 6, 6.0)
+    assert (result.stopped_by, result.step, resumed.progress.elapsed) == ("max_minutes", 7, 8.5)
     assert first.lrs + later.lrs == straight[3].lrs
