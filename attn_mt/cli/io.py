@@ -86,7 +86,7 @@ def input_file(path: Path | None) -> Iterator[tuple[BinaryIO, int | None]]:
     when FILE is a regular file (None for a stream: it can be read only once)."""
     if path is None:
         check_input(path)
-        yield sys.stdin.buffer, None
+        yield _stdin_reader(), None
         return
     with contextlib.ExitStack() as stack:
         try:
@@ -101,6 +101,21 @@ def input_file(path: Path | None) -> Iterator[tuple[BinaryIO, int | None]]:
             reason = getattr(err, "strerror", None) or err
             raise UserError(f"--input {path}: cannot read ({reason})") from None
         yield handle, total
+
+
+def _stdin_reader() -> BinaryIO:
+    """A binary reader of stdin of our own, over a copy of its file descriptor.
+
+    `line_chunks`'s reader thread may still be blocked in a read when the command ends (an
+    error, Ctrl-C); were it reading `sys.stdin.buffer`, Python's exit would find that buffer's
+    lock held and abort ("could not acquire lock for <stdin> at interpreter shutdown"). It is
+    never closed: closing it would wait for that read; the process's exit closes the copy.
+    """
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a test harness, no descriptor
+        return sys.stdin.buffer
+    return open(os.dup(fd), "rb")
 
 
 @contextlib.contextmanager

@@ -365,12 +365,12 @@ class Trainer:
         self.model.train()
         return result
 
-    def _validating(self, done: int, total: int) -> None:
+    def _validating(self, phase: str, done: int, total: int) -> None:
         """Follow validation; a signal abandons it, so last.pt is written at once (torchrun
         kills its workers 30 s after it forwards a SIGTERM)."""
         if self.stop_signal:
             raise _Interrupted
-        self.monitor.validating(done, total)
+        self.monitor.validating(phase, done, total)
 
     def _validate_and_save(self) -> None:
         """Validate on rank 0, log it, and write the checkpoints (best.pt if it improved)."""

@@ -101,15 +101,14 @@ def test_evaluate_shows_progress_on_a_terminal_only(trained_run: Path, tmp_path:
 # Training
 
 
-def test_remaining_time_counts_the_run_to_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_remaining_time_counts_the_run_to_its_end() -> None:
     """The ETA is of the run, not of its updates: start-up, the validations still due and
     the final one count; max_minutes keeps back the final validation's time."""
     from attn_mt.config import TrainConfig
     from attn_mt.train import runlog
 
     now = [20.0]  # 20 s of start-up, then 600 updates of 0.1 s and one validation of 30 s
-    monkeypatch.setattr(runlog.time, "monotonic", lambda: now[0])
-    run = runlog.RunClock(start=0.0, first_step=0, training_began=20.0)
+    run = runlog.RunClock(start=0.0, first_step=0, now=lambda: now[0])  # training began at 20 s
     now[0] += 600 * 0.1
     run.validated(30.0)
     now[0] += 30.0

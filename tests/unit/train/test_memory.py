@@ -16,7 +16,7 @@ from attn_mt.errors import UserError
 from attn_mt.train.loop import Trainer
 from attn_mt.train.loss import label_smoothed_loss
 from attn_mt.train.memory import probe, worst_batch
-from attn_mt.train.runlog import TrainWindow, window_line
+from attn_mt.train.runlog import RunClock, TrainWindow, window_line
 
 
 def test_the_probe_takes_the_batch_with_the_most_padded_target_positions(toy_config) -> None:
@@ -66,12 +66,13 @@ def test_the_step_line_shows_the_peak_memory_on_a_gpu(
     toy_config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     t, source = toy_config().train, SimpleNamespace(epoch=0, epochs_run=0.5)
+    run = RunClock(start=0.0, first_step=0, now=lambda: 1.0)
     window = TrainWindow()
     window.add(10.0, 9.0, 5, 1.0)
-    line, metrics = window_line(1, window, 1e-3, t, 1.0, source, torch.device("cpu"))
+    line, metrics = window_line(1, window, 1e-3, t, run, source, torch.device("cpu"))
     assert "mem" not in line and "peak_mem_gib" not in metrics
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**30)
-    line, metrics = window_line(1, window, 1e-3, t, 1.0, source, torch.device("cuda", 0))
+    line, metrics = window_line(1, window, 1e-3, t, run, source, torch.device("cuda", 0))
     assert line.endswith("mem 3.0 GiB") and metrics["peak_mem_gib"] == 3.0
 
 

@@ -547,7 +547,7 @@ def test_a_signal_during_validation_abandons_it_and_writes_last_once(
 
     def validate(translator, corpus, t, on_progress):
         os.kill(os.getpid(), signal.SIGTERM)
-        on_progress(1, 2)
+        on_progress("loss", 1, 2)
         raise AssertionError("validation went on after the signal")
 
     monkeypatch.setattr(train_module, "validate", validate)
