@@ -24,6 +24,7 @@ they agree.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,10 @@ def transformers_module():
         raise UserError(
             f"export --format hf needs the transformers package: {INSTALL_HINT}"
         ) from None
+    # Its progress bars and its advice to install sacremoses (Marian's tokenizer uses it only
+    # for text we never give it) would bury the export's one line of agreement on stderr.
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message="Recommended: pip install sacremoses")
     return transformers
 
 
