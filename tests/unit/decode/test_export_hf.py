@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 import attn_mt
 from attn_mt.cli import app
+from attn_mt.decode.export import longest_output
 from attn_mt.decode.export_hf import export_hf, model_permutation
 from attn_mt.decode.hf_parity import LOGPROB_TOLERANCE
 from attn_mt.errors import UserError
@@ -116,7 +117,14 @@ def test_trained_model_round_trip_offline(trained_run: Path, tmp_path: Path, toy
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    expected = attn_mt.load(trained_run, device="cpu").translate(lines, beam=1)
+    # transformers has one max_length for every sentence (generation_config.json), attn-mt a
+    # limit per sentence (the card says so): compared under the one limit the export wrote,
+    # so a toy output that reaches attn-mt's shorter per-sentence limit cannot tell them apart.
+    translator = attn_mt.load(trained_run, device="cpu")
+    limit = longest_output(translator.config.decode, translator.model.max_positions)
+    assert json.loads((folder / "generation_config.json").read_text())["max_length"] == limit + 1
+    same_limit = {"max_len_a": 0.0, "max_len_b": limit}
+    expected = attn_mt.load(trained_run, device="cpu", decode=same_limit).translate(lines, beam=1)
     assert eval(done.stdout.strip().splitlines()[-1]) == expected
     assert "validation BLEU" in card
 
