@@ -25,7 +25,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -194,16 +194,25 @@ def export_ctranslate2(
 def staged_folder(out: Path) -> Iterator[Path]:
     """A staging folder beside `out`, moved into place whole when the block succeeds: a failed
     export leaves neither a half-written folder nor a damaged earlier one."""
+    created = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # deepest first
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    done = False
     try:
         staging.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide the model from the team
         yield staging
+        for path in staging.rglob("*"):  # some writers (safetensors) make their files 0600
+            if path.is_file():
+                path.chmod(0o666 & ~umask())
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
+        done = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        for folder in created if not done else ():  # a refused export leaves no empty parents
+            with suppress(OSError):
+                folder.rmdir()
 
 
 def check_out_dir(out: Path, checkpoint: Path, force: bool) -> None:

@@ -107,13 +107,14 @@ def export_hf(
         hf_model = to_transformers(translator)
         hf_model.save_pretrained(staging)
         write_tokenizer(translator, staging)
-        (staging / "README.md").write_text(model_card(translator, checkpoint, hf_model, out))
         parity = check_parity(transformers_module(), translator, staging)
         if not parity.ok:
             raise UserError(
                 f"export --format hf: the transformers model disagrees with attn-mt ({parity}); "
                 "nothing written"
             )
+        card = model_card(translator, checkpoint, hf_model, out, parity)
+        (staging / "README.md").write_text(card)
     return parity
 
 
@@ -165,7 +166,8 @@ def to_transformers(translator: Translator):
         raise RuntimeError(f"weights not mapped: missing {left}, unexpected {unexpected}")
     hf_model.generation_config = tf.GenerationConfig(
         num_beams=cfg.decode.beam,
-        length_penalty=cfg.decode.length_penalty,
+        # transformers refuses a length penalty for greedy search (num_beams 1) when saving
+        length_penalty=cfg.decode.length_penalty if cfg.decode.beam > 1 else 1.0,
         early_stopping=False,
         max_length=output_limit + 1,  # + the decoder's start token
         suppress_tokens=[PAD_ID, BOS_ID],  # as attn-mt's search: never generated
@@ -272,12 +274,14 @@ def _write_vocab(tokenizer: Tokenizer, path: Path) -> None:
     path.write_text(json.dumps(pieces, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
 
 
-def model_card(translator: Translator, checkpoint: Path, hf_model, out: Path) -> str:
+def model_card(
+    translator: Translator, checkpoint: Path, hf_model, out: Path, parity: Parity
+) -> str:
     """README.md: what the model is, how it was trained, its scores, how to run it from `out`."""
     from attn_mt.evaluate import score
 
     cfg, d = translator.config, translator.config.decode
-    data = cfg.data.dataset or f"train files {cfg.data.train}"
+    data = training_data_line(cfg.data)
     scores = _validation_scores(checkpoint)
     signatures = score(["a"], ["a"])  # attn-mt's sacreBLEU settings, this sacrebleu's version
     table = (
@@ -300,7 +304,8 @@ tags: [attn-mt, translation]
 
 A {type(hf_model).__name__} exported by `attn-mt export --format hf` from `{checkpoint}`
 (training data: {data}, {cfg.data.src_lang} -> {cfg.data.tgt_lang}). The export checked that
-`generate()` gives attn-mt's greedy and beam outputs token for token on a fixed sample.
+`generate()` gives attn-mt's greedy and beam outputs token for token on a fixed sample of
+{parity.sentences} sources: {parity}.
 
 {table}
 
@@ -324,6 +329,18 @@ one max_length for every sentence in transformers.
 {yaml.safe_dump(cfg.to_dict(), sort_keys=False).strip()}
 ```
 """
+
+
+def training_data_line(data) -> str:
+    """The training data in words: the named corpus, else each corpus's file names (and weight)."""
+    if data.dataset:
+        return data.dataset
+    corpora = data.train if isinstance(data.train, list) else [data.train]
+    return "; ".join(
+        f"{Path(c.src).name} / {Path(c.tgt).name}"
+        + (f" (weight {c.weight:g})" if getattr(c, "weight", 1.0) != 1.0 else "")
+        for c in corpora
+    )
 
 
 def _validation_scores(checkpoint: Path) -> dict | None:

@@ -71,11 +71,18 @@ def random_text(seed: int, count: int = 40) -> list[str]:
 def test_random_model_generates_as_attn_mt(variant, tmp_path: Path, toy_data, quick_parity):
     settings, cls = variant
     checkpoint = random_checkpoint(tmp_path, toy_data, **settings)
-    parity = export_hf(checkpoint, tmp_path / "hf")
+    parity = export_hf(checkpoint, tmp_path / "hf", decode={"beam": 3, "length_penalty": 0.6})
     assert parity.ok and parity.max_logprob_diff <= LOGPROB_TOLERANCE
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["length_penalty"]) == (3, 0.6)
     names = {p.name for p in (tmp_path / "hf").iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "README.md"} <= names
     assert {"source.spm", "target.spm", "vocab.json", "tokenizer_config.json"} <= names
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "hf").iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"]  # no file kept private
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert str(parity) in card  # the card carries the agreement the export measured
+    assert "SplitFiles(" not in card and "train.src / train.tgt" in card
     model, tokenizer = load_folder(tmp_path / "hf")
     assert type(model).__name__ == cls
     translator = attn_mt.load(checkpoint, device="cpu")
@@ -103,10 +110,11 @@ def test_trained_model_round_trip_offline(trained_run: Path, tmp_path: Path, toy
     folder = tmp_path / "hf"
     result = CliRunner().invoke(
         app, ["export", "--format", "hf", "--model", str(trained_run), "--out", str(folder),
-              "--beam", "1"]
+              "--beam", "1", "--length-penalty", "0.6"]
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "greedy 12/12" in result.output and "tokenizer ids identical" in result.output
+    # greedy with a length penalty: the penalty has no effect and transformers would refuse it
     assert json.loads((folder / "generation_config.json").read_text())["num_beams"] == 1
     lines = toy_pairs(5, seed=11)[0]
     card = (folder / "README.md").read_text()
@@ -137,6 +145,7 @@ REFUSED = {
     "additive attention": (dict(attention="additive"), r"model\.attention: 'additive'"),
     "learned positions": (dict(positions="learned"), r"model\.positions: 'learned'"),
     "pre-norm, separate vocabularies": (dict(joint=False), r"model\.norm 'pre' with separate"),
+    "pre-norm, untied output": (dict(tie_embeddings=False), r"model\.norm 'pre' with separate"),
 }
 
 
@@ -165,8 +174,8 @@ def test_disagreeing_model_is_refused_and_nothing_written(tmp_path, toy_data, qu
 
     quick_parity.setattr(module, "hf_weights", damaged)
     with pytest.raises(UserError, match="disagrees with attn-mt .*nothing written"):
-        export_hf(checkpoint, tmp_path / "hf")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+        export_hf(checkpoint, tmp_path / "new" / "folders" / "hf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nor the parents it made
 
 
 def test_damaged_checkpoint_and_bad_options(tmp_path: Path, monkeypatch):
