@@ -101,10 +101,15 @@ def configure_kernels(deterministic: bool, tf32: bool) -> None:
             CUBLAS_WORKSPACE,
         )
     set_cuda_environment(deterministic)
-    fast = tf32 and not deterministic
-    torch.backends.cuda.matmul.allow_tf32 = fast
-    torch.backends.cudnn.allow_tf32 = fast
+    set_tf32(tf32 and not deterministic)
     if torch.are_deterministic_algorithms_enabled() != deterministic:  # its import takes seconds
         torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = False
+
+
+def set_tf32(on: bool) -> None:
+    """TF32 tensor cores for fp32 matrix products and convolutions on CUDA, process-wide
+    (torch's default is off)."""
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on

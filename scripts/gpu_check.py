@@ -201,9 +201,11 @@ def mask_free_attention(ctx: Context) -> Figures:
         if ctx.device.type == "cuda":
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # an error if flash refuses
-                for layer in model.decoder:
-                    layer.self_attn(memory, memory, causal=True)
+            # Through decode, as training and translation call it: flash takes no mask, so
+            # a decoder that passed one to self-attention is an error here. Cross-attention is
+            # given no source mask for this call (flash would refuse it too); not compared.
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                model.decode(tgt_in, memory, None)
         mask_free = model.decode(tgt_in, memory, src_mask).float()
         self_mask = causal_mask(tgt_in.size(1), ctx.device) & (tgt_in != PAD_ID)[:, None, None]
         y = model.tgt_embed(tgt_in)
@@ -275,12 +277,32 @@ def short_run(precision: str) -> Callable[[Context], Figures]:
     return run
 
 
+def one_process_all_reduce(backend: str, device: torch.device) -> Figures:
+    """A process group of `backend` with this process alone (world size 1), one all_reduce of
+    a tensor on `device`, then the group destroyed."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        values = torch.arange(4.0, device=device)
+        dist.all_reduce(values)  # one rank: the sum is the tensor itself
+        if not torch.equal(values.cpu(), torch.arange(4.0)):
+            raise CheckFailed(f"{backend} all_reduce over one rank gave {values.tolist()}")
+        return {"backend": dist.get_backend(), "all_reduce": "equal"}
+    finally:
+        dist.destroy_process_group()
+
+
 def nccl_one_process(ctx: Context) -> Figures:
+    """NCCL started for real (a one-rank group and an all_reduce on the GPU), then `attn-mt
+    train` under a one-process torchrun (which needs no process group, so starts no NCCL)."""
+    figures = one_process_all_reduce("nccl", ctx.device)
+    figures["nccl version"] = str(torch.cuda.nccl.version())
     out = train(ctx, "nccl", "tiny.yaml", "train.max_steps=10", torchrun=True)
     log = (out / "train.log").read_text()
     if "1 process(es)" not in log:
         raise CheckFailed("the torchrun run did not log one process")
-    return {"steps": metrics(out, "train")[-1]["step"]}
+    return figures | {"torchrun steps": metrics(out, "train")[-1]["step"]}
 
 
 def bench(size: str) -> Callable[[Context], Figures]:

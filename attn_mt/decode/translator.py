@@ -40,7 +40,13 @@ from attn_mt.decode.search import (
 from attn_mt.errors import UserError
 from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.transformer import Transformer
-from attn_mt.precision import DTYPES, autocast_context, resolve_device, resolve_precision
+from attn_mt.precision import (
+    DTYPES,
+    autocast_context,
+    resolve_device,
+    resolve_precision,
+    set_tf32,
+)
 
 # Every character `str.splitlines` breaks at, not only a file's \n and \r: a caller that splits
 # the output either way gets one line per input line.
@@ -281,6 +287,9 @@ def load(
         decode: decode.* settings over the checkpoint's, e.g. {"beam": 4}, checked as in a
             config file.
 
+    fp32 on CUDA sets torch's TF32 switches (process-wide) as training did: on with the
+    (first) checkpoint's `train.tf32`, off with its `train.deterministic`.
+
     Every check of these arguments is here, so the command line and a notebook meet the same
     rules; they are named as the command-line options that set them.
     """
@@ -300,6 +309,8 @@ def load(
         *(model_from(s, p) for s, p in zip(states, given, strict=True)), strict=True
     )
     config = with_decode(configs[0], decode)
+    if device.type == "cuda" and dtype is None:  # fp32 on CUDA: TF32 as the model trained
+        set_tf32(config.train.tf32 and not config.train.deterministic)
     src_tok, tgt_tok = tokenizers_from(states[0], given[0])
     if quantize is not None:
         models = [quantize_model(m, quantize, device) for m in models]

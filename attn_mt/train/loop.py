@@ -303,6 +303,8 @@ class Trainer:
             if self.world.distributed and i < len(batches) - 1:
                 sync = self.train_model.no_sync()  # gradients are reduced once, after the last
             with sync:
+                if t.compile:
+                    vary_batch_shape(batch)
                 with autocast_context(self.device, self.dtype):
                     logits = self.train_model(batch.src, batch.tgt_in)
                 loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
@@ -413,6 +415,16 @@ def wrap_model(
         # every rank, and they grow on demand (a rank's longer batch would change the shape).
         wrapped = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
     return torch.compile(wrapped) if compile else wrapped
+
+
+def vary_batch_shape(batch: Batch) -> None:
+    """Tell torch.compile that rows and lengths (dims 0 and 1 of src and tgt_in) vary, so
+    that one graph serves every batch shape. Left to itself it compiles the first shape as
+    fixed, then again with those dims dynamic, and ties lengths that happened to be equal
+    (duck sizing), a recompile when they differ. A dim of size 1 still gets its own graph."""
+    for tokens in (batch.src, batch.tgt_in):  # (B, S), (B, T)
+        torch._dynamo.maybe_mark_dynamic(tokens, 0)
+        torch._dynamo.maybe_mark_dynamic(tokens, 1)
 
 
 def make_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:

@@ -3,6 +3,7 @@ writes its report and exits 0."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 from helpers import REPO
 
 pytestmark = pytest.mark.slow
@@ -42,3 +45,25 @@ def test_gpu_check_runs_its_cpu_part_and_exits_0(tmp_path: Path):
     report = (tmp_path / "gpu_check.md").read_text()
     assert "| cached == full decoding | pass |" in report
     assert "| deterministic exact resume | skipped |" in report
+
+
+def test_the_nccl_check_starts_a_one_rank_group_and_all_reduces(monkeypatch):
+    """The NCCL check's own process group (a torchrun of one process starts none), run here with
+    gloo on the CPU: a group starts, one all_reduce runs in it, and it is destroyed."""
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # its dataclasses look it up
+    spec.loader.exec_module(gpu_check)
+    reduced = []
+    all_reduce = dist.all_reduce
+
+    def spy(tensor, *args, **kwargs):
+        reduced.append((dist.get_world_size(), tensor.device.type))
+        return all_reduce(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", spy)
+    assert not dist.is_initialized()
+    figures = gpu_check.one_process_all_reduce("gloo", torch.device("cpu"))
+    assert figures == {"backend": "gloo", "all_reduce": "equal"}
+    assert reduced == [(1, "cpu")]
+    assert not dist.is_initialized()

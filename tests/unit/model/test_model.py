@@ -136,6 +136,30 @@ def test_mask_free_decoder_equals_the_masked_one_at_real_positions():
     torch.testing.assert_close(mask_free[1, :3], masked[1, :3], rtol=0, atol=1e-10)
 
 
+def test_decoder_self_attention_reaches_the_fused_kernel_with_the_causal_flag_alone(
+    monkeypatch,
+):
+    """Whole-prefix decoding (fp32, fused path) calls scaled_dot_product_attention for
+    self-attention with no mask and is_causal: the only form torch's flash kernel takes."""
+    model = tiny_model().float()
+    src, tgt = tokens(2, 6, seed=9), tokens(2, 4, seed=10)
+    tgt[1, 2:] = PAD_ID
+    memory = model.encode(src, src_mask_of(src))
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
+        calls.append({"keys": k.size(2), "mask": attn_mask, "causal": is_causal})
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model.decode(tgt, memory, src_mask_of(src))
+    self_calls = [c for c in calls if c["keys"] == 4]  # (keys = target length: 4; source: 6)
+    assert len(self_calls) == len(model.decoder) and len(calls) == 2 * len(model.decoder)
+    assert all(c["mask"] is None and c["causal"] for c in self_calls), self_calls
+    assert all(c["mask"] is not None and not c["causal"] for c in calls if c["keys"] == 6)
+
+
 # ---------------------------------------------------------------------------------------------
 # Positional encodings and embeddings
 

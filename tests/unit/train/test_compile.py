@@ -1,20 +1,60 @@
-"""train.compile under DDP: two gloo processes on the CPU, `accumulate: 2`, compiled equal to
-eager (tests/helpers/compile_worker.py runs both in one torchrun launch)."""
+"""train.compile: one graph for every batch shape; under DDP (two gloo processes on the CPU,
+`accumulate: 2`) compiled equal to eager (tests/helpers/compile_worker.py runs both in one
+torchrun launch)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from helpers.toy import toy_config_dict
 
+from attn_mt.train import loop
+
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 STEPS = 3
+
+
+@pytest.fixture
+def counted_compile(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """torch.compile with a backend that runs the captured graph as it is and notes the input
+    shapes of each graph it is given; Dynamo's caches are emptied before and after."""
+    graphs: list[tuple[int, ...]] = []
+
+    def backend(graph: torch.fx.GraphModule, inputs: list) -> object:
+        graphs.append(tuple(tuple(x.shape) for x in inputs if isinstance(x, torch.Tensor)))
+        return graph.forward
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
+    yield graphs
+    torch._dynamo.reset()
+
+
+def test_compiled_training_compiles_once_over_batch_shapes(
+    toy_config, monkeypatch, scripted_validation, counted_compile
+) -> None:
+    """Every batch has other rows and lengths; the compiled model is captured once for all."""
+    shapes = set()
+    loss = loop.label_smoothed_loss
+
+    def noted(logits, *args, **kwargs):
+        shapes.add(tuple(logits.shape[:2]))  # (B, T)
+        return loss(logits, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "label_smoothed_loss", noted)
+    scripted_validation()
+    trainer = loop.Trainer(toy_config(compile=True, max_steps=6, batch_tokens=256, warmup=1))
+    assert trainer.run().step == 6
+    assert len(shapes) >= 3, shapes
+    assert len(counted_compile) == 1, counted_compile
 
 
 def write_config(toy_data: dict[str, Path], folder: Path, name: str, compile: bool) -> Path:
