@@ -4,6 +4,7 @@ TORCH  ?= torch==2.13.0
 VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= configs/multi30k_de_en.yaml
+ARGS   ?=  # more `attn-mt train` options, e.g. ARGS='--set train.max_minutes=3'
 
 .PHONY: setup train test lint bench clean
 
@@ -17,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 train: setup
-	$(BIN)/attn-mt train --config $(CONFIG)
+	$(BIN)/attn-mt train --config $(CONFIG) $(ARGS)
 
 test: setup
 	$(BIN)/python -m pytest

@@ -48,8 +48,8 @@ def train(
     device: DeviceOption = "auto",
 ) -> None:
     """Train a model: SentencePiece, Transformer, validation BLEU, checkpoints, TensorBoard."""
-    # The arguments and the config are checked before torch is imported (seconds): a mistake
-    # is reported at once.
+    # The arguments, the config and the run folder are checked before torch is imported
+    # (seconds): a mistake is reported at once.
     from attn_mt.configfile import load_config
 
     if init_from is not None and resume:
@@ -77,6 +77,10 @@ def train(
         config, set_ = run_dir / "config.yaml", [f"train.out_dir={run_dir}", *(set_ or [])]
     overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
     cfg = load_config(config, overrides)
+    if os.environ.get("RANK", "0") == "0":  # rank 0 holds the folder; the others see it written
+        from attn_mt.train.runfolder import check_run_start
+
+        check_run_start(cfg.train.out_dir, resume)
     from attn_mt.precision import set_cuda_environment
 
     set_cuda_environment(cfg.train.deterministic)  # read once, when CUDA starts: set it first

@@ -4,7 +4,9 @@
 there. The kernel drops the lock when the process ends, however it ends, so a SIGKILL never
 leaves a stale lock; the file only names the holder's pid for the message a second process
 prints. A run that fails before its first checkpoint takes away the files it created (and the
-folder, if it made it), so the retry finds the folder as it was.
+folder, if it made it), so the retry finds the folder as it was. `check_run_start` refuses, from
+what the folder holds alone, a start it could not make; the CLI calls it before torch is
+imported (seconds), so this module imports no torch.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from attn_mt.errors import UserError
-from attn_mt.fileio import os_reason, writable
+from attn_mt.fileio import os_reason, writable, writable_dir
 
 LOCK_NAME = ".lock"
 # What a run writes into its folder (README.md, "Train"); removed again when the run fails
@@ -48,6 +50,51 @@ def lock_run_folder(out_dir: str | Path) -> Iterator[None]:
         (out / LOCK_NAME).unlink(missing_ok=True)  # the next holder makes a new one
         handle.close()
         _remove_folders(created)
+
+
+def check_run_start(out_dir: str | Path, resume: bool) -> None:
+    """Refuse what the run folder alone rules out: overwriting a run, a run that stopped before
+    its first checkpoint, nothing to resume, a folder (or a resumed run's log) not writable.
+    Whether last.pt fits the config is checked where it is read (train/state.py)."""
+    out = Path(out_dir)
+    if _held(out):  # a run in progress: `lock_run_folder` names its process
+        return
+    last = out / "checkpoints" / "last.pt"
+    started = out.is_dir() and any(
+        (out / name).exists() for name in ("checkpoints", "config.yaml", "metrics.jsonl")
+    )
+    if started and not last.is_file():  # neither resumable nor ours to overwrite
+        raise UserError(
+            f"{out}: holds a run that stopped before its first checkpoint "
+            "(no checkpoints/last.pt); delete that folder or choose another train.out_dir"
+        )
+    if started and not resume:
+        raise UserError(
+            f"{out}: already holds a run; continue it with `attn-mt train --resume`, "
+            "or choose another train.out_dir"
+        )
+    if resume and not last.is_file():
+        raise UserError(
+            f"{out}: nothing to resume (no checkpoints/last.pt); start without --resume"
+        )
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: train.out_dir exists and is not a folder")
+    if out.is_dir() and not writable_dir(out):
+        raise UserError(f"{out}: cannot write in the run folder (Permission denied)")
+    if resume:
+        _check_writable(out)
+
+
+def _held(out: Path) -> bool:
+    """Whether another process holds the run folder's lock now."""
+    try:
+        with open(out / LOCK_NAME, encoding="utf-8") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False  # no lock file, or one this process cannot read: nothing holds it
+    return False
 
 
 def _check_writable(out: Path) -> None:

@@ -37,6 +37,7 @@ from attn_mt.errors import UserError
 from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.transformer import Transformer
 from attn_mt.train.ema import WeightEMA
+from attn_mt.train.runfolder import check_run_start
 
 # Config keys a resumed run must share with its checkpoint (the rest may change, and so may
 # the subword sampling, which changes no piece).
@@ -216,26 +217,10 @@ def _checked_on_main(
 
 def check_run_folder(out: Path, cfg: Config, resume: bool) -> dict[str, Any] | None:
     """Refuse to overwrite a run; on resume, return last.pt once it is known to fit `cfg`."""
-    last = out / "checkpoints" / "last.pt"
-    started = out.exists() and any(
-        (out / name).exists() for name in ("checkpoints", "config.yaml", "metrics.jsonl")
-    )
-    if started and not last.is_file():  # neither resumable nor ours to overwrite
-        raise UserError(
-            f"{out}: holds a run that stopped before its first checkpoint "
-            "(no checkpoints/last.pt); delete that folder or choose another train.out_dir"
-        )
+    check_run_start(out, resume)
     if not resume:
-        if started:
-            raise UserError(
-                f"{out}: already holds a run; continue it with `attn-mt train --resume`, "
-                "or choose another train.out_dir"
-            )
         return None
-    if not last.is_file():
-        raise UserError(
-            f"{out}: nothing to resume (no checkpoints/last.pt); start without --resume"
-        )
+    last = out / "checkpoints" / "last.pt"
     state = load_checkpoint(last)
     if not isinstance(state.get("train_state"), dict):
         raise UserError(f"{last}: holds no training state, so it cannot be resumed")

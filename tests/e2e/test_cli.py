@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import typer.main
 import yaml
 from helpers import REPO
+from helpers.clirun import CLI, child_env, translate_args
+from helpers.workspace import World
 from typer.testing import CliRunner
 
 from attn_mt.cli import app
@@ -149,14 +153,36 @@ print("torch" in sys.modules or "ctranslate2" in sys.modules, file=sys.stderr)
 
 
 def test_train_mistakes_are_reported_before_torch_is_imported(tmp_path: Path):
-    """`train` checks its arguments and the config first: a mistake costs no torch import."""
+    """`train` checks its arguments, the config and the run folder first: a mistake costs no
+    torch import. The not-writable folder is tried as uid 65534 when this is root."""
     bad = tmp_path / "bad.yaml"
     bad.write_text((REPO / "configs" / "tiny.yaml").read_text() + "model: {heads: 3}\n")
-    script = f"""
-import sys
+    held = tmp_path / "held"  # holds a run: its config.yaml and last.pt
+    (held / "checkpoints").mkdir(parents=True)
+    (held / "config.yaml").write_text("{}\n")
+    (held / "checkpoints" / "last.pt").write_bytes(b"")
+    shared = Path(tempfile.mkdtemp(prefix="attn-mt-locked-"))  # pytest's tmp_path is 0700
+    try:
+        shared.chmod(0o755)
+        (shared / "locked").mkdir(mode=0o555)
+        (shared / "locked").chmod(0o555)  # the umask may have taken bits away
+        tiny = ["--config", "configs/tiny.yaml", "--device", "cpu", "--set"]
+        mistakes = [
+            ([], "give --config FILE"),
+            (["configs/tiny.yaml"], "is a config file"),
+            (["--config", str(bad)], "duplicate key 'model'"),
+            (["--config", "configs/tiny.yaml", "--set", "train.lr=-1"], "train.lr: -1"),
+            ([*tiny, f"train.out_dir={tmp_path / 'none'}", "--resume"], "nothing to resume"),
+            ([*tiny, f"train.out_dir={held}"], "already holds a run"),
+            ([*tiny, f"train.out_dir={shared / 'locked'}"], "cannot write in the run folder"),
+        ]
+        script = f"""
+import os, sys
 from attn_mt.cli import main
-for args in {[[], ["configs/tiny.yaml"], ["--config", str(bad)],
-              ["--config", "configs/tiny.yaml", "--set", "train.lr=-1"]]!r}:
+for i, args in enumerate({[args for args, _ in mistakes]!r}):
+    if i == {len(mistakes) - 1} and os.geteuid() == 0:  # root writes anywhere
+        os.setegid(65534)
+        os.seteuid(65534)
     sys.argv = ["attn-mt", "train", *args]
     try:
         main()
@@ -164,12 +190,16 @@ for args in {[[], ["configs/tiny.yaml"], ["--config", str(bad)],
         assert exit.code == 2, (args, exit.code)
 print("torch" in sys.modules, file=sys.stderr)
 """  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
-    )
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
+        )
+    finally:
+        shutil.rmtree(shared)
     assert done.returncode == 0, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("attn-mt: error:")]
-    assert len(errors) == 4, done.stderr
+    assert len(errors) == len(mistakes), done.stderr
+    for line, (_, words) in zip(errors, mistakes, strict=True):
+        assert words in line, (words, line)
     assert done.stderr.splitlines()[-1] == "False"
 
 
@@ -293,8 +323,6 @@ def test_resume_a_folder_that_is_not_a_run(tmp_path: Path):
 
 def test_resume_by_folder_continues_that_folder(trained_run: Path, tmp_path: Path):
     """A copied run folder resumes in place (its config.yaml still names the original)."""
-    import shutil
-
     import torch
 
     copy = tmp_path / "moved"
@@ -337,6 +365,44 @@ def test_a_fifo_is_read_once_as_it_comes(tmp_path: Path, compressed: bool):
         lines = [line for chunk in line_chunks(stream, str(fifo)) for line in chunk]
     writer.join()
     assert total is None and lines == ["qb qc", "", "qd"]
+
+
+def test_process_substitution_is_read(world: World, tmp_path: Path):
+    """`--input <(zcat x.gz)`: the shell gives the command /dev/fd/N, a pipe it inherits."""
+    read, write = os.pipe()
+    os.write(write, b"qb qc\n\nqd\n")
+    os.close(write)
+    try:
+        done = subprocess.run(
+            [*CLI, *map(str, translate_args(world.run, "--input", f"/dev/fd/{read}"))],
+            pass_fds=(read,),
+            capture_output=True,
+            cwd=tmp_path,
+            env=child_env(),
+            timeout=300,
+        )
+    finally:
+        os.close(read)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.decode().split("\n")
+    assert len(lines) == 4 and lines[0] and lines[1] == "" and lines[2] and lines[3] == ""
+
+
+def test_output_symlink_to_stdout_is_written_through(world: World, tmp_path: Path):
+    """`--output out` where out -> /dev/stdout: written in place, the symlink kept."""
+    link = tmp_path / "out"
+    link.symlink_to("/dev/stdout")
+    done = subprocess.run(
+        [*CLI, *map(str, translate_args(world.run, "--output", link))],
+        input=b"qb qc\nqd\n",
+        capture_output=True,
+        cwd=tmp_path,
+        env=child_env(),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.decode().splitlines()) == 2
+    assert link.is_symlink() and os.readlink(link) == "/dev/stdout"
 
 
 def test_closed_standard_streams_are_one_line(monkeypatch: pytest.MonkeyPatch):

@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import gzip
+import json
 import pickle
 import re
+import shutil
 import subprocess
 import tempfile
 import zipfile
@@ -170,6 +172,16 @@ CONFIG_CASES = [
     Case(  # SentencePiece has these pieces already: a tag must be a piece of its own
         "config-tag-is-a-special-piece",
         lambda ws: train_args(ws.config(data={"train": [tagged(ws, "<s>")]})),
+        ["data.train[0].tag", "not a piece SentencePiece has"],
+    ),
+    Case(
+        "config-tag-is-the-unknown-piece",
+        lambda ws: train_args(ws.config(data={"train": [tagged(ws, "<unk>")]})),
+        ["data.train[0].tag", "not a piece SentencePiece has"],
+    ),
+    Case(
+        "config-tag-is-the-padding-piece",
+        lambda ws: train_args(ws.config(data={"train": [tagged(ws, "<pad>")]})),
         ["data.train[0].tag", "not a piece SentencePiece has"],
     ),
     Case(
@@ -390,6 +402,24 @@ def offline_corpus(ws: Workspace) -> list[Any]:
     return train_args(ws.file("multi30k.yaml", yaml.safe_dump(raw)))
 
 
+def damaged_manifest(ws: Workspace, edit: Callable[[dict[str, Any]], Any]) -> list[Any]:
+    """The tiny run's training command over a copy of its prepared folder whose manifest.json
+    (still valid JSON) was edited by `edit`."""
+    manifest = ws.prepared_copy() / "manifest.json"
+    fields = json.loads(manifest.read_text())
+    edit(fields)
+    manifest.write_text(json.dumps(fields))
+    return train_args(ws.config())
+
+
+def prepared_file(ws: Workspace) -> list[Any]:
+    """A file where the tiny run's prepared folder belongs."""
+    folder = ws.prepared_copy()
+    shutil.rmtree(folder)
+    folder.write_text("not a folder\n")
+    return train_args(ws.config())
+
+
 DATA_CASES = [
     Case(
         "data-file-missing",
@@ -487,6 +517,36 @@ DATA_CASES = [
         )[1],
         ["cache/prepared: cannot use the prepared-data cache (Permission denied)", "ATTN_MT_CACHE"],
         user=True,
+    ),
+    Case(  # train never trains on a prepared folder it cannot vouch for; `prepare` rebuilds it
+        "data-prepared-manifest-field-missing",
+        lambda ws: damaged_manifest(ws, lambda m: m.pop("tokens")),
+        ["manifest.json: unreadable manifest (tokens: missing or not a list)", "attn-mt prepare"],
+    ),
+    Case(
+        "data-prepared-manifest-field-wrong-type",
+        lambda ws: damaged_manifest(ws, lambda m: m.update(pairs="300")),
+        ["manifest.json: unreadable manifest (pairs: missing or not a", "attn-mt prepare"],
+    ),
+    Case(
+        "data-prepared-manifest-count-wrong-type",
+        lambda ws: damaged_manifest(ws, lambda m: m["corpora"][0].update(kept=300.0)),
+        ["manifest.json: unreadable manifest (corpora: an entry without", "attn-mt prepare"],
+    ),
+    Case(  # the files still hold uint16 tokens: read as int32 they would be other ids
+        "data-prepared-dtype-changed",
+        lambda ws: damaged_manifest(ws, lambda m: m.update(dtype="int32")),
+        ["manifest.json: src.bin does not hold", "int32 tokens", "attn-mt prepare"],
+    ),
+    Case(
+        "data-prepared-dtype-unknown",
+        lambda ws: damaged_manifest(ws, lambda m: m.update(dtype="float64")),
+        ["manifest.json: unreadable manifest (dtype: 'float64', expected uint16 or int32)"],
+    ),
+    Case(
+        "data-prepared-folder-is-a-file",
+        prepared_file,
+        ["a file, not a prepared folder", "attn-mt prepare"],
     ),
     Case(
         "data-cache-is-a-file",
@@ -611,6 +671,11 @@ RUN_CASES = [
     Case(
         "run-held-by-another-process",
         held,
+        ["run: another attn-mt train (pid", "is running in this folder", "train.out_dir"],
+    ),
+    Case(  # a running train has written its folder: still named as running, not as a run to resume
+        "run-held-by-a-train-that-wrote-its-folder",
+        lambda ws: (ws.run_copy(), held(ws))[1],
         ["run: another attn-mt train (pid", "is running in this folder", "train.out_dir"],
     ),
     Case(
@@ -1033,10 +1098,11 @@ STDIN_CASES = [
         lambda ws: with_stdin(ws, Stdin(error=OSError(errno.EBADF, "Bad file descriptor"))),
         ["stdin: cannot read text (Bad file descriptor)"],
     ),
-    Case(
-        "stdin-is-a-folder",
-        lambda ws: with_stdin(ws, Stdin(error=IsADirectoryError(errno.EISDIR, "Is a directory"))),
-        ["stdin: cannot read text (Is a directory)"],
+    Case(  # a read that fails part-way (a terminal that hung up). A stdin that is a folder never
+        # gets this far: Python stops at start-up, before attn-mt runs (docs/guarantees.md).
+        "stdin-read-fails-with-eio",
+        lambda ws: with_stdin(ws, Stdin(error=OSError(errno.EIO, "Input/output error"))),
+        ["stdin: cannot read text (Input/output error)"],
     ),
 ]
 

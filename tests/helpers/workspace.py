@@ -181,6 +181,19 @@ class Workspace:
             torch.save(state, path)
         return path
 
+    def prepared_copy(self) -> Path:
+        """The world's cache copied to ./cache (ATTN_MT_CACHE for this case), and in it the tiny
+        run's prepared folder (to damage; the world's own stays as it is)."""
+        from attn_mt.configfile import config_from_dict
+        from attn_mt.data.prepare import plan
+
+        cache = Path(shutil.copytree(self.world.cache, self.dir / "cache"))
+        self.env["ATTN_MT_CACHE"] = str(cache)
+        with mock.patch.dict(os.environ, {"ATTN_MT_CACHE": str(cache)}):
+            folder = plan(config_from_dict(self.raw())).folder
+        assert (folder / "manifest.json").is_file(), f"{folder}: not the world's prepared folder"
+        return folder
+
     def run_copy(self, edit_last: Callable[[dict], Any] | None = None) -> Path:
         """The finished tiny run copied to ./run, its last.pt re-saved after `edit_last`."""
         out = Path(shutil.copytree(self.world.run, self.dir / "run"))

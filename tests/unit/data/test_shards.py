@@ -18,14 +18,14 @@ import yaml
 from helpers import REPO
 from helpers.toy import epoch_lists, toy_config_dict, toy_pairs, write_lines
 
-from attn_mt.config import Config
+from attn_mt.config import Config, TrainCorpus
 from attn_mt.configfile import config_from_dict, load_config
 from attn_mt.data import prepare as prepare_module
 from attn_mt.data import shards as shards_module
 from attn_mt.data.batching import ShardSource, collate, length_batches
 from attn_mt.data.corpora import cache_dir
 from attn_mt.data.prepare import prepare_shards, sample_pairs
-from attn_mt.data.shards import open_shards
+from attn_mt.data.shards import Plan, open_shards
 from attn_mt.data.text import clean_pairs, read_parallel
 from attn_mt.data.tokenizer import build_tokenizers
 from attn_mt.distributed import World
@@ -283,6 +283,22 @@ def test_a_file_where_the_prepared_folder_belongs(toy_data, tmp_path):
     with pytest.raises(DataError, match="a file, not a prepared folder; rebuild it"):
         prepare_shards(cfg, workers=1)
     assert len(prepare_shards(cfg, workers=1, repair=True)) == 3000
+
+
+def test_corpus_ids_past_32767_survive(toy_data, tmp_path):
+    """A list of more than 2**15 corpora widens corpus.npy to int32: the last one keeps its id.
+    The corpora before it are one empty file, so only the last is encoded (about a second)."""
+    cfg = shard_config(toy_data, tmp_path)
+    tokenizers = prepare_shards(cfg, workers=1).tokenizers()
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    last = TrainCorpus(src=str(toy_data["train.src"]), tgt=str(toy_data["train.tgt"]))
+    corpora = [TrainCorpus(src=str(empty), tgt=str(empty))] * 2**15 + [last]
+    target = Plan(corpora, {"corpora": [{}] * len(corpora)}, tmp_path / "many")
+    shards_module.write_shards(cfg, target, tokenizers, workers=1)
+    shards = open_shards(target.folder)
+    assert shards.corpus.dtype == np.int32
+    assert len(shards) == 3000 and set(shards.corpus.tolist()) == {2**15}
 
 
 # ---------------------------------------------------------------------------------------------
