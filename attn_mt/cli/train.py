@@ -77,9 +77,11 @@ def train(
         config, set_ = run_dir / "config.yaml", [f"train.out_dir={run_dir}", *(set_ or [])]
     overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
     cfg = load_config(config, overrides)
-    if os.environ.get("RANK", "0") == "0":  # rank 0 holds the folder; the others see it written
-        from attn_mt.train.runfolder import check_run_start
+    from attn_mt.train.runfolder import check_run_start, is_locked
 
+    # Rank 0 holds the folder (the others would see it being written); a folder a running
+    # train holds is left to the lock, whose message names that process.
+    if os.environ.get("RANK", "0") == "0" and not is_locked(cfg.train.out_dir):
         check_run_start(cfg.train.out_dir, resume)
     from attn_mt.precision import set_cuda_environment
 

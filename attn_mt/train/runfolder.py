@@ -57,8 +57,6 @@ def check_run_start(out_dir: str | Path, resume: bool) -> None:
     its first checkpoint, nothing to resume, a folder (or a resumed run's log) not writable.
     Whether last.pt fits the config is checked where it is read (train/state.py)."""
     out = Path(out_dir)
-    if _held(out):  # a run in progress: `lock_run_folder` names its process
-        return
     last = out / "checkpoints" / "last.pt"
     started = out.is_dir() and any(
         (out / name).exists() for name in ("checkpoints", "config.yaml", "metrics.jsonl")
@@ -85,10 +83,11 @@ def check_run_start(out_dir: str | Path, resume: bool) -> None:
         _check_writable(out)
 
 
-def _held(out: Path) -> bool:
-    """Whether another process holds the run folder's lock now."""
+def is_locked(out_dir: str | Path) -> bool:
+    """Whether a process holds the run folder's lock now (a run in progress there; checked
+    before this process takes the lock, so that `lock_run_folder` names that process)."""
     try:
-        with open(out / LOCK_NAME, encoding="utf-8") as handle:
+        with open(Path(out_dir) / LOCK_NAME, encoding="utf-8") as handle:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True

@@ -595,3 +595,19 @@ def test_other_ranks_read_the_checkpoint_rank_0_checked(
     sent = [str(last), saved]
     monkeypatch.setattr(distributed, "from_main", lambda compute, world: sent.pop(0))
     assert starting_point(cfg, True, rank1)[1] is saved and not sent
+
+
+def test_the_library_train_refuses_a_folder_holding_a_run_while_it_holds_the_lock(
+    toy_data, tmp_path: Path
+) -> None:
+    """`train()` takes the folder's lock first and then checks it: its own lock must not
+    pass for another run's (the CLI's early check skips a folder another process holds)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("data: {}\n")
+    cfg = make_config(toy_data, out, max_steps=1)
+    with pytest.raises(UserError, match="stopped before its first checkpoint"):
+        train_module.train(cfg, device="cpu")
+    with pytest.raises(UserError, match="nothing to resume"):
+        train_module.train(make_config(toy_data, tmp_path / "new", max_steps=1), resume=True)
+    assert (out / "config.yaml").read_text() == "data: {}\n"
