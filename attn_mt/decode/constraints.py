@@ -162,7 +162,7 @@ def steered_beam_search(
             least each row's `needed_length()`.  controls: (B,) what each row must hold.
     """
     batch, k, device = src.size(0), beam_size, src.device
-    decoder = _StepDecoder(model, src, use_cache, repeat=k)
+    decoder = _StepDecoder(model, src, use_cache)  # K beams share a sentence's row
     alive = torch.arange(batch, device=device)  # original sentence of each live sentence
     prefix = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=device)  # (N, 1)
     beam_scores = torch.full((batch, k), float("-inf"), device=device)  # (B, K)
@@ -235,7 +235,7 @@ def steered_beam_search(
             alive, beam_scores = alive[keep], beam_scores[keep]
             prefix = prefix.index_select(0, rows_kept)
             progress = [progress[r] for r in rows_kept.tolist()]
-            decoder.select(rows_kept)
+            decoder.select(rows_kept, sentences=keep)
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
 
 

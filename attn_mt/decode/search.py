@@ -52,7 +52,14 @@ def max_output_lengths(src: torch.Tensor, a: float, b: int, cap: int | None = No
 
 class _StepDecoder:
     """Next-token log-probabilities for a batch of prefixes, with or without a KV cache: of one
-    model, or the mean over an ensemble's models, each with its own memory and cache."""
+    model, or the mean over an ensemble's models, each with its own memory and cache.
+
+    A beam search keeps one row per sentence of what its K beams share (the encoder output,
+    the source mask, cross-attention's keys and values) and K rows of what differs (prefixes,
+    self-attention caches): cross-attention then scores a sentence's K queries against one
+    copy of its keys (`MultiHeadAttention`'s row groups), reading them once, not K times.
+    `repeat` instead copies the shared rows for searches whose rows leave one at a time.
+    """
 
     def __init__(self, models: Models, src: torch.Tensor, use_cache: bool, repeat: int = 1):
         self.models = [models] if isinstance(models, Transformer) else list(models)
@@ -79,21 +86,22 @@ class _StepDecoder:
 
     def reorder_beams(self, rows: torch.Tensor) -> None:
         """Reorder rows within their sentences (beam search's survivors, `rows` (N,) from the
-        same sentence's K rows): only the self-attention caches differ between a sentence's
-        beams; its memory, mask and cross-attention keys and values are K equal copies, so they
-        stay where they are."""
+        same sentence's rows; also one row per sentence becoming K): only the self-attention
+        caches differ between a sentence's beams; what they share stays as it is."""
         for cache in self.caches:
             for self_cache, _ in cache or ():
                 self_cache.select(rows)
 
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep rows `rows` (the sentences still searching, or any reordering)."""
-        self.memories = [memory.index_select(0, rows) for memory in self.memories]
-        self.src_mask = self.src_mask.index_select(0, rows)
+    def select(self, rows: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
+        """Keep rows `rows` (the sentences still searching, or any reordering); with
+        `sentences`, the shared rows kept are those sentences (one row each), else `rows`."""
+        shared = rows if sentences is None else sentences
+        self.memories = [memory.index_select(0, shared) for memory in self.memories]
+        self.src_mask = self.src_mask.index_select(0, shared)
         for cache in self.caches:
             for self_cache, cross_cache in cache or ():
                 self_cache.select(rows)
-                cross_cache.select(rows)
+                cross_cache.select(shared)
 
 
 @torch.no_grad()
@@ -270,7 +278,7 @@ def beam_search(
     batch, k = src.size(0), beam_size
     device = src.device
     # All K beams of a sentence would start as the same <s>: the first step runs one row per
-    # sentence (the encoder output and cross-attention keys too), then its K best become K.
+    # sentence, then its K best become K (what they share stays one row: `_StepDecoder`).
     width = 1  # beams per sentence: 1 for the first step, K after it
     decoder = _StepDecoder(model, src, use_cache)
     alive = torch.arange(batch, device=device)  # original sentence of each live sentence
@@ -303,11 +311,8 @@ def beam_search(
         source_row = torch.arange(n, device=device)[:, None] * width + top_beam.gather(1, pick)
         next_token = top_token.gather(1, pick).view(-1, 1)  # (N, 1)
         prefix = torch.cat([prefix.index_select(0, source_row.view(-1)), next_token], dim=1)
-        if width == 1:  # one row per sentence becomes K: every tensor of the decoder grows
-            decoder.select(source_row.view(-1))
-            width = k
-        else:
-            decoder.reorder_beams(source_row.view(-1))
+        decoder.reorder_beams(source_row.view(-1))  # at the first step, 1 row becomes K
+        width = k
         open_lp = length_penalty(step + 1, alpha)  # the open beams hold step + 1 tokens
         best_open = [score / open_lp for score in beam_scores.max(dim=1).values.tolist()]
         done = torch.tensor(
@@ -321,7 +326,7 @@ def beam_search(
             rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B' * K,)
             alive, beam_scores = alive[keep], beam_scores[keep]
             prefix = prefix.index_select(0, rows)
-            decoder.select(rows)
+            decoder.select(rows, sentences=keep)
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
 
 

@@ -189,8 +189,8 @@ class KVCache:
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this call's keys and values (B, H, T, Dh) after the cached (selected) ones;
         returns all of them, (B, H, S + T, Dh)."""
-        if self._k is None:
-            self._k, self._v = k, v
+        if self._k is None:  # contiguous, so each step's matrix products take them as they are
+            self._k, self._v = (k.contiguous(), v.contiguous()) if self.static else (k, v)
         else:
             self._k, self._v = self._joined(self._k, k), self._joined(self._v, v)
             self._rows = None
@@ -270,11 +270,17 @@ class MultiHeadAttention(nn.Module):
         Pass the same tensor twice for self-attention. With a `cache`, self-attention appends
         this call's keys/values to it; a static (cross-attention) cache is filled once.
         `causal` (self-attention, no mask, no cache): query i attends keys 0..i.
+        `key_value` (and the cache) may hold one row per group of G consecutive query rows
+        (B = G * its rows: a sentence's G beams share its encoder output); each group's
+        queries are then scored together against that one row, which is read once.
         """
-        q, k, v = self._project(query, key_value, cache)  # (B, H, T|S, Dh)
+        q, k, v = self._project(query, key_value, cache)  # (B, H, T, Dh), (B / G, H, S, Dh)
         dropout_p = self.dropout if self.training else 0.0
         fused = self.scoring == "dot" and self.fused and not self.record_weights
-        if fused and not _slow_fused_kernel(q):
+        slow_fused = _slow_fused_kernel(q)
+        if (group := q.size(0) // k.size(0)) > 1:
+            q = _group_rows(q, group)  # (B / G, H, G * T, Dh)
+        if fused and not slow_fused:
             out = fused_dot_product_attention(q, k, v, mask, dropout_p, causal)
             weights = None
         else:
@@ -286,6 +292,9 @@ class MultiHeadAttention(nn.Module):
                 )
             else:
                 out, weights = dot_product_attention(q, k, v, mask, dropout_p)
+        if group > 1:
+            out = _ungroup_rows(out, group)  # (B, H, T, Dh)
+            weights = None if weights is None else _ungroup_rows(weights, group)
         if self.record_weights:
             self.last_weights = weights.detach()
         batch, _, length, _ = out.shape
@@ -323,10 +332,26 @@ class MultiHeadAttention(nn.Module):
         return x.view(batch, length, self.heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
 
 
+def _group_rows(x: torch.Tensor, group: int) -> torch.Tensor:
+    """(B, H, T, X) -> (B / G, H, G * T, X): the T rows of G consecutive batch rows as one."""
+    batch, heads, length, width = x.shape
+    grouped = x.view(batch // group, group, heads, length, width).transpose(1, 2)
+    return grouped.reshape(batch // group, heads, group * length, width)
+
+
+def _ungroup_rows(x: torch.Tensor, group: int) -> torch.Tensor:
+    """The inverse of `_group_rows`: (B / G, H, G * T, X) -> (B, H, T, X)."""
+    rows, heads, grouped_length, width = x.shape
+    split = x.view(rows, heads, group, grouped_length // group, width).transpose(1, 2)
+    return split.reshape(rows * group, heads, grouped_length // group, width)
+
+
 def _slow_fused_kernel(q: torch.Tensor) -> bool:
-    """True where torch's fused kernel is slower than the math path: bf16 on the CPU, where
-    its flash kernel ran 5x slower than two matmuls and a softmax in scripts/bench_train.py."""
-    return q.device.type == "cpu" and q.dtype == torch.bfloat16
+    """True where torch's fused kernel is slower than the math path, on the CPU: in bf16, where
+    its flash kernel ran 5x slower than two matmuls and a softmax (scripts/bench_train.py), and
+    for one query per row (a decoding step with the KV cache), where it took 1.1-2.2x their
+    time (beam 5's rows, 12-30 keys; scripts/bench_decode.py measures the whole search)."""
+    return q.device.type == "cpu" and (q.dtype == torch.bfloat16 or q.size(2) == 1)
 
 
 @contextmanager

@@ -346,3 +346,29 @@ def test_additive_attention_in_pieces_equals_whole_with_gradients():
         results.append([out.detach()] + [leaf.grad for leaf in leaves])
     for whole, pieces in zip(*results, strict=True):
         torch.testing.assert_close(pieces, whole, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("scoring", ["dot", "additive"])
+@pytest.mark.parametrize("queries", [1, T])
+@pytest.mark.parametrize("cached", [False, True])
+def test_rows_sharing_one_memory_row_equal_its_copies(scoring: str, queries: int, cached: bool):
+    """Beam search keeps one memory row per sentence for its G beams: attending from G * B
+    query rows to B memory rows (each group of G consecutive query rows to one) gives what
+    attending to each memory row copied G times gives, weights too, with masks and a cache."""
+    torch.manual_seed(11)
+    group = 3
+    layer = MultiHeadAttention(D, H, scoring=scoring).double().eval()
+    query, memory = randn(B * group, queries, D), randn(B, S, D)
+    mask = padding_mask(torch.tensor([[1] * S, [1] * (S - 3) + [0] * 3]), 0)  # (B, 1, 1, S)
+    copies, copied_mask = memory.repeat_interleave(group, 0), mask.repeat_interleave(group, 0)
+
+    def attend(keys: torch.Tensor, keys_mask: torch.Tensor) -> torch.Tensor:
+        return layer(query, keys, keys_mask, KVCache(static=True) if cached else None)
+
+    torch.testing.assert_close(attend(memory, mask), attend(copies, copied_mask))  # fused
+    with record_attention(layer) as [recorded]:  # the math path, weights kept
+        shared = attend(memory, mask)
+        weights = recorded.last_weights
+        torch.testing.assert_close(shared, attend(copies, copied_mask))
+        torch.testing.assert_close(weights, recorded.last_weights)
+    assert weights.shape == (B * group, H, queries, S) and not weights[group:, :, :, -3:].any()
