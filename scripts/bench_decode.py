@@ -2,10 +2,11 @@
 way its users call it, every row in a fresh process of its own (its peak RSS is its own).
 
 attn-mt      `Translator.translate` over the whole list: its own length batching
-             (decode.batch_tokens), per-sentence output limits; float32 (nn.Linear, the
-             default), f32-pack (the decoding step's weights prepacked for oneDNN,
-             `load(..., prepack=True)`), bf16 autocast, and int8 (`translate --quantize
-             int8`, torch's dynamic quantization).
+             (decode.batch_tokens), per-sentence output limits; float32 (the default:
+             weights prepacked for oneDNN where a product timed at load runs clearly faster
+             so, `prepack="auto"`), f32-pack (always prepacked, `prepack=True`), f32-plain
+             (never: nn.Linear, MKL), bf16 autocast, and int8 (`translate --quantize int8`,
+             torch's dynamic quantization).
 CTranslate2  the checkpoint exported by `attn-mt export` (float32, and int8), then one
              `translate_batch` call over the whole list with the exported decode.json (its
              fixed max_decoding_length), its own length sorting, max_batch_size=64,
@@ -54,6 +55,7 @@ QUICK_SENTENCES = 100
 WARMUP_SENTENCES = 8
 CT2_MAX_BATCH_SIZE = 64  # sentences per batch, CTranslate2's usual setting
 PACKED = "f32-pack"  # float32 with weights prepacked for oneDNN (load(..., prepack=True))
+PLAIN = "f32-plain"  # float32 through nn.Linear, MKL (load(..., prepack=False))
 
 
 @dataclass
@@ -150,7 +152,7 @@ def peak_rss_mib() -> float:
 def attn_mt_engine(model: str, row: Row):
     precision = "bf16" if row.variant == "bf16" else "fp32"
     quantize = "int8" if row.variant == "int8" else None
-    prepack = row.variant == PACKED
+    prepack = {PACKED: True, PLAIN: False}.get(row.variant, "auto")
     translator = attn_mt.load(
         model, device="cpu", precision=precision, quantize=quantize, prepack=prepack
     )
@@ -231,7 +233,7 @@ def main() -> None:
             variant: export_ctranslate2(args.model, Path(tmp) / variant, quantization=q)
             for variant, q in (("float32", "none"), ("int8", "int8"))
         }
-        ours = ["float32", PACKED, "int8"] + (["bf16"] if native_bf16 else [])
+        ours = ["float32", PACKED, PLAIN, "int8"] + (["bf16"] if native_bf16 else [])
         for beam in sorted({1, args.beam}):
             for variant in ours:
                 rows.append(in_child(Row("attn-mt", beam, variant), args, lines_file, None))

@@ -79,7 +79,7 @@ class AttnMTConverter(Converter):
 
     def __init__(self, path: str | Path, decode: dict[str, Any] | None = None):
         self.path = resolve_checkpoint(path)
-        translator = load(self.path, device="cpu", decode=decode)
+        translator = load(self.path, device="cpu", prepack=False, decode=decode)  # weights read
         self.model, self.config = translator.model, translator.config
         self.src_tokenizer, self.tgt_tokenizer = translator.src_tokenizer, translator.tgt_tokenizer
         check_exportable(self.config)

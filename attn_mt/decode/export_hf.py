@@ -101,7 +101,7 @@ def export_hf(
     out = Path(out)
     checkpoint = resolve_checkpoint(model)
     check_out_dir(out, checkpoint, force)
-    translator = load(checkpoint, device="cpu", decode=decode)
+    translator = load(checkpoint, device="cpu", prepack=False, decode=decode)  # weights read
     check_hf_exportable(translator.config)
     with staged_folder(out) as staging:
         hf_model = to_transformers(translator)

@@ -2,16 +2,16 @@
 the attention input projection split by use.
 
 Prepacking. `nn.Linear` multiplies by its weight through MKL's sgemm, which copies the weight
-into its own blocked layout at every call. `PackedLinear` stores the weight already in oneDNN's
-layout (`torch.ops.mkldnn._reorder_linear_weight`, the op torch's own compiler uses when it
-freezes a CPU model) and multiplies with `torch.ops.mkldnn._linear_pointwise`: the same
-float32 products. It is faster on some CPUs and slower on others, so it is opt-in:
-`attn_mt.load(..., prepack=True)` (figures: docs/performance.md). oneDNN builds and keeps a
-kernel for every number of input rows it meets, so memory grows with each new row count. So
-only the layers a decoding step runs are packed (their rows are the batch's live hypotheses;
-the encoder's are source tokens, a new count per batch), and their inputs are padded to one of
-a few row counts (`padded_rows`). Where this torch build or CPU has no such op, `pack` leaves
-the model as it is.
+into its own blocked layout at every call and, on AMD CPUs, runs its AVX2 code even where the
+CPU has AVX-512. `PackedLinear` stores the weight already in oneDNN's layout
+(`torch.ops.mkldnn._reorder_linear_weight`, the op torch's own compiler uses when it freezes a
+CPU model) and multiplies with `torch.ops.mkldnn._linear_pointwise`: the same float32
+products. It is much faster on some CPUs and slower on others, so `attn_mt.load` measures both
+on this CPU (`packing_pays`) and packs where oneDNN wins (`prepack="auto"`, the default;
+figures: docs/performance.md). oneDNN builds and keeps a kernel for every number of input rows
+it meets, so memory would grow with each new row count: inputs are padded to one of a few row
+counts (`padded_rows`). Where this torch build or CPU has no such op, `pack` leaves the model
+as it is.
 
 Splitting. `MultiHeadAttention.in_proj` stacks W_q, W_k and W_v; cross-attention needs only
 the W_q rows for the decoder's queries at each step (and the W_k, W_v rows once, for the
@@ -22,6 +22,7 @@ encoder output). Training slices the weight; a packed or int8 layer cannot be sl
 from __future__ import annotations
 
 import functools
+import time
 import warnings
 
 import torch
@@ -74,11 +75,11 @@ def split_in_proj(model: nn.Module) -> nn.Module:
     return model
 
 
-# The layers of a DecoderLayer that run at every decoding step; cross-attention's keys and
-# values (`cross_attn.in_proj.kv`) are computed once per batch, from the encoder's output.
-STEP_LAYERS = (
-    "self_attn.in_proj.all", "self_attn.out_proj", "cross_attn.in_proj.q", "cross_attn.out_proj",
-    "ff.w_1", "ff.w_2",
+# The linear layers an encoder or decoder layer runs at inference (the other `InProj` parts,
+# e.g. a self-attention's Q rows alone, are never called).
+PACKED_LAYERS = (
+    "self_attn.in_proj.all", "self_attn.out_proj", "cross_attn.in_proj.q", "cross_attn.in_proj.kv",
+    "cross_attn.out_proj", "ff.w_1", "ff.w_2",
 )  # fmt: skip
 ROW_BLOCK = 16  # the finest row padding; coarser (up to 1/8 of the rows) for larger batches
 
@@ -121,20 +122,58 @@ def packing_available() -> bool:
         return False
 
 
+PACKING_GAIN = 0.9  # pack only where oneDNN takes < 90% of MKL's time: a clear win, not noise
+TIMING_ROWS = 256  # input rows of the timed product, as many as a decoding step's batch holds
+
+
+def _seconds_per_call(layer: nn.Module, x: torch.Tensor, repeats: int = 3) -> float:
+    start = time.perf_counter()
+    for _ in range(repeats):
+        layer(x)
+    return (time.perf_counter() - start) / repeats
+
+
+@functools.cache
+def packing_pays(in_features: int, out_features: int, threads: int) -> bool:
+    """Whether a prepacked product (`PackedLinear`) beats `nn.Linear` on this CPU by a clear
+    margin, timed here on a layer of this size (TIMING_ROWS input rows, best of 7 interleaved
+    rounds, a few milliseconds in all); once per process and size. `threads`: torch's thread
+    count, which the answer depends on (part of the cache key)."""
+    if not packing_available():
+        return False
+    layer = nn.Linear(in_features, out_features)
+    fast, x = PackedLinear(layer), torch.randn(TIMING_ROWS, in_features)
+    plain, packed = [], []
+    with torch.no_grad():
+        layer(x), fast(x)  # warm-up: oneDNN builds its kernel, MKL its buffers
+        for _ in range(7):
+            plain.append(_seconds_per_call(layer, x))
+            packed.append(_seconds_per_call(fast, x))
+    return min(packed) < PACKING_GAIN * min(plain)
+
+
 def pack(model: Transformer) -> Transformer:
-    """`model`, for float32 inference on the CPU from now on, with the linear layers of a
-    decoding step (`STEP_LAYERS` and the output layer) prepacked (in place); unchanged where
-    packing is not available."""
+    """`model`, for float32 inference on the CPU from now on, with its linear layers
+    (`PACKED_LAYERS` of every encoder and decoder layer, and the output layer) prepacked (in
+    place); unchanged where packing is not available."""
     if not packing_available():
         return model
     model = split_in_proj(model)
-    for layer in model.decoder:
-        for name in STEP_LAYERS:
+    for layer in [*model.encoder, *model.decoder]:
+        for name in PACKED_LAYERS:
             parent, _, leaf = name.rpartition(".")
-            owner = layer.get_submodule(parent)
-            setattr(owner, leaf, PackedLinear(getattr(owner, leaf)))
+            if (owner := _submodule(layer, parent)) is not None:
+                setattr(owner, leaf, PackedLinear(getattr(owner, leaf)))
     model.output = PackedLinear(model.output)
     return model
+
+
+def _submodule(module: nn.Module, name: str) -> nn.Module | None:
+    """module.get_submodule(name), or None where it has none (an encoder layer's cross_attn)."""
+    try:
+        return module.get_submodule(name)
+    except AttributeError:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from attn_mt.data.batching import length_batches, source_batch
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decode.alignment import Alignment, cross_attention, word_alignment
 from attn_mt.decode.constraints import Controls, line_controls, steered_beam_search
-from attn_mt.decode.inference import pack
+from attn_mt.decode.inference import pack, packing_pays
 from attn_mt.decode.inference import quantize as quantize_model
 from attn_mt.decode.search import (
     Hypothesis,
@@ -269,7 +269,7 @@ def load(
     device: str | torch.device = "auto",
     precision: str = "fp32",
     quantize: str | None = None,
-    prepack: bool = False,
+    prepack: bool | str = "auto",
     decode: dict[str, Any] | None = None,
 ) -> Translator:
     """Load a run folder (its checkpoints/best.pt) or a .pt file as a Translator; a list of them
@@ -282,8 +282,9 @@ def load(
         precision: "fp32", "bf16" or "fp16" autocast (fp16 on CUDA only), or "auto" (bf16 where
             the device runs it natively).
         quantize: "int8": int8 linear layers on the CPU, computing in float32 otherwise.
-        prepack: in float32 on the CPU, the decoding step's linear layers prepacked for oneDNN
-            (the same hypotheses; faster on some CPUs, slower on others, so not the default).
+        prepack: in float32 on the CPU, the linear layers prepacked for oneDNN (the same
+            function; much faster on some CPUs, slower on others): True, False, or "auto"
+            (pack where a product timed on this CPU at load runs clearly faster packed).
         decode: decode.* settings over the checkpoint's, e.g. {"beam": 4}, checked as in a
             config file.
 
@@ -297,6 +298,8 @@ def load(
     dtype = DTYPES[resolve_precision(precision, device, "--precision")]
     if quantize is not None and dtype is not None:
         raise UserError(f"--quantize {quantize} and --precision {precision} exclude each other")
+    if prepack not in (True, False, "auto"):
+        raise UserError(f"prepack={prepack!r}: must be True, False or 'auto'")
     given = [path] if isinstance(path, (str, Path)) else list(path)
     if not given:
         raise UserError("load: give at least one checkpoint")
@@ -314,9 +317,18 @@ def load(
     src_tok, tgt_tok = tokenizers_from(states[0], given[0])
     if quantize is not None:
         models = [quantize_model(m, quantize, device) for m in models]
-    elif prepack and dtype is None and device.type == "cpu":
+    elif dtype is None and device.type == "cpu" and _packs(prepack, models[0]):
         models = [pack(m) for m in models]
     return Translator(list(models), config, src_tok, tgt_tok, device, dtype, paths)
+
+
+def _packs(prepack: bool | str, model: Transformer) -> bool:
+    """Whether `load` prepacks float32 CPU models: as told, or for "auto" as timed on this CPU
+    on the model's widest layer shape (d_model -> d_ff)."""
+    if prepack != "auto":
+        return bool(prepack)
+    first_ff = model.decoder[0].ff.w_1
+    return packing_pays(first_ff.in_features, first_ff.out_features, torch.get_num_threads())
 
 
 def with_decode(config: Config, decode: dict[str, Any] | None) -> Config:

@@ -4,6 +4,7 @@ pack."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,9 @@ from torch import nn
 import attn_mt
 from attn_mt.data.text import read_lines
 from attn_mt.decode import inference as packed
+from attn_mt.decode import translator as translator_module
 from attn_mt.decode.search import beam_search, greedy_search, max_output_lengths
+from attn_mt.errors import UserError
 from attn_mt.model.attention import MultiHeadAttention
 from attn_mt.model.vocab import PAD_ID
 
@@ -29,9 +32,12 @@ def test_a_packed_model_computes_the_same_function(seed: int) -> None:
     model, src = random_model(seed), random_sources(seed)
     fast = packed.pack(random_model(seed))
     packed_layers = [n for n, m in fast.named_modules() if isinstance(m, packed.PackedLinear)]
-    # What a decoding step runs: 6 layers in each decoder layer, and the output layer.
-    assert len(packed_layers) == 6 * len(model.decoder) + 1 and "output" in packed_layers
-    assert not any(n.startswith("encoder") or n.endswith("in_proj.kv") for n in packed_layers)
+    # Every layer inference runs: 4 in each encoder layer, 7 in each decoder layer (cross-
+    # attention's Q and K-V rows apart), the output layer; never a split part it does not run.
+    expected = 4 * len(model.encoder) + 7 * len(model.decoder) + 1
+    assert len(packed_layers) == expected and "output" in packed_layers
+    unused = ("self_attn.in_proj.q", "self_attn.in_proj.kv", "cross_attn.in_proj.all")
+    assert not any(n.endswith(unused) for n in packed_layers)
     torch.testing.assert_close(logits(fast, src), logits(model, src), rtol=1e-5, atol=1e-5)
     # Cross-attention's query rows alone (what a decoding step uses) equal the slice of W_q.
     x = torch.randn(3, 4, 32)
@@ -92,7 +98,7 @@ def test_without_the_op_pack_returns_the_model_itself(monkeypatch: pytest.Monkey
 
 def test_load_packs_float32_on_the_cpu_and_translates_the_same(trained_run: Path) -> None:
     fast = attn_mt.load(trained_run, device="cpu", prepack=True)
-    plain = attn_mt.load(trained_run, device="cpu")
+    plain = attn_mt.load(trained_run, device="cpu", prepack=False)
     assert any(isinstance(m, packed.PackedLinear) for m in fast.model.modules())
     assert not any(isinstance(m, packed.PackedLinear) for m in plain.model.modules())
     bf16 = attn_mt.load(trained_run, device="cpu", precision="bf16", prepack=True)
@@ -100,3 +106,38 @@ def test_load_packs_float32_on_the_cpu_and_translates_the_same(trained_run: Path
     lines = read_lines(fast.config.data.test.src)
     for beam in (1, 4):
         assert fast.translate(lines, beam=beam) == plain.translate(lines, beam=beam)
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_load_packs_by_default_where_packing_pays(
+    trained_run: Path, monkeypatch: pytest.MonkeyPatch, pays: bool
+) -> None:
+    """prepack="auto" (the default) packs exactly where the timing on this CPU says it pays;
+    the timing is asked about the model's own d_model -> d_ff layer."""
+    asked = []
+    monkeypatch.setattr(translator_module, "packing_pays", lambda *size: asked.append(size) or pays)
+    translator = attn_mt.load(trained_run, device="cpu")
+    is_packed = any(isinstance(m, packed.PackedLinear) for m in translator.model.modules())
+    model = translator.config.model
+    assert is_packed == (pays and packed.packing_available())
+    assert asked == [(model.d_model, model.d_ff, torch.get_num_threads())]
+    with pytest.raises(UserError, match="prepack='yes'"):
+        attn_mt.load(trained_run, device="cpu", prepack="yes")
+
+
+@pytest.mark.skipif(not packed.packing_available(), reason="this torch build cannot prepack")
+@pytest.mark.parametrize("slow", ["packed", "plain"])
+def test_packing_pays_where_the_packed_product_is_faster(
+    monkeypatch: pytest.MonkeyPatch, slow: str
+) -> None:
+    """The timing answers by which product is faster here: each side slowed down by 2 ms a
+    call in turn (far beyond the products of this small layer) flips the answer."""
+    slowed = packed.PackedLinear if slow == "packed" else nn.Linear
+    forward = slowed.forward
+
+    def slow_forward(self, x):
+        time.sleep(0.002)
+        return forward(self, x)
+
+    monkeypatch.setattr(slowed, "forward", slow_forward)
+    assert packed.packing_pays.__wrapped__(24, 40, torch.get_num_threads()) == (slow == "plain")

@@ -25,12 +25,17 @@ INT8_BLEU_TOLERANCE = 2.0  # BLEU points below float32 that int8 may lose on the
 def test_reordering_beams_only_in_the_self_attention_cache_changes_no_hypothesis(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The search as it was (every row of every cache, memory and mask reordered each step)
-    and as it is find the same hypotheses with bit-equal scores."""
+    """The search as it was (K rows per sentence of every cache, memory and mask, all
+    reordered each step) and as it is (one shared row per sentence, only the self-attention
+    caches reordered) find the same hypotheses with bit-equal scores."""
     model, src = random_model(seed), random_sources(seed)
     limits = max_output_lengths(src, 1.5, 5)
     fast = beam_search(model, src, limits, 4, alpha=1.0, nbest=4)
-    monkeypatch.setattr(search._StepDecoder, "reorder_beams", search._StepDecoder.select)
+    every_row = search._StepDecoder.select
+    monkeypatch.setattr(search._StepDecoder, "reorder_beams", every_row)
+    monkeypatch.setattr(
+        search._StepDecoder, "select", lambda self, rows, sentences=None: every_row(self, rows)
+    )
     slow = beam_search(model, src, limits, 4, alpha=1.0, nbest=4)
     for a, b in zip(fast, slow, strict=True):
         assert_same(a, b, rel=0.0)
@@ -41,7 +46,7 @@ def test_int8_keeps_the_bleu_of_float32(trained_run: Path) -> None:
     int8 = attn_mt.load(trained_run, device="cpu", quantize="int8")
     from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
-    split = split_in_proj(attn_mt.load(trained_run, device="cpu").model)
+    split = split_in_proj(attn_mt.load(trained_run, device="cpu", prepack=False).model)
     linear = [name for name, m in split.named_modules() if isinstance(m, torch.nn.Linear)]
     int8_linear = [name for name, m in int8.model.named_modules() if isinstance(m, Int8Linear)]
     assert int8_linear == linear and len(linear) == 17  # 6 + 10 + the output layer
