@@ -293,7 +293,7 @@ def beam_search(
         if at_limit.any():
             log_probs[at_limit, :, :EOS_ID] = float("-inf")
             log_probs[at_limit, :, EOS_ID + 1 :] = float("-inf")
-        candidates = (beam_scores[:, :, None] + log_probs).view(n, width * vocab)
+        candidates = log_probs.add_(beam_scores[:, :, None]).view(n, width * vocab)  # in place
         top_scores, top_index = candidates.topk(2 * k, dim=1)  # (B, 2K)
         top_beam, top_token = top_index // vocab, top_index % vocab  # (B, 2K)
         is_eos = top_token == EOS_ID
