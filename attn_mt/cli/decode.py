@@ -29,6 +29,8 @@ from attn_mt.cli.options import (
     NbestFormat,
     Precision,
     PrecisionOption,
+    Prepack,
+    PrepackOption,
     QuantizeOption,
     Split,
     decode_settings,
@@ -122,6 +124,7 @@ def translate(
     device: DeviceOption = "auto",
     precision: PrecisionOption = Precision.fp32,
     quantize: QuantizeOption = None,
+    prepack: PrepackOption = Prepack.auto,
 ) -> None:
     """Translate stdin to stdout (or --input to --output), one line per input line, in order."""
     from attn_mt.cli import io
@@ -138,7 +141,12 @@ def translate(
     from attn_mt.cli import progress
 
     translator = attn_mt.load(
-        model, device=device, precision=precision.value, quantize=quantize, decode=decode
+        model,
+        device=device,
+        precision=precision.value,
+        quantize=quantize,
+        prepack=prepack.value_for_load,
+        decode=decode,
     )
     sampling = attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None
     avoided = _avoid_list(avoid)
@@ -241,6 +249,7 @@ def evaluate(
     device: DeviceOption = "auto",
     precision: PrecisionOption = Precision.fp32,
     quantize: QuantizeOption = None,
+    prepack: PrepackOption = Prepack.auto,
 ) -> None:
     """Translate a split (or --src/--ref files) and print sacreBLEU BLEU and chrF."""
     from attn_mt.evaluate import check_evaluation_files, evaluate_split
@@ -256,7 +265,12 @@ def evaluate(
     from attn_mt.cli import progress
 
     translator = attn_mt.load(
-        model, device=device, precision=precision.value, quantize=quantize, decode=decode
+        model,
+        device=device,
+        precision=precision.value,
+        quantize=quantize,
+        prepack=prepack.value_for_load,
+        decode=decode,
     )
     result = evaluate_split(
         translator,

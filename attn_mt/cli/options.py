@@ -99,6 +99,28 @@ QuantizeOption = Annotated[
         help="int8: dynamically quantized linear layers (CPU only, fp32 otherwise).",
     ),
 ]
+
+
+class Prepack(str, enum.Enum):
+    """Whether float32 CPU decoding prepacks the linear layers for oneDNN (`attn_mt.load`)."""
+
+    auto = "auto"  # where a product timed at load runs clearly faster packed
+    on = "on"
+    off = "off"
+
+    @property
+    def value_for_load(self) -> bool | str:
+        return {"auto": "auto", "on": True, "off": False}[self.value]
+
+
+PrepackOption = Annotated[
+    Prepack,
+    typer.Option(
+        "--prepack",
+        help="float32 on the CPU: prepack the linear layers for oneDNN (auto = where a "
+        "product timed at load runs clearly faster so; off saves the ~100-200 MiB of kernels).",
+    ),
+]
 # The search options `translate`, `evaluate` and `export` share: `decode_settings` turns them
 # into the `decode=` overrides of `attn_mt.load`, which checks them as a config file.
 BeamOption = Annotated[

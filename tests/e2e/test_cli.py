@@ -416,3 +416,25 @@ def test_closed_standard_streams_are_one_line(monkeypatch: pytest.MonkeyPatch):
     with pytest.raises(UserError, match=r"stdin: cannot read text \(it is closed\)"):
         io.check_input(None)
     io.check_output(Path("/dev/null"))  # a device: written in place, nothing to refuse
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+@pytest.mark.parametrize(("flag", "expected"), [(None, "auto"), ("on", True), ("off", False)])
+def test_prepack_option_reaches_load(
+    trained_run: Path, monkeypatch: pytest.MonkeyPatch, command: str, flag: str | None, expected
+):
+    """`--prepack auto|on|off` (default auto) is what `attn_mt.load` is asked to do."""
+    import attn_mt
+
+    asked = []
+
+    def load(*args, **kwargs):
+        asked.append(kwargs["prepack"])
+        raise SystemExit(0)  # the option is all this checks: no translation needed
+
+    monkeypatch.setattr(attn_mt, "load", load)
+    option = ["--prepack", flag] if flag else []
+    args = [command, "--model", str(trained_run), "--device", "cpu", *option]
+    result = CliRunner().invoke(app, args, input="ein Test\n")
+    assert result.exit_code == 0 and asked == [expected], result.output
+    assert "--prepack <auto|on|off>" in CliRunner().invoke(app, [command, "-h"]).output
