@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -36,6 +36,9 @@ from attn_mt.cli.options import (
     decode_settings,
 )
 from attn_mt.errors import UserError
+
+if TYPE_CHECKING:
+    from attn_mt.decode.translator import Translator
 
 
 @app.command()
@@ -140,14 +143,7 @@ def translate(
     import attn_mt  # torch: only once the arguments are known to be good
     from attn_mt.cli import progress
 
-    translator = attn_mt.load(
-        model,
-        device=device,
-        precision=precision.value,
-        quantize=quantize,
-        prepack=prepack.value_for_load,
-        decode=decode,
-    )
+    translator = _load(model, device, precision, quantize, prepack, decode)
     sampling = attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None
     avoided = _avoid_list(avoid)
     try:
@@ -261,17 +257,9 @@ def evaluate(
     if out is not None:
         check_output_file(out)
     decode = decode_settings(set_, beam, length_penalty)
-    import attn_mt  # torch: only once the arguments are known to be good
     from attn_mt.cli import progress
 
-    translator = attn_mt.load(
-        model,
-        device=device,
-        precision=precision.value,
-        quantize=quantize,
-        prepack=prepack.value_for_load,
-        decode=decode,
-    )
+    translator = _load(model, device, precision, quantize, prepack, decode)  # imports torch
     result = evaluate_split(
         translator,
         split and split.value,
@@ -408,3 +396,24 @@ def export(
 
         export_ctranslate2(model, out, quantization=quantization, force=force, decode=decode)
     print(f"exported to {out}", file=sys.stderr)
+
+
+def _load(
+    model: list[Path],
+    device: str,
+    precision: Precision,
+    quantize: str | None,
+    prepack: Prepack,
+    decode: dict,
+) -> Translator:
+    """`attn_mt.load` with the options `translate` and `evaluate` share (imports torch)."""
+    import attn_mt
+
+    return attn_mt.load(
+        model,
+        device=device,
+        precision=precision.value,
+        quantize=quantize,
+        prepack=prepack.value_for_load,
+        decode=decode,
+    )
