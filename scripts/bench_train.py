@@ -123,8 +123,8 @@ def step_flops(model_cfg, vocab: int, batch: Batch) -> float:
 def matmul_peak(dtype: torch.dtype, device: torch.device, seconds: float) -> float:
     """FLOP/s of large square matrix products in `dtype`: the peak MFU is measured against.
     On the CPU in float32, the faster of MKL (`a @ b`, what nn.Linear runs) and oneDNN with a
-    prepacked weight (what decoding uses where it pays): on the AMD EPYC with AVX-512, MKL
-    reached under half of oneDNN's rate, so MKL alone would overstate the MFU."""
+    prepacked weight (what decoding uses where it pays): on some CPUs MKL reaches far less
+    than oneDNN, so MKL alone would overstate the MFU (docs/performance.md)."""
     n = 2048 if device.type == "cuda" else 1024
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)

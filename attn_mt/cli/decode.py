@@ -143,7 +143,7 @@ def translate(
     import attn_mt  # torch: only once the arguments are known to be good
     from attn_mt.cli import progress
 
-    translator = _load(model, device, precision, quantize, prepack, decode)
+    translator = _load_translator(model, device, precision, quantize, prepack, decode)
     sampling = attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None
     avoided = _avoid_list(avoid)
     try:
@@ -259,7 +259,8 @@ def evaluate(
     decode = decode_settings(set_, beam, length_penalty)
     from attn_mt.cli import progress
 
-    translator = _load(model, device, precision, quantize, prepack, decode)  # imports torch
+    # torch: only once the arguments are known to be good
+    translator = _load_translator(model, device, precision, quantize, prepack, decode)
     result = evaluate_split(
         translator,
         split and split.value,
@@ -398,7 +399,7 @@ def export(
     print(f"exported to {out}", file=sys.stderr)
 
 
-def _load(
+def _load_translator(
     model: list[Path],
     device: str,
     precision: Precision,

@@ -2,11 +2,11 @@
 the attention input projection split by use.
 
 Prepacking. `nn.Linear` multiplies by its weight through MKL's sgemm, which copies the weight
-into its own blocked layout at every call (and, on the AMD EPYC with AVX-512 we measured, ran
-no faster than oneDNN limited to AVX2 code). `PackedLinear` stores the weight already in
-oneDNN's layout (`torch.ops.mkldnn._reorder_linear_weight`, the op torch's own compiler uses
-when it freezes a CPU model) and multiplies with `torch.ops.mkldnn._linear_pointwise`: the
-same float32 products. It is much faster on some CPUs and slower on others, so `attn_mt.load`
+into its own blocked layout at every call (and, on some CPUs, runs far below what oneDNN
+reaches there). `PackedLinear` stores the weight already in oneDNN's layout
+(`torch.ops.mkldnn._reorder_linear_weight`, the op torch's own compiler uses when it freezes a
+CPU model) and multiplies with `torch.ops.mkldnn._linear_pointwise`: the same float32
+products. It is much faster on some CPUs and slower on others, so `attn_mt.load`
 times both on this CPU (`packing_pays`) and packs where oneDNN wins (`prepack="auto"`, the
 default; figures: docs/performance.md). oneDNN builds and keeps a kernel for every number of
 input rows it meets, so memory would grow with each new row count: inputs are padded to one of
@@ -137,7 +137,7 @@ def _seconds_per_call(layer: nn.Module, x: torch.Tensor, repeats: int = 3) -> fl
 def packing_pays(in_features: int, out_features: int, threads: int) -> bool:
     """Whether a prepacked product (`PackedLinear`) beats `nn.Linear` on this CPU by a clear
     margin, timed here on a layer of this size (TIMING_ROWS input rows, best of 7 interleaved
-    rounds, some 30 ms in all); once per process and size. `threads`: torch's thread
+    rounds); once per process and size. `threads`: torch's thread
     count, which the answer depends on (part of the cache key)."""
     if not packing_available():
         return False

@@ -347,10 +347,9 @@ def _ungroup_rows(x: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def _slow_fused_kernel(q: torch.Tensor) -> bool:
-    """True where torch's fused kernel is slower than the math path, on the CPU: in bf16, where
-    its flash kernel ran 5x slower than two matmuls and a softmax (scripts/bench_train.py), and
-    for one query per row (a decoding step with the KV cache), where it took 1.1-2.2x their
-    time (beam 5's rows, 12-30 keys; scripts/bench_decode.py measures the whole search)."""
+    """True where torch's fused kernel is slower than the math path (two matmuls and a
+    softmax), on the CPU: in bf16, and for one query per row (a decoding step with the KV
+    cache). The measurements: docs/performance.md (scripts/bench_train.py, bench_decode.py)."""
     return q.device.type == "cpu" and (q.dtype == torch.bfloat16 or q.size(2) == 1)
 
 
