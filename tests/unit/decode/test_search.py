@@ -21,6 +21,7 @@ from attn_mt.decode.search import (
     greedy_search,
     length_penalty,
     max_output_lengths,
+    top_candidates,
 )
 from attn_mt.model.transformer import Transformer
 from attn_mt.model.vocab import EOS_ID, PAD_ID
@@ -199,3 +200,29 @@ def test_search_stops_as_soon_as_every_sentence_is_done(
     assert len(calls) <= 2 * (longest + 1)  # far from the limit of 100 steps
     assert calls[0] == 3  # the first step: one row per sentence, the K beams would be equal
     assert calls[1:] == sorted(calls[1:], reverse=True) and calls[1] == 9 and calls[-1] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranking the candidates
+
+
+@pytest.mark.parametrize("vocab", [24, 300, 8000, 8009])  # 8009 is prime: no chunks, plain topk
+@pytest.mark.parametrize("width", [1, 5])
+@pytest.mark.parametrize("ties", [False, True])
+def test_top_candidates_equal_a_topk_over_every_candidate(vocab: int, width: int, ties: bool):
+    torch.manual_seed(vocab + width)
+    batch, count = 7, 2 * width
+    log_probs = torch.randn(batch, width, vocab).log_softmax(-1)
+    if ties:  # many equal values, as -inf and coarse rounding give
+        log_probs = (log_probs * 4).round() / 4
+    log_probs[:, :, :3] = float("-inf")  # masked tokens (<pad>, <bos>, ...)
+    log_probs[0, :, :] = float("-inf")  # a sentence at its length limit: only <eos> left
+    log_probs[0, :, EOS_ID] = -1.0
+    beam_scores = -torch.rand(batch, width) * 5
+    beam_scores[1, 1:] = float("-inf")  # beams with no open hypothesis
+    candidates = (log_probs + beam_scores[:, :, None]).view(batch, -1)
+    expected = candidates.topk(count, dim=1).values
+    scores, index = top_candidates(log_probs, beam_scores, count)
+    assert torch.equal(scores, expected)  # bit for bit, best first
+    assert torch.equal(candidates.gather(1, index), scores)  # each index holds its score
+    assert all(len(set(row)) == count for row in index.tolist())  # no candidate twice
