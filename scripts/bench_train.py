@@ -35,7 +35,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `attn-mt` sets it
 from attn_mt import distributed  # noqa: E402
 from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
 from attn_mt.data.batching import Batch, collate, length_batches  # noqa: E402
-from attn_mt.decode.inference import packing_available  # noqa: E402
+from attn_mt.decode.inference import PackedLinear, packing_available  # noqa: E402
 from attn_mt.model.transformer import Transformer, build_model, sinusoidal_table  # noqa: E402
 from attn_mt.model.vocab import PAD_ID  # noqa: E402
 from attn_mt.precision import configure_kernels  # noqa: E402
@@ -130,8 +130,9 @@ def matmul_peak(dtype: torch.dtype, device: torch.device, seconds: float) -> flo
     b = torch.randn(n, n, device=device).to(dtype)
     products = [lambda: a @ b]
     if device.type == "cpu" and dtype == torch.float32 and packing_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), None)  # a @ b
-        products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
+        layer = nn.Linear(n, n, bias=False)
+        layer.weight.data = b.t().contiguous()  # layer(a) = a @ b
+        products.append(functools.partial(PackedLinear(layer), a))
     best = 0.0
     for product in products:
         stop = time.perf_counter() + seconds / len(products)

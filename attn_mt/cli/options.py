@@ -118,7 +118,7 @@ PrepackOption = Annotated[
     typer.Option(
         "--prepack",
         help="float32 on the CPU: prepack the linear layers for oneDNN (auto = where a "
-        "product timed at load runs clearly faster so; off saves the ~100-200 MiB of kernels).",
+        "product timed at load runs clearly faster packed; off saves the kernels' memory).",
     ),
 ]
 # The search options `translate`, `evaluate` and `export` share: `decode_settings` turns them

@@ -6,9 +6,9 @@ into its own blocked layout at every call (and, on some CPUs, runs far below wha
 reaches there). `PackedLinear` stores the weight already in oneDNN's layout
 (`torch.ops.mkldnn._reorder_linear_weight`, the op torch's own compiler uses when it freezes a
 CPU model) and multiplies with `torch.ops.mkldnn._linear_pointwise`: the same float32
-products. It is much faster on some CPUs and slower on others, so `attn_mt.load`
-times both on this CPU (`packing_pays`) and packs where oneDNN wins (`prepack="auto"`, the
-default; figures: docs/performance.md). oneDNN builds and keeps a kernel for every number of
+products. It is much faster on some CPUs and slower on others, so `attn_mt.load` times both
+on this CPU (`packing_pays`) and packs where oneDNN wins (`prepack="auto"`, the default;
+figures: docs/performance.md). oneDNN builds and keeps a kernel for every number of
 input rows it meets, so memory would grow with each new row count: inputs are padded to one of
 a few row counts (`padded_rows`). Where this torch build or CPU has no such op, `pack` leaves
 the model as it is.
@@ -137,8 +137,8 @@ def _seconds_per_call(layer: nn.Module, x: torch.Tensor, repeats: int = 3) -> fl
 def packing_pays(in_features: int, out_features: int, threads: int) -> bool:
     """Whether a prepacked product (`PackedLinear`) beats `nn.Linear` on this CPU by a clear
     margin, timed here on a layer of this size (TIMING_ROWS input rows, best of 7 interleaved
-    rounds); once per process and size. `threads`: torch's thread
-    count, which the answer depends on (part of the cache key)."""
+    rounds); once per process and size. `threads`: torch's thread count, which the answer
+    depends on (part of the cache key)."""
     if not packing_available():
         return False
     layer = nn.Linear(in_features, out_features)

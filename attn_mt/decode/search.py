@@ -330,9 +330,9 @@ def beam_search(
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
 
 
-# `top_candidates`' chunk sizes, best first: whole vector registers, and short enough that the
-# chunk maxima are few (64 took 1/3 of a full topk's time at 64 sentences x 5 beams x 8,000
-# tokens, 125 2/3); any divisor of the vocabulary up to MAX_CHUNK where none of them divides it.
+# `top_candidates`' chunk sizes, best first: whole vector registers (a chunk size that is not
+# ran far slower; docs/performance.md), and short enough that the second ranking is small; any
+# divisor of the vocabulary up to MAX_CHUNK where none of them divides it.
 CHUNK_SIZES = (64, 128, 32, 256, 16)
 MAX_CHUNK = 256
 
