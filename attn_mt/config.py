@@ -305,7 +305,9 @@ class DecodeConfig:
     # Output limits are bounded: a search allocates per output step, an absurd limit fails late.
     max_len_a: float = key(1.5, "output length limit: a * source_length + b", ge=0, le=100)
     max_len_b: int = key(10, "output length limit: a * source_length + b", ge=1, le=100_000)
-    batch_tokens: int = key(6000, "source tokens (x beam) per translation batch", ge=1)
+    batch_tokens: int = key(
+        6000, "source tokens per translation batch, x (beam + 1) / 2 or x samples", ge=1
+    )
     max_input_len: int = key(
         256,
         "longer input lines are truncated to this many tokens, with a warning",

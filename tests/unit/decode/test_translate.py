@@ -298,3 +298,32 @@ def test_nbest_without_a_beam_widens_the_beam(translator) -> None:
     assert [[e.text for e in n] for n in widened] == [
         [e.text for e in n] for n in translator.translate_nbest(["qb qc qd"], beam=4, nbest=4)
     ]
+
+
+@pytest.mark.parametrize("beam", [1, 2, 5])
+def test_batches_fit_the_budget_a_beam_counting_half_its_rows(
+    translator, monkeypatch: pytest.MonkeyPatch, beam: int
+) -> None:
+    """decode.batch_tokens bounds source tokens x (K + 1) / 2 per batch (x 1 for greedy): a
+    sentence's K beams share their source rows, so a beam batch holds more than budget / K."""
+    from attn_mt.decode import translator as module
+
+    shapes: list[tuple[int, int]] = []
+    for name in ("beam_search", "greedy_search"):
+        search = getattr(module, name)
+
+        def recording(model, src, *args, search=search, **kwargs):
+            shapes.append(tuple(src.shape))
+            return search(model, src, *args, **kwargs)
+
+        monkeypatch.setattr(module, name, recording)
+    rng = random.Random(beam)
+    lines = [
+        " ".join(rng.choices(["qb", "qc", "qd", "qz"], k=rng.randint(1, 6))) for _ in range(60)
+    ]
+    budget = 90
+    translator.translate(lines, beam=beam, batch_tokens=budget)
+    assert sum(rows for rows, _ in shapes) == len(lines)
+    assert all(rows * length * (beam + 1) / 2 <= budget for rows, length in shapes)
+    if beam > 1:  # the rule, not budget / K, sized them
+        assert max(rows * length for rows, length in shapes) * beam > budget
