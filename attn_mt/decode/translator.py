@@ -147,12 +147,12 @@ class Translator:
                     f"and a beam no wider than the target vocabulary ({vocab} pieces)"
                 )
         alpha = cfg.length_penalty if length_penalty is None else length_penalty
-        # Samples are rows of their own; a sentence's K beams share one row of its source side
-        # (encoder output, cross-attention keys), and a wider batch spreads each step's ranking
-        # and bookkeeping over more sentences, so a beam counts (K + 1) / 2 rows a line
-        # (docs/performance.md, "The size of a beam batch").
-        rows_per_line = nbest if sampling is not None else (beam + 1) / 2
         budget = batch_tokens or cfg.batch_tokens
+        # Source tokens a batch may hold: samples are rows of their own; a sentence's K beams
+        # share one row of its source side (encoder output, cross-attention keys), and a wider
+        # batch spreads each step's ranking and bookkeeping over more sentences, so a beam
+        # counts (K + 1) / 2 rows a line (docs/performance.md, "The size of a beam batch").
+        line_budget = budget // nbest if sampling is not None else 2 * budget // (beam + 1)
         controls = line_controls(
             self.tgt_tokenizer,
             len(lines),
@@ -180,7 +180,7 @@ class Translator:
         if on_batch is not None and len(todo) < len(lines):
             on_batch(len(lines) - len(todo))
         lengths = [(len(seq) + 1,) for seq in ids]  # + <eos>
-        for batch in length_batches(lengths, max(int(budget / rows_per_line), 1), order=todo):
+        for batch in length_batches(lengths, max(line_budget, 1), order=todo):
             # Steered lines search apart, so plain lines get exactly the plain search.
             plain = [row for row in batch if controls[row] is None]
             steered = [row for row in batch if controls[row] is not None]
