@@ -5,7 +5,9 @@ optimizer, loss and precision, and are timed in turns in this one process, so ma
 hits both alike. Reported per precision: target tokens/s of each, their ratio (> 1: attn-mt is
 faster), peak memory of one step, and model FLOPs utilisation (MFU) against a matrix-product
 peak measured here in the same dtype and, on a known GPU, against its data-sheet peak. Also
-the padding share of the batches. fp32 on CUDA uses TF32, as training does (train.tf32).
+the padding share of the batches. fp32 on CUDA uses TF32, as training does (train.tf32). fp32
+on the CPU adds attn-mt with its linear layers' products through oneDNN (`attn_mt.train.onednn`,
+what training picks where it pays) beside the same model through MKL.
 
     python scripts/bench_train.py            # fp32 and bf16 (CPU), or fp32/bf16 on CUDA
     python scripts/bench_train.py --quick    # a smaller sample, under a minute on 2 cores
@@ -17,6 +19,7 @@ The last line is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import math
@@ -41,8 +44,10 @@ from attn_mt.model.vocab import PAD_ID  # noqa: E402
 from attn_mt.precision import configure_kernels  # noqa: E402
 from attn_mt.train.corpus import training_data  # noqa: E402
 from attn_mt.train.loss import label_smoothed_loss  # noqa: E402
+from attn_mt.train.onednn import route_through_onednn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+ONEDNN = "attn-mt oneDNN"  # the fp32 CPU row of attn-mt with its products through oneDNN
 SIZES = {  # --size: model keys over the config's (Vaswani et al.'s transformer-base and -big)
     "config": {},
     "base": {"d_model": 512, "heads": 8, "encoder_layers": 6, "decoder_layers": 6, "d_ff": 2048},
@@ -258,25 +263,30 @@ def main() -> None:
     for name in precisions:
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
         peak = matmul_peak(dtype, device, 1.0 if args.quick else 3.0)
+        timed_models = dict(models)
+        if name == "fp32" and device.type == "cpu" and packing_available():
+            timed_models[ONEDNN] = route_through_onednn(copy.deepcopy(ours))
         optimizers = {
-            k: torch.optim.AdamW(v.parameters(), lr=1e-4, fused=True) for k, v in models.items()
+            k: torch.optim.AdamW(v.parameters(), lr=1e-4, fused=True)
+            for k, v in timed_models.items()
         }
-        seconds, tokens, memory = dict.fromkeys(models, 0.0), dict.fromkeys(models, 0), {}
-        for key, model in models.items():  # first calls (kernel set-up) count for neither
+        seconds, tokens = dict.fromkeys(timed_models, 0.0), dict.fromkeys(timed_models, 0)
+        memory = {}
+        for key, model in timed_models.items():  # first calls (kernel set-up) count for none
             model.train()
             train_steps(model, optimizers[key], warm[:1], device, dtype)
-        for key, model in models.items():  # peak memory of a few steps
+        for key, model in timed_models.items():  # peak memory of a few steps
             run = functools.partial(train_steps, model, optimizers[key], warm, device, dtype)
             memory[key] = peak_memory(run, device)
-        for _ in range(rounds):  # interleaved turns: noise hits both models alike
-            for key, model in models.items():
+        for _ in range(rounds):  # interleaved turns: noise hits every model alike
+            for key, model in timed_models.items():
                 start = time.perf_counter()
                 tokens[key] += train_steps(model, optimizers[key], timed, device, dtype)
                 seconds[key] += time.perf_counter() - start
         spec = spec_peak(hardware, name) if device.type == "cuda" else None
         row = {"precision": name, "matmul_peak_tflops": peak / 1e12,
                "spec_peak_tflops": spec / 1e12 if spec else None}  # fmt: skip
-        for key in models:
+        for key in timed_models:
             achieved = rounds * flops / seconds[key]
             row[key] = {
                 "tokens_per_s": tokens[key] / seconds[key],
@@ -285,12 +295,14 @@ def main() -> None:
                 "peak_mib": memory[key],
             }
         row["ratio"] = row["attn-mt"]["tokens_per_s"] / row["nn.Transformer"]["tokens_per_s"]
+        if ONEDNN in row:  # > 1: oneDNN's products train faster than MKL's
+            row["onednn_gain"] = row[ONEDNN]["tokens_per_s"] / row["attn-mt"]["tokens_per_s"]
         results.append(row)
 
     print(f"\n{'precision':<10}{'model':<16}{'tgt tok/s':>11}{'MFU':>8}{'MFU spec':>10}"
           f"{'peak MiB':>10}{'matmul peak':>14}")  # fmt: skip
     for row in results:
-        for key in models:
+        for key in (k for k in (*models, ONEDNN) if k in row):
             r = row[key]
             mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "n/a"
             spec = f"{100 * r['mfu_spec']:.1f}%" if r["mfu_spec"] is not None else "n/a"
@@ -298,6 +310,8 @@ def main() -> None:
             print(f"{row['precision']:<10}{key:<16}{r['tokens_per_s']:>11.0f}"
                   f"{100 * r['mfu']:>7.1f}%{spec:>10}{mem:>10}{gflops:>9.0f} GF/s")  # fmt: skip
         print(f"{'':<10}{'ratio':<16}{row['ratio']:>11.2f}")
+        if "onednn_gain" in row:
+            print(f"{'':<10}{'oneDNN / MKL':<16}{row['onednn_gain']:>11.2f}")
     print(json.dumps({
         "bench": "train", "hardware": hardware, "device": device.type,
         "threads": torch.get_num_threads(), "torch": torch.__version__,

@@ -27,6 +27,9 @@ pytest_plugins = ("helpers.clirun",)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Keep SentencePiece models and downloads out of the user's real cache."""
     os.environ["ATTN_MT_CACHE"] = str(tmp_path_factory.mktemp("attn-mt-cache"))
+    # float32 training multiplies through nn.Linear unless a test asks for oneDNN: a choice
+    # timed in each process could differ between a run and its resumed half on a noisy machine.
+    os.environ["ATTN_MT_FP32_PRODUCTS"] = "mkl"
     torch.set_num_threads(min(2, torch.get_num_threads()))
 
 

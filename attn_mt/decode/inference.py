@@ -114,10 +114,12 @@ class PackedLinear(nn.Module):
 
 @functools.cache
 def packing_available() -> bool:
-    """Whether this torch build and CPU run `PackedLinear` (tried once on a small layer)."""
+    """Whether this torch build and CPU run `PackedLinear` (tried once on a small layer, the
+    caller's random stream untouched: a training run asks between its seed and its updates)."""
     try:
-        layer, x = nn.Linear(8, 4), torch.randn(3, 8)
-        return torch.allclose(PackedLinear(layer)(x), layer(x), atol=1e-5)
+        with torch.random.fork_rng(devices=[]):
+            layer, x = nn.Linear(8, 4), torch.randn(3, 8)
+            return torch.allclose(PackedLinear(layer)(x), layer(x), atol=1e-5)
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
 

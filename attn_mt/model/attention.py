@@ -319,12 +319,12 @@ class MultiHeadAttention(nn.Module):
 
     def _in_proj_rows(self, x: torch.Tensor, first: int, last: int) -> torch.Tensor:
         """x times the blocks first..last-1 of in_proj (0 = W_q, 1 = W_k, 2 = W_v); (B, L, n*D)."""
-        if isinstance(self.in_proj, nn.Linear):
-            rows = slice(first * x.size(-1), last * x.size(-1))
-            return F.linear(x, self.in_proj.weight[rows], self.in_proj.bias[rows])
-        # Prepacked or int8 weights cannot be sliced: an inference copy (`attn_mt.packed`)
-        # holds the blocks' uses as layers of their own.
-        return self.in_proj.rows(x, first, last)
+        if hasattr(self.in_proj, "rows"):
+            # Prepacked or int8 weights cannot be sliced: an inference copy (`InProj`) holds the
+            # blocks' uses as layers of their own; a `OneDnnLinear` slices and multiplies itself.
+            return self.in_proj.rows(x, first, last)
+        rows = slice(first * x.size(-1), last * x.size(-1))
+        return F.linear(x, self.in_proj.weight[rows], self.in_proj.bias[rows])
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, D) -> (B, H, L, Dh): head h takes features h*Dh .. (h+1)*Dh - 1."""

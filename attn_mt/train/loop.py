@@ -46,6 +46,7 @@ from attn_mt.train.corpus import training_data, valid_subset
 from attn_mt.train.ema import WeightEMA
 from attn_mt.train.loss import label_smoothed_loss
 from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
+from attn_mt.train.onednn import choose_products, route_through_onednn
 from attn_mt.train.runfolder import lock_run_folder
 from attn_mt.train.runlog import (
     Monitor,
@@ -159,6 +160,7 @@ class Trainer:
         self.resumed = last is not None
         if last:
             self.state.restore(last)
+        self._choose_products()
         if world.is_main:  # created only once the config, data and last.pt are known to be good
             self.state.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
@@ -167,6 +169,19 @@ class Trainer:
         self.stop_signal: str | None = None
         self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, self.state.ckpt_dir / "last.pt")
         self.agreed: list[bool] | None = None  # RANK_RULES as all ranks last agreed on them
+
+    def _choose_products(self) -> None:
+        """Float32 on a CPU: the linear layers' products through oneDNN where that pays here
+        (`onednn.choose_products`: decided as a run begins, kept on resume)."""
+        cfg, progress = self.cfg, self.state.progress
+        eligible = self.device.type == "cpu" and self.dtype is None and not cfg.train.compile
+        d_model, d_ff, vocab = cfg.model.d_model, cfg.model.d_ff, self.tgt_tok.vocab_size
+        shapes = ((d_model, d_ff), (d_ff, d_model), (d_model, vocab))
+        progress.products = distributed.from_main(
+            lambda: choose_products(progress.products, eligible, shapes), self.world
+        )
+        if progress.products == "onednn":
+            route_through_onednn(self.model)
 
     @property
     def progress(self) -> TrainProgress:

@@ -332,6 +332,7 @@ def log_start(
     cfg, stats, (src_tok, tgt_tok) = state.cfg, corpus.stats, state.tokenizers
     params = sum(p.numel() for p in {id(p): p for p in state.model.parameters()}.values())
     threads = torch.get_num_threads() if state.device.type == "cpu" else None
+    onednn = state.progress.products == "onednn"
     log.info(
         "attn-mt: %s -> %s, %s parameters, device %s%s, precision %s, %d process(es)",
         cfg.data.src_lang,
@@ -339,7 +340,7 @@ def log_start(
         f"{params:,}",
         state.device,
         f" ({threads} threads)" if threads else "",
-        precision,
+        precision + (", float32 products through oneDNN" if onednn else ""),
         state.world.size,
     )
     log.info(

@@ -62,6 +62,7 @@ class TrainProgress:
     last_valid_step: int = -1
     skipped: int = 0  # updates skipped for a NaN/inf loss or gradient (fp16 overflows included)
     kept_checkpoints: list[str] = field(default_factory=list)  # step_N.pt names, oldest first
+    products: str = ""  # float32 linear products, "mkl" or "onednn": chosen at the start, kept
 
     def record(self, score: float, higher_is_better: bool) -> bool:
         """Count one validation score; True when it beats the best so far."""
