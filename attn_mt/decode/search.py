@@ -51,6 +51,15 @@ def max_output_lengths(src: torch.Tensor, a: float, b: int, cap: int | None = No
     return limit.clamp(max=cap) if cap is not None else limit
 
 
+def _indices(values: list[int], device: torch.device) -> torch.Tensor:
+    """Host integers as an index tensor on `device`. To a GPU from pinned memory, without
+    waiting: a plain copy from the host would wait for the queue to empty, as a read does."""
+    index = torch.tensor(values, dtype=torch.long)
+    if device.type == "cuda":
+        return index.pin_memory().to(device, non_blocking=True)
+    return index.to(device)
+
+
 class _StepDecoder:
     """Next-token log-probabilities for a batch of prefixes, with or without a KV cache: of one
     model, or the mean over an ensemble's models, each with its own memory and cache.
@@ -195,9 +204,10 @@ def sample(
         alpha: length-penalty exponent, used only for the reported score.
     """
     limits = max_lengths.repeat_interleave(samples)  # (N,)
-    uniforms = torch.zeros(limits.numel(), int(limits.max()))  # (N, longest)
+    steps = limits.long().tolist()  # one copy to the host, not one per row
+    uniforms = torch.zeros(len(steps), max(steps, default=0))  # (N, longest)
     for row, (line, j) in enumerate((line, j) for line in lines for j in range(samples)):
-        uniforms[row, : int(limits[row])] = sampling.uniforms(line, j, int(limits[row]))
+        uniforms[row, : steps[row]] = sampling.uniforms(line, j, steps[row])
     uniforms = uniforms.to(src.device)
     hyps = _one_path_search(
         model,
@@ -225,35 +235,50 @@ def _one_path_search(
     repeat: int = 1,
 ) -> list[Hypothesis]:
     """Extend one prefix per row by the token `choose` picks until it picks <eos>; `repeat`
-    rows per source row, with max_lengths (B * repeat,)."""
+    rows per source row, with max_lengths (B * repeat,).
+
+    The bookkeeping (which rows are at their limit, which ended) lives on the host: a step
+    reads the chosen tokens, and where rows ended, their prefixes and scores, in one more
+    read. On a GPU every read waits until the device has caught up; reading each finished row
+    apart cost three waits per sentence.
+    """
     decoder = _StepDecoder(model, src, use_cache, repeat)
+    device = src.device
     rows = src.size(0) * repeat
-    alive = torch.arange(rows, device=src.device)  # original row of each live row
-    prefix = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=src.device)  # (N, 1)
-    logprob = torch.zeros(rows, device=src.device)
+    limits = max_lengths.long().tolist()  # per live row
+    alive = list(range(rows))  # the original row of each live row
+    alive_rows = torch.arange(rows, device=device)  # the same on the device, for `choose`
+    prefix = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=device)  # (N, 1)
+    logprob = torch.zeros(rows, device=device)
     results: list[Hypothesis | None] = [None] * rows
-    for step in range(int(max_lengths.max())):
+    for step in range(max(limits, default=0)):
         log_probs = decoder.log_probs(prefix)  # (N, V)
-        at_limit = step + 1 >= max_lengths[alive]  # the last allowed token must be <eos>
-        if at_limit.any():  # rarely: the masked copies are skipped when no row is at its limit
-            log_probs[at_limit, :EOS_ID] = float("-inf")
-            log_probs[at_limit, EOS_ID + 1 :] = float("-inf")
-        token = choose(log_probs, alive, step)  # (N,)
+        if step + 1 >= min(limits):  # the last allowed token must be <eos>
+            last = _indices([i for i, limit in enumerate(limits) if step + 1 >= limit], device)
+            log_probs[last, :EOS_ID] = float("-inf")
+            log_probs[last, EOS_ID + 1 :] = float("-inf")
+        token = choose(log_probs, alive_rows, step)  # (N,)
         logprob += log_probs.gather(1, token[:, None]).squeeze(1)
         prefix = torch.cat([prefix, token[:, None]], dim=1)  # (N, t + 1)
-        done = token == EOS_ID
-        for row in done.nonzero().flatten().tolist():
-            tokens = prefix[row, 1:-1].tolist()
-            total = float(logprob[row])
-            results[int(alive[row])] = Hypothesis(
+        ended = [i for i, next_token in enumerate(token.tolist()) if next_token == EOS_ID]
+        if not ended:
+            continue
+        index = _indices(ended, device)
+        # Each ended row's score, then its tokens (no <bos>, no <eos>): exact in float64.
+        finished = torch.cat([logprob[index, None].double(), prefix[index, 1:-1].double()], 1)
+        for i, (total, *path) in zip(ended, finished.tolist(), strict=True):
+            tokens = [int(t) for t in path]
+            results[alive[i]] = Hypothesis(
                 tokens, total, total / length_penalty(len(tokens) + 1, alpha)
             )
-        if done.all():
+        if len(ended) == len(alive):
             break
-        if done.any():
-            keep = (~done).nonzero().flatten()
-            alive, prefix, logprob = alive[keep], prefix[keep], logprob[keep]
-            decoder.select(keep)
+        gone = set(ended)
+        keep = [i for i in range(len(alive)) if i not in gone]
+        index = _indices(keep, device)
+        alive, limits = [alive[i] for i in keep], [limits[i] for i in keep]
+        alive_rows, prefix, logprob = alive_rows[index], prefix[index], logprob[index]
+        decoder.select(index)
     return results  # type: ignore[return-value]
 
 
@@ -282,51 +307,69 @@ def beam_search(
     # sentence, then its K best become K (what they share stays one row: `_StepDecoder`).
     width = 1  # beams per sentence: 1 for the first step, K after it
     decoder = _StepDecoder(model, src, use_cache)
-    alive = torch.arange(batch, device=device)  # original sentence of each live sentence
+    # The bookkeeping lives on the host, as in `_one_path_search`: per step, one transfer of
+    # what the ranking decided and, when some hypotheses ended, one of their prefixes.
+    limits = max_lengths.long().tolist()  # per sentence
+    alive = list(range(batch))  # the original sentence of each live sentence
     prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)  # (N, 1)
     beam_scores = torch.zeros(batch, width, device=device)  # (B, width)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    for step in range(int(max_lengths.max())):
-        n = alive.numel()
+    for step in range(max(limits, default=0)):
+        n = len(alive)
         log_probs = decoder.log_probs(prefix).view(n, width, -1)  # (B, width, V)
         vocab = log_probs.size(-1)
-        at_limit = step + 1 >= max_lengths[alive]  # (B,) these may only end now
-        if at_limit.any():
-            log_probs[at_limit, :, :EOS_ID] = float("-inf")
-            log_probs[at_limit, :, EOS_ID + 1 :] = float("-inf")
+        at_limit = [i for i, s in enumerate(alive) if step + 1 >= limits[s]]  # may only end now
+        if at_limit:
+            last = _indices(at_limit, device)
+            log_probs[last, :, :EOS_ID] = float("-inf")
+            log_probs[last, :, EOS_ID + 1 :] = float("-inf")
         top_scores, top_index = top_candidates(log_probs, beam_scores, 2 * k)  # (B, 2K)
         top_beam, top_token = top_index // vocab, top_index % vocab  # (B, 2K)
         is_eos = top_token == EOS_ID
-        # Finish the <eos> candidates ranked among the first K.
-        ended = (is_eos[:, :k] & top_scores[:, :k].isfinite()).nonzero().tolist()
-        for i, j in ended:
-            row = i * width + int(top_beam[i, j])
-            tokens = prefix[row, 1:].tolist()
-            total = float(top_scores[i, j])
-            hyp = Hypothesis(tokens, total, total / length_penalty(len(tokens) + 1, alpha))
-            finished[int(alive[i])].append(hyp)
         # The best K non-<eos> candidates become the next beams.
         open_scores = top_scores.masked_fill(is_eos, float("-inf"))
-        beam_scores, pick = open_scores.topk(k, dim=1)  # (B, K)
+        beam_scores, pick = open_scores.topk(k, dim=1)  # (B, K), best first
+        # To the host, per sentence: which of the first K candidates end (an <eos> with a
+        # finite score), their beams and scores, and the best open beam's score, in float32
+        # (the scores' own type; beam numbers are small integers, exact in it).
+        ended = is_eos[:, :k] & top_scores[:, :k].isfinite()
+        decided = torch.cat([ended, top_beam[:, :k], top_scores[:, :k], beam_scores[:, :1]], 1)
+        ends = []  # (sentence, row of the ended beam, score)
+        best_open = []
+        for i, values in enumerate(decided.tolist()):
+            best_open.append(values[3 * k])
+            if any(values[:k]):
+                ends += [
+                    (alive[i], i * width + int(values[k + j]), values[2 * k + j])
+                    for j in range(k)
+                    if values[j]
+                ]
+        if ends:  # finish them: the prefixes of their beams, in one transfer
+            rows = _indices([row for _, row, _ in ends], device)
+            paths = prefix.index_select(0, rows)[:, 1:].tolist()
+            for (sentence, _, total), path in zip(ends, paths, strict=True):
+                score = total / length_penalty(len(path) + 1, alpha)
+                finished[sentence].append(Hypothesis(path, total, score))
         source_row = torch.arange(n, device=device)[:, None] * width + top_beam.gather(1, pick)
         next_token = top_token.gather(1, pick).view(-1, 1)  # (N, 1)
         prefix = torch.cat([prefix.index_select(0, source_row.view(-1)), next_token], dim=1)
         decoder.reorder_beams(source_row.view(-1))  # at the first step, 1 row becomes K
         width = k
         open_lp = length_penalty(step + 1, alpha)  # the open beams hold step + 1 tokens
-        best_open = [score / open_lp for score in beam_scores.max(dim=1).values.tolist()]
-        done = torch.tensor(
-            [_sentence_done(finished[s], k, best_open[i]) for i, s in enumerate(alive.tolist())],
-            device=device,
-        )
-        if done.all():
+        keep = [
+            i
+            for i, s in enumerate(alive)
+            if not _sentence_done(finished[s], k, best_open[i] / open_lp)
+        ]
+        if not keep:
             break
-        if done.any():
-            keep = (~done).nonzero().flatten()
-            rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B' * K,)
-            alive, beam_scores = alive[keep], beam_scores[keep]
+        if len(keep) < n:
+            index = _indices(keep, device)
+            rows = (index[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B' * K,)
+            alive = [alive[i] for i in keep]
+            beam_scores = beam_scores[index]
             prefix = prefix.index_select(0, rows)
-            decoder.select(rows, sentences=keep)
+            decoder.select(rows, sentences=index)
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
 
 
