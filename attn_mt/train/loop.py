@@ -400,7 +400,9 @@ class Trainer:
                     devices=[self.device] if self.device.type == "cuda" else []
                 ):
                     result = self.validate()
+                    start = time.perf_counter()
                     self.runlog.attention(step, self._translator, self.corpus.valid_src)
+                    result.seconds["plot"] = time.perf_counter() - start
             except _Interrupted:
                 log.warning("%s: validation at step %d abandoned", self.stop_signal, step)
             self.model.train()

@@ -132,8 +132,9 @@ class RunLog:
         """A validation's line and samples to the log, its figures and samples to TensorBoard
         and metrics.jsonl; `best` is the selection metric and its best score so far."""
         m, (metric, best_score) = result.metrics, best
+        phases = ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in result.seconds.items())
         log.info(
-            "valid step %d%s: loss %.3f  ppl %.2f  BLEU %.2f  chrF %.2f%s",
+            "valid step %d%s: loss %.3f  ppl %.2f  BLEU %.2f  chrF %.2f%s%s",
             step,
             share,
             m["loss"],
@@ -141,6 +142,7 @@ class RunLog:
             m["bleu"],
             m["chrf"],
             "  (best)" if improved else f"  (best {metric} {best_score:.2f})",
+            f"  {sum(result.seconds.values()):.1f} s: {phases}" if phases else "",
         )
         for src, hyp, ref in result.samples:
             log.info("  src: %s\n  hyp: %s\n  ref: %s", src, hyp, ref)

@@ -7,8 +7,9 @@ The caller runs it under `torch.random.fork_rng`, so validation never moves the 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +31,7 @@ class Validation:
 
     metrics: dict[str, float]  # loss, ppl, bleu, chrf, sentences
     samples: list[tuple[str, str, str]]  # (source, hypothesis, reference) to show
+    seconds: dict[str, float] = field(default_factory=dict)  # per phase: loss, search, score
 
 
 @torch.no_grad()
@@ -44,7 +46,10 @@ def validate(
     translated ("search"). Leaves the model in eval mode.
     """
     model = translator.model
-    loss = nll = 0.0
+    # Summed on the device in float64 (as Python floats would be), read once at the end: a
+    # read per batch would make the CPU wait for a GPU each time.
+    start = time.perf_counter()
+    sums = torch.zeros(2, dtype=torch.float64, device=translator.device)  # loss, nll
     tokens = 0
     lengths = [
         (len(s) + 1, len(r) + 1)
@@ -57,10 +62,12 @@ def validate(
             batch = batch.to(translator.device)
             logits = model(batch.src, batch.tgt_in)
             batch_loss, batch_nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
-            loss, nll = loss + float(batch_loss), nll + float(batch_nll)
+            sums += torch.stack([batch_loss, batch_nll]).double()
             tokens += batch.num_tgt_tokens
             scored += len(rows)
             on_progress("loss", scored, len(lengths))
+    loss, nll = sums.tolist()
+    seconds = {"loss": time.perf_counter() - start}
     done = 0
 
     def advance(count: int) -> None:
@@ -68,8 +75,12 @@ def validate(
         done += count
         on_progress("search", done, len(corpus.valid_src))
 
+    start = time.perf_counter()
     hyps = translator.translate(corpus.valid_src, beam=t.eval_beam, on_batch=advance)
+    seconds["search"] = time.perf_counter() - start
+    start = time.perf_counter()
     scores = score(hyps, corpus.valid_ref)
+    seconds["score"] = time.perf_counter() - start
     metrics = {
         "loss": loss / max(tokens, 1),
         "ppl": math.exp(min(nll / max(tokens, 1), 50)),
@@ -78,4 +89,4 @@ def validate(
         "sentences": len(corpus.valid_src),
     }
     samples = list(zip(corpus.valid_src, hyps, corpus.valid_ref, strict=True))[: t.samples]
-    return Validation(metrics, samples)
+    return Validation(metrics, samples, seconds)
