@@ -11,13 +11,16 @@ With a GPU it exits 1 if a check failed. Each check is given what is left of --m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,12 @@ sys.path.insert(0, str(ROOT))
 
 from attn_mt.checkpoint import load_checkpoint  # noqa: E402
 from attn_mt.configfile import load_config  # noqa: E402
+from attn_mt.decode.search import (  # noqa: E402
+    _StepDecoder,
+    beam_search,
+    greedy_search,
+    max_output_lengths,
+)
 from attn_mt.model.attention import causal_mask  # noqa: E402
 from attn_mt.model.transformer import LayerSpec, Transformer, build_model  # noqa: E402
 from attn_mt.model.vocab import BOS_ID, PAD_ID  # noqa: E402
@@ -103,7 +112,7 @@ def gradients(model: Transformer, batch, device: torch.device, precision: str) -
     tokens = int((tgt_out != PAD_ID).sum())
     (loss / tokens).backward()
     grads = {n: p.grad.detach().float().cpu() for n, p in model.named_parameters()}
-    return {"loss": float(loss) / tokens, "grads": grads}
+    return {"loss": float(loss.detach()) / tokens, "grads": grads}
 
 
 def worst_relative(ours: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
@@ -219,6 +228,94 @@ def mask_free_attention(ctx: Context) -> Figures:
     return {"precision": precision, "max |diff| at real positions": diff}
 
 
+HOST_READS = (
+    "tolist",
+    "item",
+    "nonzero",
+    "cpu",
+    "numpy",
+    "__bool__",
+    "__float__",
+    "__int__",
+    "__index__",
+)
+
+
+@contextlib.contextmanager
+def counted(owner: type, names: tuple[str, ...]) -> Iterator[list[str]]:
+    """The names of the calls of `owner`'s methods `names` while inside, in order."""
+    calls: list[str] = []
+    saved = {name: owner.__dict__.get(name) for name in names}
+
+    def counting(name: str, method: Callable) -> Callable:
+        def call(self, *args, **kwargs):
+            calls.append(name)
+            return method(self, *args, **kwargs)
+
+        return call
+
+    for name in names:
+        setattr(owner, name, counting(name, getattr(owner, name)))
+    try:
+        yield calls
+    finally:
+        for name, method in saved.items():
+            if method is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, method)
+
+
+def device_waits(work: Callable[[], object]) -> int:
+    """How many times `work()` made the CPU wait for the GPU, as torch's sync debug mode
+    counts them (each a warning)."""
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            work()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def decoding(ctx: Context) -> Figures:
+    """Greedy and beam-5 search of 128 random sources with the random model: milliseconds per
+    step, and how often a step reads tensor values on the host (on a GPU each read waits for
+    the device; docs/gpu.md)."""
+    model = tiny_model(ctx.device).eval()
+    src = random_batch(128, 20, 2)[0].to(ctx.device)
+    limits = max_output_lengths(src, 1.0, 10)
+    precision = "bf16" if ctx.device.type == "cuda" else "fp32"
+    searches = {
+        "greedy": lambda: greedy_search(model, src, limits),
+        "beam 5": lambda: beam_search(model, src, limits, 5),
+    }
+    figures = {}
+    for name, search in searches.items():
+        with torch.no_grad(), autocast_context(ctx.device, DTYPES[precision]):
+            search()  # warm-up
+            with (
+                counted(torch.Tensor, HOST_READS) as reads,
+                counted(_StepDecoder, ("log_probs",)) as steps,
+            ):
+                search()
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
+            start = time.perf_counter()
+            search()
+            if ctx.device.type == "cuda":
+                torch.cuda.synchronize(ctx.device)
+            seconds = time.perf_counter() - start
+        figures[f"{name} ms per step"] = 1000 * seconds / len(steps)
+        figures[f"{name} host reads per step"] = len(reads) / len(steps)
+        if ctx.device.type == "cuda":
+            with torch.no_grad(), autocast_context(ctx.device, DTYPES[precision]):
+                figures[f"{name} device waits per step"] = device_waits(search) / len(steps)
+    figures["precision"] = precision
+    return figures
+
+
 # ---------------------------------------------------------------------------------------------
 # Checks that need the GPU
 
@@ -272,6 +369,10 @@ def short_run(precision: str) -> Callable[[Context], Figures]:
         if not all(map(lambda m: m["loss"] == m["loss"], trained)):
             raise CheckFailed(f"{precision}: a NaN training loss")
         figures = {k: last[k] for k in ("step", "loss", "bleu") if k in last}
+        # train.log's last validation line ends with its seconds by phase.
+        log = (out / "train.log").read_text()
+        timings = re.findall(r"valid step .*BLEU .*\(best[^)]*\)\s+(.+)$", log, flags=re.M)
+        figures["last validation"] = timings[-1] if timings else "no timing in train.log"
         return figures | {"minutes": (time.monotonic() - start) / 60}
 
     return run
@@ -354,6 +455,7 @@ CHECKS = [
     Check("GPU presets load", presets, gpu_only=False),
     Check("cached == full decoding", cached_decoding, gpu_only=False),
     Check("mask-free decoder == masked", mask_free_attention, gpu_only=False),
+    Check("decoding: host reads, ms per step", decoding, gpu_only=False),
     Check("CPU vs CUDA one step", numerics, gpu_only=True),
     Check("deterministic exact resume", deterministic_resume, gpu_only=True),
     Check("NCCL, one process", nccl_one_process, gpu_only=True),
@@ -380,8 +482,11 @@ def run_checks(ctx: Context) -> None:
         else:
             try:
                 result.update(status="pass", figures=check.run(ctx))
-            except (CheckFailed, subprocess.TimeoutExpired) as error:
+            except CheckFailed as error:
                 result.update(status="FAIL", why=str(error))
+            except subprocess.TimeoutExpired as error:  # the budget ran out, nothing failed
+                why = f"stopped after {error.timeout:.0f} s, what was left of --minutes"
+                result.update(status="timeout", why=why)
             except Exception as error:  # a bug or a CUDA error: keep going, report it
                 result.update(status="FAIL", why=repr(error), trace=traceback.format_exc()[-2000:])
         result["seconds"] = round(time.monotonic() - start, 1)

@@ -22,6 +22,7 @@ CPU_CHECKS = [
     "GPU presets load",
     "cached == full decoding",
     "mask-free decoder == masked",
+    "decoding: host reads, ms per step",
 ]
 
 
@@ -47,13 +48,41 @@ def test_gpu_check_runs_its_cpu_part_and_exits_0(tmp_path: Path):
     assert "| deterministic exact resume | skipped |" in report
 
 
-def test_the_nccl_check_starts_a_one_rank_group_and_all_reduces(monkeypatch):
-    """The NCCL check's own process group (a torchrun of one process starts none), run here with
-    gloo on the CPU: a group starts, one all_reduce runs in it, and it is destroyed."""
+def load_gpu_check(monkeypatch):
     spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # its dataclasses look it up
     spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
+def test_a_check_stopped_by_the_budget_is_out_of_time_not_a_failure(monkeypatch, tmp_path):
+    """The first H200 run: a training check cut off by --minutes read FAIL. A check whose
+    subprocess ran past the budget is 'timeout'; only a real failure is FAIL (exit code 1)."""
+    gpu_check = load_gpu_check(monkeypatch)
+
+    def too_long(ctx):
+        raise subprocess.TimeoutExpired(["attn-mt", "train"], timeout=62.3)
+
+    def wrong(ctx):
+        raise gpu_check.CheckFailed("gradients differ")
+
+    checks = [
+        gpu_check.Check("slow", too_long, gpu_only=False),
+        gpu_check.Check("broken", wrong, gpu_only=False),
+    ]
+    monkeypatch.setattr(gpu_check, "CHECKS", checks)
+    ctx = gpu_check.Context(tmp_path, torch.device("cpu"), deadline=float("inf"))
+    gpu_check.run_checks(ctx)
+    status = {r["check"]: (r["status"], r["why"]) for r in ctx.results}
+    assert status["slow"] == ("timeout", "stopped after 62 s, what was left of --minutes")
+    assert status["broken"] == ("FAIL", "gradients differ")
+
+
+def test_the_nccl_check_starts_a_one_rank_group_and_all_reduces(monkeypatch):
+    """The NCCL check's own process group (a torchrun of one process starts none), run here with
+    gloo on the CPU: a group starts, one all_reduce runs in it, and it is destroyed."""
+    gpu_check = load_gpu_check(monkeypatch)
     reduced = []
     all_reduce = dist.all_reduce
 
