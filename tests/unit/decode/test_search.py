@@ -6,11 +6,15 @@ log-probabilities, the output length limit, early exit, and batched == one sente
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO
 from helpers.models import assert_same, random_model, random_sources, teacher_forced_logprob
 
 import attn_mt
@@ -233,32 +237,17 @@ def test_top_candidates_equal_a_topk_over_every_candidate(vocab: int, width: int
 # ---------------------------------------------------------------------------------------------
 # Waits for the device
 
-HOST_READS = (
-    "tolist",
-    "item",
-    "nonzero",
-    "cpu",
-    "numpy",
-    "__bool__",
-    "__float__",
-    "__int__",
-    "__index__",
-)
-
 
 @pytest.fixture
-def host_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of every read of a tensor's values on the host from now on: on a GPU each one
-    waits until the device has caught up."""
-    reads: list[str] = []
-    for name in HOST_READS:
-
-        def counted(self, *args, _original=getattr(torch.Tensor, name), _name=name, **kwargs):
-            reads.append(_name)
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    return reads
+def host_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The name of every read of a tensor's values on the host from now on (on a GPU each one
+    waits until the device has caught up): scripts/gpu_check.py's counter."""
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # its dataclasses look it up
+    spec.loader.exec_module(gpu_check)
+    with gpu_check.counted(torch.Tensor, gpu_check.HOST_READS) as reads:
+        yield reads
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
