@@ -239,8 +239,7 @@ def _one_path_search(
 
     The bookkeeping (which rows are at their limit, which ended) lives on the host: a step
     reads the chosen tokens, and where rows ended, their prefixes and scores, in one more
-    read. On a GPU every read waits until the device has caught up; reading each finished row
-    apart cost three waits per sentence.
+    read. On a GPU every read waits until the device has caught up, so none is per row.
     """
     decoder = _StepDecoder(model, src, use_cache, repeat)
     device = src.device

@@ -57,8 +57,8 @@ def load_gpu_check(monkeypatch):
 
 
 def test_a_check_stopped_by_the_budget_is_out_of_time_not_a_failure(monkeypatch, tmp_path):
-    """The first H200 run: a training check cut off by --minutes read FAIL. A check whose
-    subprocess ran past the budget is 'timeout'; only a real failure is FAIL (exit code 1)."""
+    """A check whose subprocess ran past what was left of --minutes is 'timeout'; only a real
+    failure is FAIL (which makes the exit code 1)."""
     gpu_check = load_gpu_check(monkeypatch)
 
     def too_long(ctx):
