@@ -87,8 +87,8 @@ def test_translate_streams_100k_lines_in_bounded_memory(trained_run: Path, tmp_p
         write_lines(tmp_path / "100k.txt", lines),
     )
     args = translate_args(trained_run, "--beam", "1")
-    # A run's peak varies by tens of MiB now and then with nothing more held (+25 MiB seen under
-    # CPU contention, +56 MiB once on CI), so each input runs twice and the lower peak counts.
+    # A single run's peak jumps by tens of MiB now and then with nothing more held, so each
+    # input runs twice and the lower peak counts.
     peaks = {}
     for path in (small, big):
         for _ in range(2):
