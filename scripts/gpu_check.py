@@ -6,6 +6,8 @@ to one report, OUT/gpu_check.md (and OUT/gpu_check.json).
 
 On a machine without a CUDA GPU it runs the checks that need none, says so and exits 0.
 With a GPU it exits 1 if a check failed. Each check is given what is left of --minutes.
+`--only WORD ...` runs the checks whose names hold one of the words (the rest read `skipped`),
+for a short lease spent on what is not yet measured.
 """
 
 from __future__ import annotations
@@ -71,10 +73,14 @@ class Context:
     out: Path
     device: torch.device
     deadline: float  # time.monotonic() at which the budget ends
+    only: tuple[str, ...] = ()  # words a check's name must hold one of; empty: every check
     results: list[dict[str, Any]] = field(default_factory=list)
 
     def seconds_left(self) -> float:
         return self.deadline - time.monotonic()
+
+    def chosen(self, check: Check) -> bool:
+        return not self.only or any(w.lower() in check.name.lower() for w in self.only)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -475,7 +481,9 @@ def run_checks(ctx: Context) -> None:
     for check in CHECKS:
         result: dict[str, Any] = {"check": check.name}
         start = time.monotonic()
-        if check.gpu_only and ctx.device.type != "cuda":
+        if not ctx.chosen(check):
+            result.update(status="skipped", why="not chosen by --only")
+        elif check.gpu_only and ctx.device.type != "cuda":
             result.update(status="skipped", why="needs a CUDA GPU")
         elif ctx.seconds_left() <= 0:
             result.update(status="skipped", why="out of time (--minutes)")
@@ -521,12 +529,19 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu_check")
     parser.add_argument("--minutes", type=float, default=28.0, help="budget for all checks")
     parser.add_argument("--cpu-only", action="store_true", help="as on a machine without a GPU")
+    parser.add_argument(
+        "--only", nargs="+", default=(), metavar="WORD", help="the checks whose names hold a word"
+    )
     args = parser.parse_args()
+    names = [check.name for check in CHECKS]
+    unknown = [w for w in args.only if not any(w.lower() in n.lower() for n in names)]
+    if unknown:
+        parser.error(f"--only {' '.join(unknown)} names no check; the checks: {', '.join(names)}")
     args.out.mkdir(parents=True, exist_ok=True)
     set_cuda_environment()  # before CUDA starts, as `attn-mt train` does
     gpu = torch.cuda.is_available() and not args.cpu_only
     device = torch.device("cuda" if gpu else "cpu")
-    ctx = Context(args.out, device, time.monotonic() + 60 * args.minutes)
+    ctx = Context(args.out, device, time.monotonic() + 60 * args.minutes, tuple(args.only))
     run_checks(ctx)
     report = write_report(ctx)
     print(f"gpu_check: report in {report}")

@@ -4,7 +4,7 @@
 # runs scripts/gpu_check.py, which writes one report (runs/gpu_check/gpu_check.md by default)
 # in under 30 minutes. On a machine without a GPU it runs the CPU-side checks and exits 0.
 #
-#   bash scripts/gpu_check.sh [--out DIR] [--minutes M] [--cpu-only]
+#   bash scripts/gpu_check.sh [--out DIR] [--minutes M] [--cpu-only] [--only WORD ...]
 #   PYTHON=/path/to/python bash scripts/gpu_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -96,3 +96,33 @@ def test_the_nccl_check_starts_a_one_rank_group_and_all_reduces(monkeypatch):
     assert figures == {"backend": "gloo", "all_reduce": "equal"}
     assert reduced == [(1, "cpu")]
     assert not dist.is_initialized()
+
+
+def test_only_runs_the_chosen_checks_and_names_the_rest_skipped(monkeypatch, tmp_path):
+    gpu_check = load_gpu_check(monkeypatch)
+    ran = []
+    checks = [
+        gpu_check.Check(name, lambda ctx, name=name: ran.append(name) or {}, gpu_only=False)
+        for name in ("Multi30k bf16 run", "Multi30k fp16 run", "peak memory base/big")
+    ]
+    monkeypatch.setattr(gpu_check, "CHECKS", checks)
+    ctx = gpu_check.Context(tmp_path, torch.device("cpu"), float("inf"), only=("BF16", "memory"))
+    gpu_check.run_checks(ctx)
+    assert ran == ["Multi30k bf16 run", "peak memory base/big"]
+    skipped = [r for r in ctx.results if r["status"] == "skipped"]
+    assert [(r["check"], r["why"]) for r in skipped] == [
+        ("Multi30k fp16 run", "not chosen by --only")
+    ]
+
+
+def test_only_with_a_word_no_check_holds_is_an_error_before_any_check(tmp_path: Path):
+    proc = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "--out", str(tmp_path), "--only", "bf16", "nope"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--only nope names no check" in proc.stderr
+    assert not (tmp_path / "gpu_check.json").exists()
