@@ -106,6 +106,15 @@ def configure_kernels(deterministic: bool, tf32: bool) -> None:
         torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = False
+    avoid_cudnn_attention()
+
+
+def avoid_cudnn_attention() -> None:
+    """Keep torch's scaled_dot_product_attention off cuDNN's kernel (flash or memory-efficient
+    attention serve instead). cuDNN builds a plan for every new shape it sees, and an NMT batch
+    has a new shape at almost every update and every decoding step: on an H200, bf16 training
+    began ~10x slower and a validation took 28 s instead of 4 (docs/gpu.md). Process-wide."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def set_tf32(on: bool) -> None:

@@ -46,6 +46,7 @@ from attn_mt.model.vocab import BOS_ID, PAD_ID  # noqa: E402
 from attn_mt.precision import (  # noqa: E402
     DTYPES,
     autocast_context,
+    avoid_cudnn_attention,
     configure_kernels,
     resolve_precision,
     set_cuda_environment,
@@ -539,6 +540,7 @@ def main() -> int:
         parser.error(f"--only {' '.join(unknown)} names no check; the checks: {', '.join(names)}")
     args.out.mkdir(parents=True, exist_ok=True)
     set_cuda_environment()  # before CUDA starts, as `attn-mt train` does
+    avoid_cudnn_attention()  # as training and translation do
     gpu = torch.cuda.is_available() and not args.cpu_only
     device = torch.device("cuda" if gpu else "cpu")
     ctx = Context(args.out, device, time.monotonic() + 60 * args.minutes, tuple(args.only))

@@ -43,6 +43,7 @@ from attn_mt.model.transformer import Transformer
 from attn_mt.precision import (
     DTYPES,
     autocast_context,
+    avoid_cudnn_attention,
     resolve_device,
     resolve_precision,
     set_tf32,
@@ -316,6 +317,8 @@ def load(
         *(model_from(s, p) for s, p in zip(states, given, strict=True)), strict=True
     )
     config = with_decode(configs[0], decode)
+    if device.type == "cuda":
+        avoid_cudnn_attention()  # each decoding step's new shape would cost cuDNN a new plan
     if device.type == "cuda" and dtype is None:  # fp32 on CUDA: TF32 as the model trained
         set_tf32(config.train.tf32 and not config.train.deterministic)
     src_tok, tgt_tok = tokenizers_from(states[0], given[0])

@@ -34,12 +34,14 @@ def kernel_settings():
         torch.are_deterministic_algorithms_enabled(),
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
+        torch.backends.cuda.cudnn_sdp_enabled(),
     )
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
     if torch.are_deterministic_algorithms_enabled() != saved[2]:  # its import is slow
         torch.use_deterministic_algorithms(saved[2])
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[3:]
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[3:5]
+    torch.backends.cuda.enable_cudnn_sdp(saved[5])
 
 
 @pytest.mark.parametrize(
@@ -87,6 +89,16 @@ def test_tf32_on_by_default_off_when_asked_or_deterministic(
     assert torch.backends.cudnn.deterministic is deterministic
     assert not torch.backends.cudnn.benchmark
     assert ("CUBLAS_WORKSPACE_CONFIG" in os.environ) is deterministic
+
+
+def test_attention_keeps_off_cudnn_whose_plans_are_per_shape(kernel_settings):
+    """Training and validation on a GPU change shape at nearly every call; cuDNN's attention
+    sets up a plan per shape, so the trainer (through configure_kernels) turns it off."""
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    configure_kernels(deterministic=False, tf32=True)
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.flash_sdp_enabled()  # the kernels that serve instead stay on
+    assert torch.backends.cuda.mem_efficient_sdp_enabled()
 
 
 def test_train_command_sets_the_cuda_environment_before_training(
