@@ -272,9 +272,9 @@ def main() -> None:
         }
         seconds, tokens = dict.fromkeys(timed_models, 0.0), dict.fromkeys(timed_models, 0)
         memory = {}
-        for key, model in timed_models.items():  # first calls (kernel set-up) count for none
-            model.train()
-            train_steps(model, optimizers[key], warm[:1], device, dtype)
+        for key, model in timed_models.items():  # first calls count for none: a kernel's
+            model.train()  # set-up for a new batch shape can cost more than the update itself
+            train_steps(model, optimizers[key], warm[:1] + timed, device, dtype)
         for key, model in timed_models.items():  # peak memory of a few steps
             run = functools.partial(train_steps, model, optimizers[key], warm, device, dtype)
             memory[key] = peak_memory(run, device)
