@@ -112,8 +112,8 @@ def configure_kernels(deterministic: bool, tf32: bool) -> None:
 def avoid_cudnn_attention() -> None:
     """Keep torch's scaled_dot_product_attention off cuDNN's kernel (flash or memory-efficient
     attention serve instead). cuDNN builds a plan for every new shape it sees, and an NMT batch
-    has a new shape at almost every update and every decoding step: on an H200, bf16 training
-    began ~10x slower and a validation took 28 s instead of 4 (docs/gpu.md). Process-wide."""
+    has a new shape at almost every update and every decoding step, so the plans cost far more
+    than the kernel saves (measured in docs/gpu.md). Process-wide."""
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
