@@ -81,7 +81,12 @@ class Context:
         return self.deadline - time.monotonic()
 
     def chosen(self, check: Check) -> bool:
-        return not self.only or any(w.lower() in check.name.lower() for w in self.only)
+        return not self.only or any(holds(check.name, word) for word in self.only)
+
+
+def holds(name: str, word: str) -> bool:
+    """Whether a check's name holds `word` (an --only word), case ignored."""
+    return word.lower() in name.lower()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,7 +540,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     names = [check.name for check in CHECKS]
-    unknown = [w for w in args.only if not any(w.lower() in n.lower() for n in names)]
+    unknown = [w for w in args.only if not any(holds(name, w) for name in names)]
     if unknown:
         parser.error(f"--only {' '.join(unknown)} names no check; the checks: {', '.join(names)}")
     args.out.mkdir(parents=True, exist_ok=True)

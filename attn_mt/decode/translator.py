@@ -319,8 +319,8 @@ def load(
     config = with_decode(configs[0], decode)
     if device.type == "cuda":
         avoid_cudnn_attention()  # each decoding step's new shape would cost cuDNN a new plan
-    if device.type == "cuda" and dtype is None:  # fp32 on CUDA: TF32 as the model trained
-        set_tf32(config.train.tf32 and not config.train.deterministic)
+        if dtype is None:  # fp32: TF32 as the model trained
+            set_tf32(config.train.tf32 and not config.train.deterministic)
     src_tok, tgt_tok = tokenizers_from(states[0], given[0])
     if quantize is not None:
         models = [quantize_model(m, quantize, device) for m in models]
