@@ -10,8 +10,10 @@ products. It is much faster on some CPUs and slower on others, so `attn_mt.load`
 on this CPU (`packing_pays`) and packs where oneDNN wins (`prepack="auto"`, the default;
 figures: docs/performance.md). oneDNN builds and keeps a kernel for every number of
 input rows it meets, so memory would grow with each new row count: inputs are padded to one of
-a few row counts (`padded_rows`). Where this torch build or CPU has no such op, `pack` leaves
-the model as it is.
+a few row counts (`padded_rows`). A feed-forward block runs as one `PackedFeedForward`: its
+rows padded once for both products, the activation done by oneDNN on the first product's
+result (a post-op) instead of as an operation of its own. Where this torch build or CPU has no
+such op, `pack` leaves the model as it is.
 
 Splitting. `MultiHeadAttention.in_proj` stacks W_q, W_k and W_v; cross-attention needs only
 the W_q rows for the decoder's queries at each step (and the W_k, W_v rows once, for the
@@ -79,7 +81,7 @@ def split_in_proj(model: nn.Module) -> nn.Module:
 # e.g. a self-attention's Q rows alone, are never called).
 PACKED_LAYERS = (
     "self_attn.in_proj.all", "self_attn.out_proj", "cross_attn.in_proj.q", "cross_attn.in_proj.kv",
-    "cross_attn.out_proj", "ff.w_1", "ff.w_2",
+    "cross_attn.out_proj",
 )  # fmt: skip
 ROW_BLOCK = 16  # the finest row padding; coarser (up to 1/8 of the rows) for larger batches
 
@@ -92,24 +94,62 @@ def padded_rows(rows: int) -> int:
     return -(-rows // block) * block
 
 
-class PackedLinear(nn.Module):
-    """y = x W^T + b with W held in oneDNN's blocked layout (inference only: no gradient, and
-    the packed weight is not in the state dict). Inputs are padded to `padded_rows` rows."""
+def _padded(rows: torch.Tensor) -> torch.Tensor:
+    """(R, X) rows followed by zero rows up to `padded_rows(R)`: one copy, and only the new rows
+    zeroed (`F.pad` fills the whole tensor first)."""
+    count = rows.size(0)
+    if (total := padded_rows(count)) == count:
+        return rows
+    out = rows.new_empty(total, rows.size(1))
+    out[:count].copy_(rows)
+    out[count:].zero_()
+    return out
 
-    def __init__(self, linear: nn.Linear):
+
+# oneDNN post-ops for the activations of `FeedForward`: the same functions, applied to the
+# product inside the kernel ("gelu" with algorithm "none" is the exact, erf form of F.gelu).
+FUSED_ACTIVATIONS = {F.relu: "relu", F.gelu: "gelu"}
+
+
+class PackedLinear(nn.Module):
+    """y = act(x W^T + b) with W held in oneDNN's blocked layout (inference only: no gradient,
+    and the packed weight is not in the state dict); `activation` "none", "relu" or "gelu".
+    Inputs are padded to `padded_rows` rows."""
+
+    def __init__(self, linear: nn.Linear, activation: str = "none"):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float().contiguous()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        count = rows.size(0)
-        if (padding := padded_rows(count) - count) > 0:
-            rows = F.pad(rows, (0, 0, 0, padding))
-        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        return y[:count].view(*x.shape[:-1], self.out_features)
+        y = self.multiply(_padded(rows))
+        return y[: rows.size(0)].view(*x.shape[:-1], self.out_features)
+
+    def multiply(self, rows: torch.Tensor) -> torch.Tensor:
+        """(R, in_features) rows, R one of the padded counts -> (R, out_features)."""
+        algorithm = "none" if self.activation == "gelu" else ""
+        return torch.ops.mkldnn._linear_pointwise(
+            rows, self.packed, self.bias, self.activation, [], algorithm
+        )
+
+
+class PackedFeedForward(nn.Module):
+    """`FeedForward` at inference: W_2 act(W_1 x + b_1) + b_2 with both products prepacked,
+    the rows padded once for the two, and the activation fused into the first product."""
+
+    def __init__(self, ff: nn.Module):
+        super().__init__()
+        self.w_1 = PackedLinear(ff.w_1, FUSED_ACTIVATIONS[ff.activation])
+        self.w_2 = PackedLinear(ff.w_2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.size(-1))
+        y = self.w_2.multiply(self.w_1.multiply(_padded(rows)))
+        return y[: rows.size(0)].view(*x.shape[:-1], self.w_2.out_features)
 
 
 @functools.cache
@@ -156,8 +196,8 @@ def packing_pays(in_features: int, out_features: int, threads: int) -> bool:
 
 def pack(model: Transformer) -> Transformer:
     """`model`, for float32 inference on the CPU from now on, with its linear layers
-    (`PACKED_LAYERS` of every encoder and decoder layer, and the output layer) prepacked (in
-    place); unchanged where packing is not available."""
+    (`PACKED_LAYERS` and the feed-forward block of every encoder and decoder layer, and the
+    output layer) prepacked (in place); unchanged where packing is not available."""
     if not packing_available():
         return model
     model = split_in_proj(model)
@@ -166,6 +206,7 @@ def pack(model: Transformer) -> Transformer:
             parent, _, leaf = name.rpartition(".")
             if (owner := _submodule(layer, parent)) is not None:
                 setattr(owner, leaf, PackedLinear(getattr(owner, leaf)))
+        layer.ff = PackedFeedForward(layer.ff)
     model.output = PackedLinear(model.output)
     return model
 

@@ -19,6 +19,7 @@ from attn_mt.decode import translator as translator_module
 from attn_mt.decode.search import beam_search, greedy_search, max_output_lengths
 from attn_mt.errors import UserError
 from attn_mt.model.attention import MultiHeadAttention
+from attn_mt.model.transformer import FeedForward
 from attn_mt.model.vocab import PAD_ID
 
 
@@ -79,6 +80,33 @@ def test_a_packed_layer_pads_any_row_count(rows: int) -> None:
     layer = nn.Linear(32, 48)
     x = torch.randn(rows, 2, 32)  # 2 * rows input rows: padded inside, not in the output
     torch.testing.assert_close(packed.PackedLinear(layer)(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("rows", [1, 16, 17, 300])
+def test_a_packed_feed_forward_is_the_block_with_its_activation_fused(
+    activation: str, rows: int
+) -> None:
+    block = FeedForward(32, 64, dropout=0.3, activation=activation).eval()
+    with torch.no_grad():
+        block.w_1.bias.normal_()  # negative and positive pre-activations both
+    fast = packed.PackedFeedForward(block)
+    assert fast.w_1.activation == activation and fast.w_2.activation == "none"
+    x = torch.randn(rows, 3, 32)
+    torch.testing.assert_close(fast(x), block(x), rtol=1e-5, atol=1e-5)
+    # The first product alone applies the activation; the plain layer's is the identity.
+    hidden = packed.PackedLinear(block.w_1, activation)(x)
+    torch.testing.assert_close(hidden, block.activation(block.w_1(x)), rtol=1e-5, atol=1e-5)
+    assert (hidden >= 0).all() if activation == "relu" else (hidden < 0).any()
+
+
+def test_padding_adds_zero_rows_up_to_the_padded_count() -> None:
+    rows = torch.randn(17, 8)
+    out = packed._padded(rows)
+    assert out.shape == (packed.padded_rows(17), 8)
+    assert torch.equal(out[:17], rows) and not out[17:].any()
+    exact = torch.randn(16, 8)
+    assert packed._padded(exact) is exact  # a padded count already: no copy
 
 
 def test_packing_is_in_place_and_keeps_the_state_dict_keys() -> None:
