@@ -73,7 +73,7 @@ def wait_for(condition, seconds: float, what: str) -> None:
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
 def test_ctrl_c_while_workers_encode_ends_cleanly(toy_data: dict[str, Path], tmp_path: Path):
     """Exit 130, no traceback, no temp folder, no worker left behind."""
-    config = big_corpus(toy_data, tmp_path, 400_000)
+    config = big_corpus(toy_data, tmp_path, 2_000_000)  # encoding outlasts the signal
     log = tmp_path / "prepare.log"
     proc = prepare(config, log, workers=2)
     try:
