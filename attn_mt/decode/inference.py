@@ -106,6 +106,13 @@ def _padded(rows: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _on_padded_rows(x: torch.Tensor, product, out_features: int) -> torch.Tensor:
+    """`product` over the rows of x (..., in), padded to `padded_rows`; its real rows back in
+    x's shape (..., out_features)."""
+    rows = x.reshape(-1, x.size(-1))
+    return product(_padded(rows))[: rows.size(0)].view(*x.shape[:-1], out_features)
+
+
 # oneDNN post-ops for the activations of `FeedForward`: the same functions, applied to the
 # product inside the kernel ("gelu" with algorithm "none" is the exact, erf form of F.gelu).
 FUSED_ACTIVATIONS = {F.relu: "relu", F.gelu: "gelu"}
@@ -123,17 +130,15 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.activation = activation
+        self.algorithm = "none" if activation == "gelu" else ""  # gelu's exact (erf) form
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        y = self.multiply(_padded(rows))
-        return y[: rows.size(0)].view(*x.shape[:-1], self.out_features)
+        return _on_padded_rows(x, self.multiply, self.out_features)
 
     def multiply(self, rows: torch.Tensor) -> torch.Tensor:
         """(R, in_features) rows, R one of the padded counts -> (R, out_features)."""
-        algorithm = "none" if self.activation == "gelu" else ""
         return torch.ops.mkldnn._linear_pointwise(
-            rows, self.packed, self.bias, self.activation, [], algorithm
+            rows, self.packed, self.bias, self.activation, [], self.algorithm
         )
 
 
@@ -147,9 +152,10 @@ class PackedFeedForward(nn.Module):
         self.w_2 = PackedLinear(ff.w_2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.size(-1))
-        y = self.w_2.multiply(self.w_1.multiply(_padded(rows)))
-        return y[: rows.size(0)].view(*x.shape[:-1], self.w_2.out_features)
+        return _on_padded_rows(x, self._multiply, self.w_2.out_features)
+
+    def _multiply(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.w_2.multiply(self.w_1.multiply(rows))
 
 
 @functools.cache
