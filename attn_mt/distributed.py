@@ -117,13 +117,6 @@ def sum_to_device(values: list[float], world: World, device: torch.device) -> to
     return tensor
 
 
-def any_each(flags: list[bool], world: World, device: torch.device) -> list[bool]:
-    """Element-wise: is flag i true on any rank? (stop signals, time limits)."""
-    if not world.distributed:
-        return flags
-    return [bool(v > 0) for v in sum_to_device(flags, world, device).tolist()]
-
-
 def from_main(compute: Callable[[], T], world: World) -> T:
     """`compute()` run on rank 0 only, its result sent to every rank.
 

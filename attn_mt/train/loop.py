@@ -168,7 +168,10 @@ class Trainer:
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
         self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, self.state.ckpt_dir / "last.pt")
-        self.agreed: list[bool] | None = None  # RANK_RULES as all ranks last agreed on them
+        # Under torchrun: RANK_RULES as all ranks last agreed on them, and the ranks' mean clock
+        # that a time-driven lr reads (both travel in an all-reduce the update already makes).
+        self.agreed: list[bool] | None = None
+        self.agreed_seconds = 0.0
 
     def _choose_products(self) -> None:
         """Float32 on a CPU: the linear layers' products through oneDNN where that pays here
@@ -262,12 +265,24 @@ class Trainer:
         self.stop_signal = signal.Signals(signum).name
 
     def _seconds(self) -> float:
-        """The run's time as the lr schedule reads it; with a time-driven lr, the ranks' mean,
-        so all agree on the lr."""
-        seconds = self.clock.schedule_seconds(self.cfg.train)
+        """The run's time as the lr schedule reads it. Under torchrun with a time-driven lr, the
+        ranks' mean clock as `_stop_reason` last agreed on it, so all ranks set the same lr."""
         if self.world.distributed and time_driven(self.cfg.train):
-            seconds = distributed.sum_all(seconds, self.world, self.device) / self.world.size
-        return seconds
+            return self.agreed_seconds
+        return self.clock.schedule_seconds(self.cfg.train)
+
+    def _rank_figures(self) -> list[float]:
+        """What the ranks must agree on: each of RANK_RULES as this rank sees it, then its clock."""
+        rules = self._stop_rules()
+        return [
+            *(float(rules[name]) for name in RANK_RULES),
+            self.clock.schedule_seconds(self.cfg.train),
+        ]
+
+    def _take_agreed(self, sums: list[float]) -> None:
+        """Read `_rank_figures` summed over the ranks: any rank's rule, the mean clock."""
+        self.agreed = [flag > 0 for flag in sums[: len(RANK_RULES)]]
+        self.agreed_seconds = sums[len(RANK_RULES)] / self.world.size
 
     def _stop_reason(self) -> str:
         """Which stopping rule fires before the next update ('' if none); agreed by all ranks.
@@ -277,11 +292,11 @@ class Trainer:
         """
         rules = self._stop_rules()
         if self.world.distributed:
-            local = [rules[name] for name in RANK_RULES]
-            agreed = self.agreed
-            if agreed is None:
-                agreed = distributed.any_each(local, self.world, self.device)
-            rules.update(zip(RANK_RULES, agreed, strict=True))
+            if self.agreed is None:
+                sums = distributed.sum_to_device(self._rank_figures(), self.world, self.device)
+                self._take_agreed(sums.tolist())
+            assert self.agreed is not None
+            rules.update(zip(RANK_RULES, self.agreed, strict=True))
             self.agreed = None
         return next((name for name, hit in rules.items() if hit), "")
 
@@ -333,10 +348,9 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)  # and notes overflowed gradients for update()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
         sums = torch.stack([loss_sum, nll_sum]).double()
-        if self.world.distributed:  # the stopping rules travel with the sums
-            rules = self._stop_rules()
-            flags = distributed.to_device([rules[name] for name in RANK_RULES], self.device)
-            sums = torch.cat([sums, flags])
+        if self.world.distributed:  # the stopping rules and the clock travel with the sums
+            shared = distributed.to_device(self._rank_figures(), self.device)
+            sums = torch.cat([sums, shared])
             torch.distributed.all_reduce(sums)
         finite = torch.isfinite(sums[:2]).all() & torch.isfinite(norm)
         self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
@@ -347,7 +361,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         figures = torch.cat([sums.double(), tokens, norm.double().view(1)]).tolist()  # one sync
         if self.world.distributed:
-            self.agreed = [flag > 0 for flag in figures[2:-2]]
+            self._take_agreed(figures[2:-2])
         loss, nll, tokens_all, grad_norm = *figures[:2], figures[-2], figures[-1]
         ok = math.isfinite(loss) and math.isfinite(nll) and math.isfinite(grad_norm)
         return Update(loss, nll, int(tokens_all), grad_norm, ok)

@@ -271,3 +271,38 @@ def test_a_user_error_on_rank_zero_stops_every_rank(data, folder):
     assert proc.stderr.count("attn-mt: error: ") == 1, proc.stderr[-3000:]
     assert "nothing to resume" in proc.stderr
     assert "Traceback" not in proc.stderr.split("attn-mt: error: ")[0]
+
+
+SHIPPED = sorted((REPO / "configs").glob("multi30k_*.yaml"))
+# A shipped config as shipped (its schedule, time budget, validation and checkpoints) but for a
+# tiny model and a short budget (15 s of max_minutes, or 20 max_steps, whichever it sets).
+TINY_AND_SHORT = {
+    "model.d_model": 32,
+    "model.heads": 2,
+    "model.encoder_layers": 1,
+    "model.decoder_layers": 1,
+    "model.d_ff": 64,
+    "tokenizer.vocab_size": 400,
+    "tokenizer.max_sentences": 4000,
+    "train.valid_max_sentences": 8,
+    "train.eval_every": 10,
+    "train.threads": 1,
+}
+
+
+@pytest.mark.parametrize("shipped", SHIPPED, ids=lambda path: path.stem)
+def test_every_shipped_multi30k_config_trains_under_torchrun(shipped, tmp_path):
+    """Each shipped Multi30k config trains an epoch on two processes and finishes."""
+    if not os.environ.get("ATTN_MT_DATA"):
+        pytest.fail("set ATTN_MT_DATA to the folder holding multi30k/ (CI: ../shared/data)")
+    shipped_train = yaml.safe_load(shipped.read_text())["train"]
+    budget = {"train.max_steps": 20} if shipped_train.get("max_steps") else {}
+    if shipped_train.get("max_minutes"):
+        budget["train.max_minutes"] = 0.25
+    overrides = {**TINY_AND_SHORT, **budget, "train.out_dir": tmp_path / "run"}
+    sets = [arg for k, v in overrides.items() for arg in ("--set", f"{k}={v}")]
+    proc = torchrun("-m", "attn_mt", "train", "--config", str(shipped), *sets, *ON_CPU)
+    check(proc)
+    steps = [line["step"] for line in train_lines(tmp_path / "run")]
+    assert steps and steps[-1] >= 2, f"too few updates:\n{proc.stderr[-3000:]}"
+    assert (tmp_path / "run" / "checkpoints" / "best.pt").is_file()
