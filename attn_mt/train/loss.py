@@ -66,3 +66,98 @@ def _gradient(
     hit = torch.full((target.numel(), 1), eps - 1.0, dtype=grad.dtype, device=grad.device)
     grad.scatter_add_(-1, target.unsqueeze(-1), hit)  # - (1 - eps) at the target
     return grad.mul_((target != PAD_ID).unsqueeze(-1) * grad_loss)
+
+
+# Logit elements one step of `projected_loss` makes at a time (4M: 16 MiB of float32).
+PROJECTION_CHUNK = 2**22
+
+
+def projected_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    epsilon: float,
+    tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`label_smoothed_loss` of the logits `hidden @ weight^T`, which are never all made.
+
+    The output projection and the loss run together over the non-pad rows only, a chunk of
+    rows at a time, and the gradients of `hidden` and `weight` are made in the same pass (the
+    loss is the graph's end, so d loss / d logits is known in the forward): no (tokens x V)
+    tensor is kept for the backward, and no logits are computed for padding (Liger-Kernel's
+    fused linear cross-entropy does the same on the GPU).
+    Args: hidden (B, T, D) the decoder's final states; weight (V, D) the output projection;
+    target (B, T) with PAD_ID where there is no token; tokens: the count of non-pad targets
+    when the caller knows it (picking the rows then needs no wait for the device).
+    Under autocast the products run in its dtype, the softmax in float32.
+    Returns two float32 scalars (float64 for float64 inputs): the summed loss and NLL; only the
+    loss has a gradient.
+    """
+    return _ProjectedCrossEntropy.apply(hidden, weight, target, epsilon, tokens)
+
+
+class _ProjectedCrossEntropy(torch.autograd.Function):
+    """`projected_loss`; backward only scales the gradients the forward made."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, epsilon, tokens):
+        device_type = hidden.device.type
+        dtype = hidden.dtype
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+        keep = target.reshape(-1) != PAD_ID
+        if tokens is None:
+            positions = keep.nonzero().squeeze(1)  # (N,)
+        else:
+            positions = torch.nonzero_static(keep, size=tokens).squeeze(1)  # (N,)
+        rows = hidden.reshape(-1, hidden.size(-1)).index_select(0, positions).to(dtype)  # (N, D)
+        labels = target.reshape(-1).index_select(0, positions)  # (N,)
+        w = weight.to(dtype)  # (V, D)
+        softmax_dtype = torch.promote_types(dtype, torch.float32)
+        wants_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grad_rows = torch.empty_like(rows) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(weight, dtype=softmax_dtype) if ctx.needs_input_grad[1] else None
+        loss = torch.zeros((), dtype=softmax_dtype, device=hidden.device)
+        nll_sum = torch.zeros((), dtype=softmax_dtype, device=hidden.device)
+        step = max(PROJECTION_CHUNK // weight.size(0), 1)
+        with torch.autocast(device_type, enabled=False):
+            for start in range(0, rows.size(0), step):
+                part = slice(start, start + step)
+                logits = rows[part] @ w.t()  # (n, V)
+                log_probs = F.log_softmax(logits, dim=-1, dtype=softmax_dtype)  # (n, V)
+                del logits
+                nll = -log_probs.gather(-1, labels[part].unsqueeze(-1)).squeeze(-1)  # (n,)
+                smooth = -log_probs.mean(dim=-1)  # (n,)
+                loss += ((1.0 - epsilon) * nll + epsilon * smooth).sum()
+                nll_sum += nll.sum()
+                if not wants_grad:
+                    continue
+                grad = _gradient(log_probs, labels[part], epsilon, 1.0).to(dtype)  # (n, V)
+                del log_probs
+                if grad_rows is not None:
+                    grad_rows[part] = grad @ w  # (n, D)
+                if grad_w is not None:
+                    grad_w.add_(grad.t() @ rows[part])  # (V, D), summed in float32
+        ctx.save_for_backward(positions, grad_rows, grad_w)
+        ctx.hidden_shape, ctx.hidden_dtype = hidden.shape, hidden.dtype
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(nll_sum)
+        return loss, nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_nll):
+        positions, grad_rows, grad_w = ctx.saved_tensors
+        grad_hidden = grad_weight = None
+        if grad_rows is not None:
+            shape = ctx.hidden_shape
+            flat = torch.zeros(
+                shape.numel() // shape[-1],
+                shape[-1],
+                dtype=ctx.hidden_dtype,
+                device=grad_rows.device,
+            )
+            flat.index_copy_(0, positions, (grad_rows * grad_loss).to(ctx.hidden_dtype))
+            grad_hidden = flat.view(shape)
+        if grad_w is not None:
+            grad_weight = (grad_w * grad_loss).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None, None

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attn_mt.model.vocab import EOS_ID, PAD_ID
-from attn_mt.train.loss import label_smoothed_loss
+from attn_mt.train.loss import label_smoothed_loss, projected_loss
 
 
 def test_label_smoothed_loss_matches_the_formula_and_ignores_pads() -> None:
@@ -75,3 +75,64 @@ def test_label_smoothed_loss_is_float32_for_bf16_logits() -> None:
     loss, nll = label_smoothed_loss(logits, target, 0.1)
     assert loss.dtype == nll.dtype == torch.float32
     assert torch.allclose(loss, label_smoothed_loss(logits.float(), target, 0.1)[0])
+
+
+def _logits_reference(hidden, weight, target, epsilon):
+    """The loss and its gradients through the full (B, T, V) logits."""
+    logits = hidden @ weight.t()
+    loss, nll = label_smoothed_loss(logits, target, epsilon)
+    return (loss, nll, *torch.autograd.grad(loss, (hidden, weight)))
+
+
+@pytest.mark.parametrize("chunk", [2**22, 37])  # one chunk; many, the last one short
+def test_projected_loss_equals_the_loss_of_the_full_logits(chunk, monkeypatch) -> None:
+    """Loss, NLL and both gradients as through the full logits (float64: to rounding)."""
+    monkeypatch.setattr("attn_mt.train.loss.PROJECTION_CHUNK", chunk)
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 6, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(13, 8, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(4, 13, (3, 6))
+    target[0, 4:] = PAD_ID
+    target[2, 1:] = PAD_ID
+    want = _logits_reference(hidden, weight, target, 0.1)
+    loss, nll = projected_loss(hidden, weight, target, 0.1, tokens=int((target != PAD_ID).sum()))
+    got = (loss, nll, *torch.autograd.grad(loss, (hidden, weight)))
+    for name, a, b in zip(("loss", "nll", "d hidden", "d weight"), got, want, strict=True):
+        torch.testing.assert_close(a.double(), b.double(), rtol=1e-6, atol=1e-9, msg=name)
+    assert torch.all(got[2][target == PAD_ID] == 0), "padding rows get no gradient"
+
+
+def test_projected_loss_under_bf16_autocast_is_the_reference_within_bf16() -> None:
+    torch.manual_seed(0)
+    hidden = torch.randn(4, 9, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    target = torch.randint(4, 50, (4, 9))
+    target[1, 5:] = PAD_ID
+    want = _logits_reference(hidden, weight, target, 0.1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, nll = projected_loss(hidden, weight, target, 0.1)
+    got = (loss, nll, *torch.autograd.grad(loss, (hidden, weight)))
+    assert loss.dtype == torch.float32
+    assert got[2].dtype == hidden.dtype and got[3].dtype == weight.dtype
+    for name, a, b in zip(("loss", "nll", "d hidden", "d weight"), got, want, strict=True):
+        scale = float(b.detach().abs().max())
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * scale, msg=name)
+
+
+def test_projected_loss_keeps_no_vocabulary_sized_tensor_for_the_backward() -> None:
+    """What the graph saves is of the hidden and weight's size, not tokens x vocabulary."""
+    hidden = torch.randn(8, 20, 16, requires_grad=True)
+    weight = torch.randn(3000, 16, requires_grad=True)
+    target = torch.randint(4, 3000, (8, 20))
+    saved: list[int] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor.numel())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        projected_loss(hidden, weight, target, 0.1)
+    assert saved and max(saved) <= weight.numel()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        label_smoothed_loss(hidden @ weight.t(), target, 0.1)
+    assert max(saved) >= target.numel() * 3000, "the reference keeps the (N, V) log-probs"
