@@ -1,4 +1,4 @@
-"""The one exception family a user can cause; `cli.py` prints it as a single line."""
+"""The one exception family a user can cause; `cli/app.py` prints it as a single line."""
 
 
 class UserError(Exception):

@@ -1,7 +1,7 @@
 """Token shards: the prepared training corpus on disk, written once and memory-mapped by every
 process (fairseq's `indexed_dataset` pattern: the writer and the reader in one module).
 
-A prepared folder (written by `attn_mt.prepare`) holds
+A prepared folder (written by `attn_mt.data.prepare`) holds
 
     src.bin, tgt.bin      every kept sentence's token ids end to end (uint16, or int32 when the
                           vocabulary has more than 65,535 pieces), read through numpy.memmap
