@@ -6,9 +6,15 @@
 #
 #   bash scripts/gpu_check.sh [--out DIR] [--minutes M] [--cpu-only] [--only WORD ...]
 #   PYTHON=/path/to/python bash scripts/gpu_check.sh
+# Without PYTHON: the python3 on PATH if it has torch, else the repository's .venv (make setup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
+if [ -z "${PYTHON:-}" ]; then
+    PYTHON=$(command -v python3 || command -v python)
+    if ! "$PYTHON" -c "import torch" 2>/dev/null && [ -x .venv/bin/python ]; then
+        PYTHON=.venv/bin/python
+    fi
+fi
 
 if ! "$PYTHON" -c "import torch" 2>/dev/null; then
     echo "gpu_check: $PYTHON has no torch; set PYTHON to the Python that has it" >&2

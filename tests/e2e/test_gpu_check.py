@@ -126,3 +126,26 @@ def test_only_with_a_word_no_check_holds_is_an_error_before_any_check(tmp_path: 
     assert proc.returncode == 2
     assert "--only nope names no check" in proc.stderr
     assert not (tmp_path / "gpu_check.json").exists()
+
+
+def test_gpu_check_uses_the_repository_venv_when_python3_has_no_torch(tmp_path: Path):
+    """With PYTHON unset and a python3 on PATH that cannot import torch, the script runs with
+    .venv/bin/python (make setup's) instead of stopping: its --only check then answers."""
+    if not (REPO / ".venv" / "bin" / "python").exists():
+        pytest.fail("no .venv: run the tests through `make test`, which creates it")
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python3").write_text("#!/bin/sh\nexit 1\n")  # a Python without torch
+    (bare / "python3").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env["PATH"] = f"{bare}{os.pathsep}{env.get('PATH', '')}"
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--out", str(tmp_path), "--only", "no-such-check"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "has no torch" not in proc.stderr, proc.stderr
+    assert "no-such-check" in proc.stderr, proc.stdout + proc.stderr
