@@ -139,11 +139,11 @@ def _add_routes(app: FastAPI, service: Service) -> None:
         """Translate `text`; `{"translations": [...]}` as `attn-mt translate` writes them."""
         service.check_language(body.tgt_lang)
         _check_lines(service, body.text)
-        width = max(body.beam or 0, body.nbest)
-        if width > service.limits.max_beam:
-            raise HTTPException(
-                413, f"beam/nbest {width}: more than --max-beam {service.limits.max_beam}"
-            )
+        _check_width(service, max(body.beam or 0, body.nbest))
+        for name, given in (("constraints", body.constraints), ("prefix", body.prefix)):
+            if given is not None and len(given) != len(body.text):
+                lines = len(body.text)
+                raise HTTPException(422, f"{name}: give one entry per line of text ({lines})")
         settings = Settings(body.beam, body.nbest, body.alignment, tuple(body.avoid))
         found = await service.translate(
             body.text, settings, body.constraints, body.prefix, request.is_disconnected
@@ -154,10 +154,7 @@ def _add_routes(app: FastAPI, service: Service) -> None:
     async def attention(body: AttentionRequest) -> dict[str, Any]:
         """The translation of `text` and its cross-attention (output x source pieces)."""
         _check_lines(service, [body.text])
-        if (body.beam or 0) > service.limits.max_beam:
-            raise HTTPException(
-                413, f"beam {body.beam}: more than --max-beam {service.limits.max_beam}"
-            )
+        _check_width(service, body.beam or 0)
         return await service.call(lambda: service.attention(body.text, body.beam))
 
     @app.post("/translate")

@@ -132,8 +132,8 @@ class Service:
 
     def attention(self, text: str, beam: int | None) -> dict[str, Any]:
         """Translate `text` (on the worker thread) and return its head-mean cross-attention at
-        decode.alignment_layer, as the alignment uses it: rows are output pieces, columns
-        source pieces with the source's `</s>`."""
+        decode.alignment_layer, as the alignment uses it: rows are the output pieces and the
+        `</s>` that ended them, columns the source pieces and the source's `</s>`."""
         from attn_mt.decode.alignment import cross_attention
         from attn_mt.model.vocab import EOS_ID
 
@@ -143,11 +143,11 @@ class Service:
         if not ids or not best.tokens:
             return {"translation": best.text, "source": [], "target": [], "weights": []}
         layer = translator.config.decode.alignment_layer
-        weights = cross_attention(translator.models, [ids], [best.tokens], layer)[0]  # (T, S)
+        weights = cross_attention(translator.models, [ids], [best.tokens], layer)[0]  # (T+1, S)
         return {
             "translation": best.text,
             "source": translator.src_tokenizer.pieces([*ids, EOS_ID]),
-            "target": translator.tgt_tokenizer.pieces(best.tokens),
+            "target": translator.tgt_tokenizer.pieces([*best.tokens, EOS_ID]),
             "weights": [[round(w, 4) for w in row] for row in weights.tolist()],
         }
 
