@@ -20,7 +20,7 @@ from attn_mt.config import Config
 from attn_mt.configfile import config_from_dict
 
 # The fixtures of the end-to-end command-line tests (a toy corpus and a finished run).
-pytest_plugins = ("helpers.clirun",)
+pytest_plugins = ("helpers.clirun", "helpers.serving")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,0 +1,238 @@
+"""Batching across requests: one worker thread owns the model and decodes the lines of requests
+that arrived close together as one batch.
+
+A request is a `Job` (its lines, one `Settings`, per-line constraints and prefixes). The worker
+takes the oldest job, waits at most `max_wait` after its arrival for others with the same
+settings, and decodes up to `max_batch_tokens` source tokens of them in one call (the library
+sorts them into length buckets). A job larger than that budget is decoded a budget at a time
+and goes to the back of the queue after each part, so a long request does not hold short ones.
+Anything else that uses the model (the attention map) runs on the same thread as a `Call`:
+attention recording hooks into the model, so two threads must never decode at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from attn_mt.errors import UserError
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The decode settings a batch shares: requests with equal settings are decoded together."""
+
+    beam: int | None = None  # None: the model's decode.beam, widened to nbest
+    nbest: int = 1
+    alignment: bool = False
+    avoid: tuple[str, ...] = ()
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's lines, decoded in parts; `future` gets the n-best lists of every line."""
+
+    lines: list[str]
+    settings: Settings
+    constraints: list[list[str]] | None
+    prefixes: list[str | None] | None
+    sizes: list[int]  # source tokens of each line (at least 1)
+    arrived: float = field(default_factory=time.monotonic)
+    future: Future = field(default_factory=Future)
+    scheduled: int = 0  # lines handed to the worker so far
+    results: list[Any] = field(default_factory=list)
+    cancelled: bool = False  # the client went away or a part failed: drop the rest
+
+    def cancel(self) -> None:
+        """Decode no more of this job (lines already in a running batch finish)."""
+        self.cancelled = True
+
+
+@dataclass(eq=False)
+class Call:
+    """A function to run on the worker thread, in queue order."""
+
+    function: Callable[[], Any]
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class Part:
+    """Lines `start:end` of a job, in a batch."""
+
+    job: Job
+    start: int
+    end: int
+
+
+# decode(lines, settings, constraints, prefixes, first_line) -> n-best lists, one per line
+Decode = Callable[
+    [list[str], Settings, list[list[str]] | None, list[str | None] | None, int], list[Any]
+]
+
+
+class Batcher:
+    """A queue of jobs and calls, served by one worker thread (see the module docstring)."""
+
+    def __init__(self, decode: Decode, max_batch_tokens: int, max_wait_ms: float):
+        self.decode = decode
+        self.max_batch_tokens = max_batch_tokens
+        self.max_wait = max_wait_ms / 1000
+        self.batches = 0  # decode calls made, for /info
+        self._queue: list[Job | Call] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="attn-mt-decode", daemon=True)
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Let the worker finish what is queued, then end it."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def submit(self, job: Job | Call) -> Future:
+        """Queue a job or call; its future completes on the worker thread."""
+        with self._cond:
+            self._queue.append(job)
+            self._cond.notify_all()
+        return job.future
+
+    def budget(self, settings: Settings) -> int:
+        """Source tokens one batch of these settings may hold: as decode.batch_tokens counts
+        them, a line of a K-wide beam counting (K + 1) / 2 rows."""
+        beam = max(settings.beam or 1, settings.nbest)
+        return max(1, 2 * self.max_batch_tokens // (beam + 1))
+
+    def _run(self) -> None:
+        """The worker: wait for work, gather a batch, decode it; until stopped and empty."""
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                self._wait_for_company()
+                work = self._take()
+            if isinstance(work, Call):
+                _settle(work.future, work.function)
+            elif work:
+                self._decode(work)
+
+    def _wait_for_company(self) -> None:
+        """Hold the oldest job until `max_wait` after its arrival or until its batch is full
+        (called with the lock held; `wait` releases it)."""
+        first = self._queue[0]
+        if isinstance(first, Call):
+            return
+        deadline = first.arrived + self.max_wait
+        while not self._stopping and not self._full(first.settings):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._cond.wait(remaining)
+
+    def _full(self, settings: Settings) -> bool:
+        """Whether the queued lines of these settings fill a batch."""
+        queued = sum(
+            sum(job.sizes[job.scheduled :])
+            for job in self._queue
+            if isinstance(job, Job) and job.settings == settings and not job.cancelled
+        )
+        return queued >= self.budget(settings)
+
+    def _take(self) -> Call | list[Part]:
+        """The next call, or the parts of the next batch: the oldest job's settings, jobs in
+        queue order, up to the budget (at least one line). A job cut short moves to the back."""
+        self._queue = [w for w in self._queue if not (isinstance(w, Job) and w.cancelled)]
+        if not self._queue:
+            return []
+        if isinstance(self._queue[0], Call):
+            return self._queue.pop(0)
+        settings, budget = self._queue[0].settings, self.budget(self._queue[0].settings)
+        parts: list[Part] = []
+        used = 0
+        for job in self._queue:
+            if not isinstance(job, Job) or job.settings != settings:
+                continue
+            end = job.scheduled
+            # A line fits while the budget holds it; the batch's first line always fits.
+            while end < len(job.lines) and (used + job.sizes[end] <= budget or used == 0):
+                used += job.sizes[end]
+                end += 1
+            if end == job.scheduled:
+                break
+            parts.append(Part(job, job.scheduled, end))
+            job.scheduled = end
+        unfinished = [p.job for p in parts if p.end < len(p.job.lines)]
+        taken = {id(p.job) for p in parts}
+        self._queue = [w for w in self._queue if id(w) not in taken] + unfinished
+        return parts
+
+    def _decode(self, parts: list[Part]) -> None:
+        """Decode the parts as one batch; if the library refuses it (a bad constraint), decode
+        each part alone, so that only the request at fault gets the error."""
+        try:
+            self._decode_together(parts)
+        except UserError as err:
+            if len(parts) == 1:
+                _fail(parts[0].job, err)
+                return
+            for part in parts:
+                try:
+                    self._decode_together([part])
+                except Exception as part_err:  # the request's error, handed to it
+                    _fail(part.job, part_err)
+        except Exception as err:  # a bug: this batch's requests get a 500; serving goes on
+            for part in parts:
+                _fail(part.job, err)
+
+    def _decode_together(self, parts: Sequence[Part]) -> None:
+        """One decode call over the parts' lines; each job gets its results back."""
+        lines = [line for p in parts for line in p.job.lines[p.start : p.end]]
+        constraints = _joined(parts, "constraints", [])
+        prefixes = _joined(parts, "prefixes", None)
+        first_line = parts[0].start + 1 if len(parts) == 1 else 1  # errors name the job's line
+        self.batches += 1
+        found = self.decode(lines, parts[0].job.settings, constraints, prefixes, first_line)
+        offset = 0
+        for part in parts:
+            count = part.end - part.start
+            part.job.results.extend(found[offset : offset + count])
+            offset += count
+            if len(part.job.results) == len(part.job.lines) and not part.job.future.done():
+                part.job.future.set_result(part.job.results)
+
+
+def _joined(parts: Sequence[Part], name: str, empty: Any) -> list | None:
+    """The per-line `name` lists of the parts joined (None if no part has any)."""
+    if all(getattr(p.job, name) is None for p in parts):
+        return None
+    joined: list = []
+    for p in parts:
+        given = getattr(p.job, name)
+        joined.extend(given[p.start : p.end] if given is not None else [empty] * (p.end - p.start))
+    return joined
+
+
+def _fail(job: Job, error: BaseException) -> None:
+    """Hand `error` to the job and drop its remaining lines."""
+    job.cancel()
+    if not job.future.done():
+        job.future.set_exception(error)
+
+
+def _settle(future: Future, function: Callable[[], Any]) -> None:
+    """Run `function`, its result or exception into `future`."""
+    try:
+        future.set_result(function())
+    except Exception as err:  # handed to the caller
+        future.set_exception(err)

@@ -1,0 +1,180 @@
+"""What the server does with the model, apart from HTTP: translate through the batcher, draw the
+cross-attention of one sentence, describe the model. Everything here goes through the public
+`Translator` (`attn_mt.load`), so a reply holds exactly what `attn-mt translate` writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attn_mt.errors import UserError
+from attn_mt.serve.batcher import Batcher, Call, Job, Settings
+
+if TYPE_CHECKING:
+    from attn_mt.decode.translator import Translation, Translator
+
+# Names of the languages of the shipped corpora; another code is shown as itself.
+LANGUAGE_NAMES = {
+    "cs": "Czech",
+    "de": "German",
+    "en": "English",
+    "es": "Spanish",
+    "fr": "French",
+    "it": "Italian",
+    "ro": "Romanian",
+    "ru": "Russian",
+}
+DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
+
+
+class Disconnected(Exception):
+    """The client went away before its translation was ready."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold; past a limit it is refused (413) before any decoding."""
+
+    max_lines: int = 64  # lines per request
+    max_chars: int = 2000  # characters per line
+    max_body_bytes: int = 1 << 20  # bytes of the request body
+    max_beam: int = 32  # beam (and n-best) width
+
+
+class Service:
+    """The loaded translator behind one worker thread (`Batcher`), plus what /info reports."""
+
+    def __init__(
+        self,
+        translator: Translator,
+        models: list[Path],
+        limits: Limits,
+        max_batch_tokens: int,
+        max_wait_ms: float,
+    ):
+        self.translator = translator
+        self.models = models
+        self.limits = limits
+        self.batcher = Batcher(self._decode, max_batch_tokens, max_wait_ms)
+        self.src_lang = translator.config.data.src_lang
+        self.tgt_lang = translator.config.data.tgt_lang
+
+    def _decode(
+        self,
+        lines: list[str],
+        settings: Settings,
+        constraints: list[list[str]] | None,
+        prefixes: list[str | None] | None,
+        first_line: int,
+    ) -> list[list[Translation]]:
+        """One library call (on the worker thread); the batch budget as --max-batch-tokens."""
+        return self.translator.translate_nbest(
+            lines,
+            settings.beam,
+            settings.nbest,
+            batch_tokens=self.batcher.max_batch_tokens,
+            first_line=first_line,
+            constraints=constraints,
+            prefixes=prefixes,
+            avoid=list(settings.avoid),
+            alignment=settings.alignment,
+        )
+
+    def source_tokens(self, lines: list[str]) -> list[int]:
+        """Source tokens of each line with its <eos> (what a batch's budget counts)."""
+        ids = self.translator.src_tokenizer.encode([line.strip() for line in lines])
+        return [min(len(seq), self.translator.max_input_len) + 1 for seq in ids]
+
+    async def translate(
+        self,
+        lines: list[str],
+        settings: Settings,
+        constraints: list[list[str]] | None = None,
+        prefixes: list[str | None] | None = None,
+        disconnected: Any = None,
+    ) -> list[list[Translation]]:
+        """The n-best lists of `lines`, decoded in the worker's batches with other requests'.
+
+        `disconnected`: an async function telling whether the client went away; then the
+        job's undecoded lines are dropped and `Disconnected` is raised."""
+        if not lines:
+            return []
+        sizes = self.source_tokens(lines)
+        job = Job(list(lines), settings, constraints, prefixes, sizes)
+        return await self._wait(job, self.batcher.submit(job), disconnected)
+
+    async def call(self, function: Any) -> Any:
+        """Run `function()` on the worker thread (it uses the model) and return its result."""
+        call = Call(function)
+        return await asyncio.wrap_future(self.batcher.submit(call))
+
+    async def _wait(self, job: Job, future: Any, disconnected: Any) -> Any:
+        """Await the job's future, cancelling the job if its client disconnects."""
+        waiting = asyncio.wrap_future(future)
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return waiting.result()
+            if disconnected is not None and await disconnected():
+                job.cancel()
+                raise Disconnected
+
+    def check_language(self, tgt_lang: str | None, option: str = "tgt_lang") -> None:
+        """Refuse a target language the model does not translate into."""
+        if tgt_lang is not None and tgt_lang != self.tgt_lang:
+            raise UserError(
+                f"{option} {tgt_lang!r}: this model translates {self.src_lang} -> "
+                f"{self.tgt_lang} only"
+            )
+
+    def attention(self, text: str, beam: int | None) -> dict[str, Any]:
+        """Translate `text` (on the worker thread) and return its head-mean cross-attention at
+        decode.alignment_layer, as the alignment uses it: rows are the output pieces and the
+        `</s>` that ended them, columns the source pieces and the source's `</s>`."""
+        from attn_mt.decode.alignment import cross_attention
+        from attn_mt.model.vocab import EOS_ID
+
+        translator = self.translator
+        [best] = translator.translate_nbest([text], beam)[0][:1]
+        ids = translator.src_tokenizer.encode([text.strip()])[0][: translator.max_input_len]
+        if not ids or not best.tokens:
+            return {"translation": best.text, "source": [], "target": [], "weights": []}
+        layer = translator.config.decode.alignment_layer
+        weights = cross_attention(translator.models, [ids], [best.tokens], layer)[0]  # (T+1, S)
+        return {
+            "translation": best.text,
+            "source": translator.src_tokenizer.pieces([*ids, EOS_ID]),
+            "target": translator.tgt_tokenizer.pieces([*best.tokens, EOS_ID]),
+            "weights": [[round(w, 4) for w in row] for row in weights.tolist()],
+        }
+
+    def languages(self) -> list[dict[str, Any]]:
+        """LibreTranslate's /languages: every language with the ones it translates into."""
+        return [
+            {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": targets}
+            for code, targets in ((self.src_lang, [self.tgt_lang]), (self.tgt_lang, []))
+        ]
+
+    def info(self) -> dict[str, Any]:
+        """The model, its settings and the server's limits, for GET /info."""
+        from attn_mt import __version__
+
+        translator = self.translator
+        return {
+            "version": __version__,
+            "models": [str(p) for p in self.models],
+            "source_language": self.src_lang,
+            "target_language": self.tgt_lang,
+            "parameters": sum(p.numel() for p in translator.model.parameters()),
+            "device": str(translator.device),
+            "decode": asdict(translator.config.decode),
+            "limits": asdict(self.limits),
+            "batching": {
+                "max_batch_tokens": self.batcher.max_batch_tokens,
+                "max_wait_ms": self.batcher.max_wait * 1000,
+                "batches_decoded": self.batcher.batches,
+            },
+        }
