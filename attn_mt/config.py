@@ -436,10 +436,11 @@ def config_keys(cls: type = Config, prefix: str = "") -> list[tuple[str, str, An
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         path, hint = f"{prefix}{f.name}", mapping_shape(hints[f.name])
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             rows.extend(config_keys(hint, path + "."))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        factory = f.default_factory  # a group's (or a list's) default is made by a factory
+        default = factory() if factory is not dataclasses.MISSING else f.default
         rows.append((path, type_name(hint), default, f.metadata.get("doc", "")))
     return rows
 

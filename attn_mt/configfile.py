@@ -182,9 +182,8 @@ def _check_budget(train: TrainConfig) -> None:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string"}.get(
-        type(value), type(value).__name__
-    )
+    names: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _resolve_data_paths(raw: dict[str, Any], base: Path) -> None:
@@ -192,7 +191,7 @@ def _resolve_data_paths(raw: dict[str, Any], base: Path) -> None:
     data = raw.get("data")
     if not isinstance(data, dict):
         return
-    entries = [data] if isinstance(data.get("prepared_dir"), str) else []
+    entries: list[Any] = [data] if isinstance(data.get("prepared_dir"), str) else []
     for split in ("train", "valid", "test"):
         files = data.get(split)
         entries += files if isinstance(files, list) else [files]

@@ -4,7 +4,7 @@ and `evaluate_split`: a split or a pair of files -> translate -> score -> hypoth
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -122,8 +122,11 @@ def evaluate_split(
     sources, references = read_parallel(src, ref)
     if not sources:
         raise UserError(f"{src}: no lines; there is nothing to evaluate")
-    with (progress or (lambda _: nullcontext(None)))(len(sources)) as on_batch:
-        hypotheses = translator.translate(sources, on_batch=on_batch)
+    if progress is None:
+        hypotheses = translator.translate(sources)
+    else:
+        with progress(len(sources)) as on_batch:
+            hypotheses = translator.translate(sources, on_batch=on_batch)
     scores = score(hypotheses, references)
     write_output(out, "".join(h + "\n" for h in hypotheses))
     return Evaluation(scores, out, beam)

@@ -62,12 +62,15 @@ def attention_maps(translator: Translator, text: str, kind: str = "cross") -> At
     src_ids = src[0].tolist()
     tgt_ids = [BOS_ID] + best.tokens  # the decoder input that produced the translation
     model = translator.model  # in eval mode: the weights carry no dropout
-    stack = model.encoder if kind == "encoder" else model.decoder
-    modules = [layer.cross_attn if kind == "cross" else layer.self_attn for layer in stack]
+    if kind == "encoder":
+        modules = [layer.self_attn for layer in model.encoder_layers]
+    else:
+        decoder = model.decoder_layers
+        modules = [layer.cross_attn if kind == "cross" else layer.self_attn for layer in decoder]
     tgt = torch.tensor([tgt_ids], device=translator.device)  # (1, T)
     with torch.no_grad(), record_attention(model):
         model(src, tgt)
-        weights = torch.stack([m.last_weights[0] for m in modules])  # (L, H, R, C)
+        weights = torch.stack([m.recorded_weights()[0] for m in modules])  # (L, H, R, C)
     pieces = {
         "source": translator.src_tokenizer.pieces(src_ids),
         "target": translator.tgt_tokenizer.pieces(tgt_ids),

@@ -230,6 +230,7 @@ def prepared_corpus_lines(cfg: Config) -> list[str]:
     if not (target.folder / MANIFEST).is_file():
         entries = []
         for c in target.corpora:
+            assert c.src is not None and c.tgt is not None  # a validated config has both
             pairs = sum(1 for _ in iter_parallel(c.src, c.tgt))
             entries.append({"src_path": c.src, "kept": pairs, "pairs": pairs, "tag": c.tag})
         note = "not prepared yet (attn-mt prepare --config FILE): counts before cleaning"
@@ -261,6 +262,7 @@ def sample_pairs(
     kept: list[tuple[int, str, str]] = []
     seen = 0
     for corpus in corpora:
+        assert corpus.src is not None and corpus.tgt is not None  # a validated config has both
         for src, tgt in iter_parallel(corpus.src, corpus.tgt):
             if seen < limit:
                 kept.append((seen, src, tgt))

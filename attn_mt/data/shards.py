@@ -286,6 +286,7 @@ def encode_chunk(
 def _tasks(corpora: list[TrainCorpus]) -> Iterator[tuple[int, str | None, list[str], list[str]]]:
     """Chunks of `CHUNK` pairs, corpus after corpus, read as a stream."""
     for index, corpus in enumerate(corpora):
+        assert corpus.src is not None and corpus.tgt is not None  # a validated config has both
         pairs = iter_parallel(corpus.src, corpus.tgt)
         while chunk := list(itertools.islice(pairs, CHUNK)):
             yield index, corpus.tag, [s for s, _ in chunk], [t for _, t in chunk]
@@ -330,7 +331,7 @@ def write_shards(
     lengths: list[np.ndarray] = []
     corpus_of: list[np.ndarray] = []
     try:
-        init = (src_tok.model_bytes, tgt_tok.model_bytes, cfg.data.max_len)
+        init: tuple[Any, ...] = (src_tok.model_bytes, tgt_tok.model_bytes, cfg.data.max_len)
         init += (cfg.data.max_len_ratio, dtype)
         with open(tmp / "src.bin", "wb") as src_out, open(tmp / "tgt.bin", "wb") as tgt_out:
             for corpus, src, tgt, rows, chunk_stats in _encoded(

@@ -53,13 +53,14 @@ def cross_attention(
     src_ids = pad_sequences([[*s, EOS_ID] for s in src], PAD_ID).to(device)  # (B, S)
     tgt_in = pad_sequences([[BOS_ID, *t] for t in outputs], PAD_ID).to(device)  # (B, T)
     src_mask = padding_mask(src_ids, PAD_ID)  # (B, 1, 1, S)
-    total = None
+    total: torch.Tensor | None = None
     for model in models:
         index = layer_index(models, layer)
-        with record_attention(model.decoder[index].cross_attn) as [attention]:
+        with record_attention(model.decoder_layers[index].cross_attn) as [attention]:
             model.decode(tgt_in, model.encode(src_ids, src_mask), src_mask)
-            weights = attention.last_weights.float().mean(dim=1)  # (B, T, S)
+            weights = attention.recorded_weights().float().mean(dim=1)  # (B, T, S)
         total = weights if total is None else total + weights
+    assert total is not None  # there is at least one model
     return total / len(models)
 
 

@@ -99,14 +99,16 @@ class AttnMTConverter(Converter):
         rows = model.max_positions or max(SINUSOIDAL_ROWS, self.config.decode.max_input_len + 1)
         _set_embeddings(spec.encoder.embeddings[0], spec.encoder, model.src_embed, rows)
         _set_embeddings(spec.decoder.embeddings, spec.decoder, model.tgt_embed, rows)
-        for layer_spec, layer in zip(spec.encoder.layer, model.encoder, strict=True):
-            _set_attention(layer_spec.self_attention, layer.self_attn, layer.res_attn.norm)
-            _set_feed_forward(layer_spec.ffn, layer.ff, layer.res_ff.norm)
-        for layer_spec, layer in zip(spec.decoder.layer, model.decoder, strict=True):
-            _set_attention(layer_spec.self_attention, layer.self_attn, layer.res_self.norm)
-            _set_attention(layer_spec.attention, layer.cross_attn, layer.res_cross.norm)
-            _set_feed_forward(layer_spec.ffn, layer.ff, layer.res_ff.norm)
-        if model.pre_norm:
+        for layer_spec, enc in zip(spec.encoder.layer, model.encoder_layers, strict=True):
+            _set_attention(layer_spec.self_attention, enc.self_attn, enc.res_attn.norm)
+            _set_feed_forward(layer_spec.ffn, enc.ff, enc.res_ff.norm)
+        for layer_spec, dec in zip(spec.decoder.layer, model.decoder_layers, strict=True):
+            _set_attention(layer_spec.self_attention, dec.self_attn, dec.res_self.norm)
+            _set_attention(layer_spec.attention, dec.cross_attn, dec.res_cross.norm)
+            _set_feed_forward(layer_spec.ffn, dec.ff, dec.res_ff.norm)
+        if model.pre_norm:  # the stacks end with a LayerNorm
+            assert isinstance(model.encoder_norm, nn.LayerNorm)
+            assert isinstance(model.decoder_norm, nn.LayerNorm)
             _set_layer_norm(spec.encoder.layer_norm, model.encoder_norm)
             _set_layer_norm(spec.decoder.layer_norm, model.decoder_norm)
         _set_linear(spec.decoder.projection, model.output.weight)

@@ -220,21 +220,23 @@ def hf_weights(model: Transformer) -> dict[str, torch.Tensor]:
     if src_embedding is tgt_embedding:
         reads("model.shared", src_embedding.weight)
     reads("lm_head", model.output.weight)
-    for i, layer in enumerate(model.encoder):
+    for i, enc in enumerate(model.encoder_layers):
         prefix = f"model.encoder.layers.{i}"
-        attention(f"{prefix}.self_attn", layer.self_attn)
-        writes(f"{prefix}.self_attn_layer_norm", layer.res_attn.norm)
-        feed_forward(prefix, layer.ff)
-        writes(f"{prefix}.final_layer_norm", layer.res_ff.norm)
-    for i, layer in enumerate(model.decoder):
+        attention(f"{prefix}.self_attn", enc.self_attn)
+        writes(f"{prefix}.self_attn_layer_norm", enc.res_attn.norm)
+        feed_forward(prefix, enc.ff)
+        writes(f"{prefix}.final_layer_norm", enc.res_ff.norm)
+    for i, dec in enumerate(model.decoder_layers):
         prefix = f"model.decoder.layers.{i}"
-        attention(f"{prefix}.self_attn", layer.self_attn)
-        writes(f"{prefix}.self_attn_layer_norm", layer.res_self.norm)
-        attention(f"{prefix}.encoder_attn", layer.cross_attn)
-        writes(f"{prefix}.encoder_attn_layer_norm", layer.res_cross.norm)
-        feed_forward(prefix, layer.ff)
-        writes(f"{prefix}.final_layer_norm", layer.res_ff.norm)
-    if model.pre_norm:
+        attention(f"{prefix}.self_attn", dec.self_attn)
+        writes(f"{prefix}.self_attn_layer_norm", dec.res_self.norm)
+        attention(f"{prefix}.encoder_attn", dec.cross_attn)
+        writes(f"{prefix}.encoder_attn_layer_norm", dec.res_cross.norm)
+        feed_forward(prefix, dec.ff)
+        writes(f"{prefix}.final_layer_norm", dec.res_ff.norm)
+    if model.pre_norm:  # the stacks end with a LayerNorm
+        assert isinstance(model.encoder_norm, nn.LayerNorm)
+        assert isinstance(model.decoder_norm, nn.LayerNorm)
         writes("model.encoder.layer_norm", model.encoder_norm)
         writes("model.decoder.layer_norm", model.decoder_norm)
     return {name: tensor.detach().float().contiguous() for name, tensor in weights.items()}

@@ -179,7 +179,7 @@ class KVCache:
 
     def select(self, index: torch.Tensor) -> None:
         """Keep batch rows `index` (beam reordering, dropping finished sentences)."""
-        if self._k is None:
+        if self._k is None or self._v is None:  # empty (the two are filled together)
             return
         if self.static:
             self._k, self._v = self._k.index_select(0, index), self._v.index_select(0, index)
@@ -189,7 +189,8 @@ class KVCache:
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this call's keys and values (B, H, T, Dh) after the cached (selected) ones;
         returns all of them, (B, H, S + T, Dh)."""
-        if self._k is None:  # contiguous, so each step's matrix products take them as they are
+        if self._k is None or self._v is None:  # the first call (the two are filled together):
+            # contiguous, so each step's matrix products take them as they are
             self._k, self._v = (k.contiguous(), v.contiguous()) if self.static else (k, v)
         else:
             self._k, self._v = self._joined(self._k, k), self._joined(self._v, v)
@@ -212,6 +213,7 @@ class KVCache:
 
     def _take_rows(self) -> None:
         if self._rows is not None:
+            assert self._k is not None and self._v is not None  # `select` notes rows when filled
             self._k, self._v = (
                 self._k.index_select(0, self._rows),
                 self._v.index_select(0, self._rows),
@@ -296,16 +298,22 @@ class MultiHeadAttention(nn.Module):
             out = _ungroup_rows(out, group)  # (B, H, T, Dh)
             weights = None if weights is None else _ungroup_rows(weights, group)
         if self.record_weights:
+            assert weights is not None  # recording takes the math path, which returns weights
             self.last_weights = weights.detach()
         batch, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(batch, length, -1)  # (B, T, D)
         return self.out_proj(out)
 
+    def recorded_weights(self) -> torch.Tensor:
+        """`last_weights`, which a call inside `record_attention` has set; (B, H, T, S)."""
+        assert self.last_weights is not None, "no weights: call it inside record_attention"
+        return self.last_weights
+
     def _project(
         self, query: torch.Tensor, key_value: torch.Tensor, cache: KVCache | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q, K, V split into heads, using and updating the cache."""
-        if cache is not None and cache.static and cache.k is not None:
+        if cache is not None and cache.static and cache.k is not None and cache.v is not None:
             return self._split(self._in_proj_rows(query, 0, 1)), cache.k, cache.v
         if key_value is query:
             q, k, v = self.in_proj(query).chunk(3, dim=-1)  # 3 x (B, T, D)
@@ -319,10 +327,11 @@ class MultiHeadAttention(nn.Module):
 
     def _in_proj_rows(self, x: torch.Tensor, first: int, last: int) -> torch.Tensor:
         """x times the blocks first..last-1 of in_proj (0 = W_q, 1 = W_k, 2 = W_v); (B, L, n*D)."""
-        if hasattr(self.in_proj, "rows"):
-            # Prepacked or int8 weights cannot be sliced: an inference copy (`InProj`) holds the
-            # blocks' uses as layers of their own; a `OneDnnLinear` slices and multiplies itself.
-            return self.in_proj.rows(x, first, last)
+        # Prepacked or int8 weights cannot be sliced: an inference copy (`InProj`) holds the
+        # blocks' uses as layers of their own; a `OneDnnLinear` slices and multiplies itself.
+        own_rows = getattr(self.in_proj, "rows", None)
+        if own_rows is not None:
+            return own_rows(x, first, last)
         rows = slice(first * x.size(-1), last * x.size(-1))
         return F.linear(x, self.in_proj.weight[rows], self.in_proj.bias[rows])
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +45,8 @@ def sinusoidal_table(length: int, d_model: int, offset: int = 0) -> torch.Tensor
 class SinusoidalPositions(nn.Module):
     """The fixed sinusoidal table; it grows on demand, so no input is too long for it."""
 
-    max_positions = None  # unbounded
+    max_positions: int | None = None  # unbounded
+    table: torch.Tensor  # a buffer, not saved: rebuilt from d_model
 
     def __init__(self, d_model: int, initial_length: int = 512):
         super().__init__()
@@ -86,8 +88,10 @@ class LearnedPositions(nn.Module):
         return self.embedding.weight[:rows].detach()
 
 
+Positions = SinusoidalPositions | LearnedPositions
+
 # model.positions -> the module class; each is built as kind(d_model, max_positions)
-POSITIONS: dict[str, type[SinusoidalPositions] | type[LearnedPositions]] = {
+POSITIONS: dict[str, type[Positions]] = {
     "sinusoidal": SinusoidalPositions,
     "learned": LearnedPositions,
 }
@@ -96,7 +100,7 @@ POSITIONS: dict[str, type[SinusoidalPositions] | type[LearnedPositions]] = {
 class Embedder(nn.Module):
     """x = dropout(E[token] * sqrt(D) + P[position])."""
 
-    def __init__(self, embedding: nn.Embedding, positions: nn.Module, dropout: float):
+    def __init__(self, embedding: nn.Embedding, positions: Positions, dropout: float):
         super().__init__()
         self.embedding, self.positions = embedding, positions
         self.scale = math.sqrt(embedding.embedding_dim)
@@ -305,6 +309,16 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+
+    @property
+    def encoder_layers(self) -> list[EncoderLayer]:
+        """The layers of `encoder`, typed (an nn.ModuleList yields plain Modules)."""
+        return cast(list[EncoderLayer], list(self.encoder))
+
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The layers of `decoder`, typed (an nn.ModuleList yields plain Modules)."""
+        return cast(list[DecoderLayer], list(self.decoder))
 
     @property
     def max_positions(self) -> int | None:
