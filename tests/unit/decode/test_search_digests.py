@@ -30,7 +30,47 @@ from attn_mt.decode.search import (
 
 SAMPLING = Sampling(temperature=0.8, top_k=6, top_p=0.9, seed=3)
 
-EXPECTED: dict[str, str] = {}
+EXPECTED = {
+    "greedy/one/cache": "2d429f9da86f7ca9",
+    "beam4/one/cache": "9cb2d35c7b1c4808",
+    "sample/one/cache": "7b99b5e69d2c8a1a",
+    "steered-terms/one/cache": "7e18aa3e73d0a31a",
+    "steered-prefix/one/cache": "f8a27d1c4f6518e5",
+    "steered-avoid/one/cache": "d8e7902f823c04e5",
+    "steered-all/one/cache": "5c9130178d5ed84c",
+    "greedy/one/nocache": "ec46c75e42ae66f2",
+    "beam4/one/nocache": "6e5b710114969518",
+    "sample/one/nocache": "b97d58543391fb6b",
+    "steered-terms/one/nocache": "86cf9e0079425db1",
+    "steered-prefix/one/nocache": "300ab46f1d5f9776",
+    "steered-avoid/one/nocache": "975bdbb813c7a373",
+    "steered-all/one/nocache": "1801e59fecca4cef",
+    "greedy/ensemble/cache": "423fde4250946dea",
+    "beam4/ensemble/cache": "d3a47d35d7b276c0",
+    "sample/ensemble/cache": "29a7d43ac6e055d7",
+    "steered-terms/ensemble/cache": "56c22e455715714e",
+    "steered-prefix/ensemble/cache": "0a42c0b3d54ba39d",
+    "steered-avoid/ensemble/cache": "68a7e22931fc57db",
+    "steered-all/ensemble/cache": "d5bb080d6ff70ed3",
+    "greedy/ensemble/nocache": "423fde4250946dea",
+    "beam4/ensemble/nocache": "43963f9cd253b236",
+    "sample/ensemble/nocache": "29a7d43ac6e055d7",
+    "steered-terms/ensemble/nocache": "cd1324d0ccd96ddf",
+    "steered-prefix/ensemble/nocache": "ae2667cbe223ca1f",
+    "steered-avoid/ensemble/nocache": "2c364f5586fdeaa4",
+    "steered-all/ensemble/nocache": "9aad3cfade6e8bd2",
+    "api/greedy": "71d3f00a8afa8185",
+    "api/beam4": "755225f82f282c87",
+    "api/beam4-nocache": "15222475e7d1c962",
+    "api/sample": "1749619c1b24deeb",
+    "api/terms": "cb69c23b7bf207cb",
+    "api/prefix": "b24ede5888b94249",
+    "api/prefix-greedy": "2e6f1f4fdccc63a8",
+    "api/avoid": "5e7904712ad9bebc",
+    "api/alignment": "5f06239297737f33",
+    "api/small-batches": "52a75d31fb925a5b",
+    "{digest(outputs)}": "exact",
+}
 
 
 def digest(outputs, exact: bool = False) -> str:
