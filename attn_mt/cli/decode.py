@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -142,10 +143,16 @@ def translate(
     decode = decode_settings(set_, beam, length_penalty)
     import attn_mt  # torch: only once the arguments are known to be good
     from attn_mt.cli import progress
+    from attn_mt.decode.request import Request
 
     translator = _load_translator(model, device, precision, quantize, prepack, decode)
-    sampling = attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None
-    avoided = _avoid_list(avoid)
+    request = Request(
+        beam=beam,  # None: the decode.beam, widened to --nbest
+        nbest=nbest,
+        sampling=attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None,
+        avoid=_avoid_list(avoid),
+        alignment=alignment,
+    )
     try:
         with (
             io.input_file(input_) as (stream, total),
@@ -157,15 +164,13 @@ def translate(
                 sources, prefixes, terms = _fields(chunk, prefix, constraints)
                 found = translator.translate_nbest(
                     sources,
-                    beam,  # None: the decode.beam, widened to --nbest
-                    nbest,
-                    first_line=first_line,
-                    on_batch=advance,
-                    sampling=sampling,
-                    constraints=terms,
-                    prefixes=prefixes,
-                    avoid=avoided,
-                    alignment=alignment,
+                    replace(
+                        request,
+                        first_line=first_line,
+                        on_batch=advance,
+                        constraints=terms,
+                        prefixes=prefixes,
+                    ),
                 )
                 for number, entries in enumerate(found, start=first_line):
                     out.write(io.format_entries(number - 1, entries, nbest, nbest_format))
