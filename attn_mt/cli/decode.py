@@ -150,7 +150,7 @@ def translate(
         beam=beam,  # None: the decode.beam, widened to --nbest
         nbest=nbest,
         sampling=attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None,
-        avoid=_avoid_list(avoid),
+        avoid=io.avoid_list(avoid),
         alignment=alignment,
     )
     try:
@@ -161,7 +161,7 @@ def translate(
         ):
             first_line = 1
             for chunk in io.line_chunks(stream, str(input_) if input_ else "stdin"):
-                sources, prefixes, terms = _fields(chunk, prefix, constraints)
+                sources, prefixes, terms = io.line_fields(chunk, prefix, constraints)
                 found = translator.translate_nbest(
                     sources,
                     replace(
@@ -184,34 +184,6 @@ def translate(
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise UserError(f"stdout: cannot write ({os_reason(err)})") from None
-
-
-def _fields(
-    lines: list[str], prefix: bool, constraints: bool
-) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
-    """Split `source<TAB>[prefix<TAB>]term<TAB>...` lines into sources, prefixes and terms
-    (None where the option is off; a line without the fields has none)."""
-    if not (prefix or constraints):
-        return lines, None, None
-    fields = [line.split("\t") for line in lines]
-    sources = [f[0] for f in fields]
-    tail = 2 if constraints else None  # without terms, a prefix holding a TAB is refused
-    prefixes = ["\t".join(f[1:tail]) for f in fields] if prefix else None
-    terms = [f[1 + prefix :] for f in fields] if constraints else None
-    return sources, prefixes, terms
-
-
-def _avoid_list(path: Path | None) -> list[str]:
-    """The words of an --avoid file, one a line, blank lines skipped."""
-    if path is None:
-        return []
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(
-            f"--avoid {path}: cannot read ({getattr(err, 'strerror', None) or err})"
-        ) from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 @app.command()
