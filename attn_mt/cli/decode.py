@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -142,10 +143,16 @@ def translate(
     decode = decode_settings(set_, beam, length_penalty)
     import attn_mt  # torch: only once the arguments are known to be good
     from attn_mt.cli import progress
+    from attn_mt.decode.request import Request
 
     translator = _load_translator(model, device, precision, quantize, prepack, decode)
-    sampling = attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None
-    avoided = _avoid_list(avoid)
+    request = Request(
+        beam=beam,  # None: the decode.beam, widened to --nbest
+        nbest=nbest,
+        sampling=attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None,
+        avoid=io.avoid_list(avoid),
+        alignment=alignment,
+    )
     try:
         with (
             io.input_file(input_) as (stream, total),
@@ -154,18 +161,16 @@ def translate(
         ):
             first_line = 1
             for chunk in io.line_chunks(stream, str(input_) if input_ else "stdin"):
-                sources, prefixes, terms = _fields(chunk, prefix, constraints)
+                sources, prefixes, terms = io.line_fields(chunk, prefix, constraints)
                 found = translator.translate_nbest(
                     sources,
-                    beam,  # None: the decode.beam, widened to --nbest
-                    nbest,
-                    first_line=first_line,
-                    on_batch=advance,
-                    sampling=sampling,
-                    constraints=terms,
-                    prefixes=prefixes,
-                    avoid=avoided,
-                    alignment=alignment,
+                    replace(
+                        request,
+                        first_line=first_line,
+                        on_batch=advance,
+                        constraints=terms,
+                        prefixes=prefixes,
+                    ),
                 )
                 for number, entries in enumerate(found, start=first_line):
                     out.write(io.format_entries(number - 1, entries, nbest, nbest_format))
@@ -179,34 +184,6 @@ def translate(
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise UserError(f"stdout: cannot write ({os_reason(err)})") from None
-
-
-def _fields(
-    lines: list[str], prefix: bool, constraints: bool
-) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
-    """Split `source<TAB>[prefix<TAB>]term<TAB>...` lines into sources, prefixes and terms
-    (None where the option is off; a line without the fields has none)."""
-    if not (prefix or constraints):
-        return lines, None, None
-    fields = [line.split("\t") for line in lines]
-    sources = [f[0] for f in fields]
-    tail = 2 if constraints else None  # without terms, a prefix holding a TAB is refused
-    prefixes = ["\t".join(f[1:tail]) for f in fields] if prefix else None
-    terms = [f[1 + prefix :] for f in fields] if constraints else None
-    return sources, prefixes, terms
-
-
-def _avoid_list(path: Path | None) -> list[str]:
-    """The words of an --avoid file, one a line, blank lines skipped."""
-    if path is None:
-        return []
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(
-            f"--avoid {path}: cannot read ({getattr(err, 'strerror', None) or err})"
-        ) from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 @app.command()

@@ -197,3 +197,31 @@ def line_chunks(stream: BinaryIO, name: str, max_lines: int = 1000) -> Iterator[
                 raise line
             chunk.append(line)
         yield chunk
+
+
+def line_fields(
+    lines: list[str], prefix: bool, constraints: bool
+) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
+    """Split `source<TAB>[prefix<TAB>]term<TAB>...` lines into sources, prefixes and terms
+    (None where the option is off; a line without the fields has none)."""
+    if not (prefix or constraints):
+        return lines, None, None
+    fields = [line.split("\t") for line in lines]
+    sources = [f[0] for f in fields]
+    tail = 2 if constraints else None  # without terms, a prefix holding a TAB is refused
+    prefixes = ["\t".join(f[1:tail]) for f in fields] if prefix else None
+    terms = [f[1 + prefix :] for f in fields] if constraints else None
+    return sources, prefixes, terms
+
+
+def avoid_list(path: Path | None) -> list[str]:
+    """The words of an --avoid file, one a line, blank lines skipped."""
+    if path is None:
+        return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(
+            f"--avoid {path}: cannot read ({getattr(err, 'strerror', None) or err})"
+        ) from None
+    return [line.strip() for line in text.splitlines() if line.strip()]

@@ -25,15 +25,9 @@ from dataclasses import dataclass, field
 import torch
 
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decode.search import (
-    Hypothesis,
-    Models,
-    _sentence_done,
-    _StepDecoder,
-    length_penalty,
-)
+from attn_mt.decode.generate import Hypothesis, Models, Step, Strategy, generate
 from attn_mt.errors import UserError
-from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
+from attn_mt.model.vocab import EOS_ID, PAD_ID
 
 
 @dataclass
@@ -111,7 +105,7 @@ def _contains(seq: Sequence[int], part: Sequence[int]) -> bool:
 
 
 @dataclass(frozen=True)
-class Progress:
+class TermProgress:
     """How far one hypothesis is through its sentence's terms: those met, and the partial
     matches the output ends with, (term, tokens matched), so terms sharing a start (e.g. the
     word-start piece) are all followed."""
@@ -132,7 +126,7 @@ class Progress:
         going = {terms[term][matched] for term, matched in self.partial}
         return sorted(going | {terms[i][0] for i in range(len(terms)) if i not in self.met})
 
-    def advance(self, terms: list[list[int]], token: int) -> Progress:
+    def advance(self, terms: list[list[int]], token: int) -> TermProgress:
         """The progress after `token` (it meets at most one term)."""
         grown = [(term, m + 1) for term, m in self.partial if terms[term][m] == token]
         grown += [(i, 1) for i, term in enumerate(terms) if i not in self.met and term[0] == token]
@@ -140,7 +134,7 @@ class Progress:
         if (done := next((t for t, m in grown if m == len(terms[t])), None)) is not None:
             met = met | {done}
         partial = sorted({(t, m) for t, m in grown if t not in met and m < len(terms[t])})
-        return Progress(met, tuple(partial))
+        return TermProgress(met, tuple(partial))
 
 
 @torch.no_grad()
@@ -161,106 +155,114 @@ def steered_beam_search(
         src: (B, S) source ids, right-padded.  max_lengths: (B,) output limits in tokens, at
             least each row's `needed_length()`.  controls: (B,) what each row must hold.
     """
-    batch, k, device = src.size(0), beam_size, src.device
-    decoder = _StepDecoder(model, src, use_cache)  # K beams share a sentence's row
-    alive = torch.arange(batch, device=device)  # original sentence of each live sentence
-    prefix = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=device)  # (N, 1)
-    beam_scores = torch.full((batch, k), float("-inf"), device=device)  # (B, K)
-    beam_scores[:, 0] = 0.0  # one beam starts; the others join as the first step branches
-    progress = [Progress() for _ in range(batch * k)]  # per row
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    for step in range(int(max_lengths.max())):
-        n = alive.numel()
-        log_probs = decoder.log_probs(prefix).view(n, k, -1)  # (B, K, V)
-        at_limit = step + 1 >= max_lengths[alive]  # (B,) these may only end now
-        log_probs[at_limit, :, :EOS_ID] = float("-inf")
-        log_probs[at_limit, :, EOS_ID + 1 :] = float("-inf")
-        rows = [controls[s] for s in alive.tolist()]
-        _mask(log_probs, rows, progress, prefix, step)
-        candidates = beam_scores[:, :, None] + log_probs  # (B, K, V)
-        top_index = candidates.view(n, -1).topk(2 * k, dim=1).indices  # (B, 2K)
-        vocab = log_probs.size(-1)
-        best_token = log_probs.argmax(dim=-1).tolist()  # (B, K)
+    steered = SteeredBeam(controls, beam_size)
+    return generate(model, src, max_lengths, steered, alpha, nbest, use_cache)
+
+
+class SteeredBeam(Strategy):
+    """K beams per sentence dealt from the banks of term tokens met (`_deal`), after the
+    prefix, avoided words and unmet terms closed their tokens (`mask`). All K rows run from
+    the first step: one starts, the others join as it branches."""
+
+    def __init__(self, controls: Sequence[Controls], beam_size: int):
+        self.controls, self.beam_size = list(controls), beam_size
+        self.progress: list[TermProgress] = []  # per row
+
+    def start(self, groups: int, device: torch.device) -> torch.Tensor:
+        """(B, K) scores: beam 0 at 0, the others -inf until the first step branches."""
+        self.progress = [TermProgress() for _ in range(groups * self.beam_size)]
+        scores = torch.full((groups, self.beam_size), float("-inf"), device=device)
+        scores[:, 0] = 0.0
+        return scores
+
+    def mask(self, log_probs, prefix, alive, step) -> None:
+        """The logits processors, in order: the prefix, the avoided words, <eos> held back
+        until every term is met."""
+        rows = [self.controls[s] for s in alive]
+        force_prefix(log_probs, rows, step)
+        close_avoided(log_probs, rows, prefix)
+        hold_eos(log_probs, rows, self.progress)
+
+    def step(self, step, log_probs, scores, alive, alive_index) -> Step:
+        """Candidates (the 2K best, each beam's best, each beam's term tokens) dealt per
+        sentence into K beams; as in beam search, an <eos> among the first K dealt ends a
+        hypothesis, and the first K others go on (in the banks' order, not the scores')."""
+        n, k, vocab = log_probs.shape
+        device = log_probs.device
+        rows = [self.controls[s] for s in alive]
+        candidates = scores[:, :, None] + log_probs  # (G, K, V)
+        top_index = candidates.view(n, -1).topk(2 * k, dim=1).indices.tolist()  # (G, 2K)
+        best_token = log_probs.argmax(dim=-1).tolist()  # (G, K)
         choices, scores_at = [], []  # per sentence: its candidates (beam, token)
         for i, c in enumerate(rows):
-            pairs = {(j // vocab, j % vocab) for j in top_index[i].tolist()}
+            pairs = {(j // vocab, j % vocab) for j in top_index[i]}
             for beam in range(k):
                 pairs.add((beam, best_token[i][beam]))
-                pairs.update((beam, t) for t in progress[i * k + beam].next_tokens(c.terms))
+                pairs.update((beam, t) for t in self.progress[i * k + beam].next_tokens(c.terms))
             choices.append(sorted(pairs))
             scores_at.extend((i, beam, token) for beam, token in choices[-1])
-        index = torch.tensor(scores_at, device=device).T  # (3, candidates)
-        scores = candidates[index[0], index[1], index[2]].tolist()
-        next_rows, next_tokens, next_scores, next_progress = [], [], [], []
+        at = torch.tensor(scores_at, device=device).T  # (3, candidates)
+        found = candidates[at[0], at[1], at[2]].tolist()
+        ended, totals, beams = [], [], []  # beams: (score, row, token, progress) per row
         offset = 0
         for i, (c, pairs) in enumerate(zip(rows, choices, strict=True)):
             kept = []  # (bank, score, row, token, progress after it)
-            for (beam, token), score in zip(
-                pairs, scores[offset : offset + len(pairs)], strict=True
-            ):
-                if score > float("-inf"):
-                    state = progress[i * k + beam].advance(c.terms, token)
-                    kept.append((state.bank(c.terms), score, i * k + beam, token, state))
+            scored = found[offset : offset + len(pairs)]
             offset += len(pairs)
-            # As in beam search: an <eos> among the first K ends a hypothesis, and the first K
-            # others go on (here in the banks' order, not the scores').
-            beams = []
+            for (beam, token), score in zip(pairs, scored, strict=True):
+                if score > float("-inf"):
+                    state = self.progress[i * k + beam].advance(c.terms, token)
+                    kept.append((state.bank(c.terms), score, i * k + beam, token, state))
+            mine = []
             for rank, (_, score, row, token, state) in enumerate(_deal(kept, k, c.banks())):
                 if token == EOS_ID and rank < k:
-                    tokens = prefix[row, 1:].tolist()
-                    lp = length_penalty(len(tokens) + 1, alpha)
-                    finished[int(alive[i])].append(Hypothesis(tokens, score, score / lp))
-                elif token != EOS_ID and len(beams) < k:
-                    beams.append((score, row, token, state))
-            beams += [(float("-inf"), i * k, PAD_ID, Progress())] * (k - len(beams))
-            for score, row, token, state in beams:
-                next_rows.append(row)
-                next_tokens.append(token)
-                next_scores.append(score)
-                next_progress.append(state)
-        source_row = torch.tensor(next_rows, device=device)  # (N,)
-        next_token = torch.tensor(next_tokens, device=device)[:, None]  # (N, 1)
-        prefix = torch.cat([prefix.index_select(0, source_row), next_token], dim=1)
-        decoder.reorder_beams(source_row)
-        beam_scores = torch.tensor(next_scores, device=device).view(n, k)  # (B, K)
-        progress = next_progress
-        open_lp = length_penalty(step + 1, alpha)  # the open beams hold step + 1 tokens
-        best_open = [score / open_lp for score in beam_scores.max(dim=1).values.tolist()]
-        done = [_sentence_done(finished[s], k, best_open[i]) for i, s in enumerate(alive.tolist())]
-        if all(done):
-            break
-        if any(done):
-            keep = torch.tensor([i for i, d in enumerate(done) if not d], device=device)
-            rows_kept = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B' * K,)
-            alive, beam_scores = alive[keep], beam_scores[keep]
-            prefix = prefix.index_select(0, rows_kept)
-            progress = [progress[r] for r in rows_kept.tolist()]
-            decoder.select(rows_kept, sentences=keep)
-    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
+                    ended.append((i, row))
+                    totals.append(score)
+                elif token != EOS_ID and len(mine) < k:
+                    mine.append((score, row, token, state))
+            beams += mine + [(float("-inf"), i * k, PAD_ID, TermProgress())] * (k - len(mine))
+        next_scores, next_rows, next_tokens, self.progress = map(list, zip(*beams, strict=True))
+        return Step(
+            token=torch.tensor(next_tokens, device=device).view(n, k),
+            scores=torch.tensor(next_scores, device=device).view(n, k),
+            source_row=torch.tensor(next_rows, device=device).view(n, k),
+            ended=ended,
+            ended_scores=torch.tensor(totals, device=device) if ended else None,
+            best_open=[max(next_scores[i * k : (i + 1) * k]) for i in range(n)],
+        )
+
+    def select(self, keep: list[int]) -> None:
+        """Keep the term progress of the rows of the sentences `keep`."""
+        k = self.beam_size
+        self.progress = [self.progress[i * k + beam] for i in keep for beam in range(k)]
 
 
-def _mask(
-    log_probs: torch.Tensor,
-    rows: list[Controls],
-    progress: list[Progress],
-    prefix: torch.Tensor,
-    step: int,
-) -> None:
-    """Close, in log_probs (B, K, V), every token a row's controls forbid now: all but the
-    prefix's next token while the prefix lasts, the last token of an avoided sequence the
-    output would complete, and <eos> before every term is met."""
-    k = log_probs.size(1)
+def force_prefix(log_probs: torch.Tensor, rows: list[Controls], step: int) -> None:
+    """Close, in log_probs (G, K, V), all but the prefix's next token while the prefix lasts."""
     for i, c in enumerate(rows):
         if step < len(c.prefix):
             forced = log_probs[i, :, c.prefix[step]].clone()
             log_probs[i] = float("-inf")
             log_probs[i, :, c.prefix[step]] = forced
+
+
+def close_avoided(log_probs: torch.Tensor, rows: list[Controls], prefix: torch.Tensor) -> None:
+    """Close, in log_probs (G, K, V), the last token of an avoided sequence that each row's
+    output (prefix (N, t)) would complete."""
+    k = log_probs.size(1)
+    for i, c in enumerate(rows):
+        for beam in range(k) if c.avoid else ():
+            output = prefix[i * k + beam, 1:].tolist()
+            for bad in c.avoid:
+                if len(bad) == 1 or output[max(len(output) - len(bad) + 1, 0) :] == bad[:-1]:
+                    log_probs[i, beam, bad[-1]] = float("-inf")
+
+
+def hold_eos(log_probs: torch.Tensor, rows: list[Controls], progress: list[TermProgress]) -> None:
+    """Close, in log_probs (G, K, V), <eos> to every row that has not met all its terms."""
+    k = log_probs.size(1)
+    for i, c in enumerate(rows):
         for beam in range(k):
-            if c.avoid:
-                output = prefix[i * k + beam, 1:].tolist()
-                for bad in c.avoid:
-                    if len(bad) == 1 or output[max(len(output) - len(bad) + 1, 0) :] == bad[:-1]:
-                        log_probs[i, beam, bad[-1]] = float("-inf")
             if not progress[i * k + beam].complete(c.terms):
                 log_probs[i, beam, EOS_ID] = float("-inf")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +28,9 @@ from attn_mt.decode.alignment import Alignment, cross_attention, word_alignment
 from attn_mt.decode.constraints import Controls, line_controls, steered_beam_search
 from attn_mt.decode.inference import pack, packing_pays
 from attn_mt.decode.inference import quantize as quantize_model
+from attn_mt.decode.request import Request
 from attn_mt.decode.search import (
-    Hypothesis,
     Models,
-    Sampling,
     beam_search,
     greedy_search,
     max_output_lengths,
@@ -98,142 +97,109 @@ class Translator:
 
     def translate(self, lines: Sequence[str], beam: int | None = None, **options) -> list[str]:
         """One translation per input line, in order; empty lines give empty strings."""
-        return [best[0].text for best in self.translate_nbest(lines, beam, nbest=1, **options)]
+        request = Request(beam=beam, nbest=1, **options)
+        return [best[0].text for best in self.translate_nbest(lines, request)]
 
     def translate_nbest(
-        self,
-        lines: Sequence[str],
-        beam: int | None = None,
-        nbest: int = 1,
-        length_penalty: float | None = None,
-        use_cache: bool = True,
-        batch_tokens: int | None = None,
-        first_line: int = 1,
-        on_batch: Callable[[int], None] | None = None,
-        sampling: Sampling | None = None,
-        constraints: Sequence[Sequence[str]] | None = None,
-        prefixes: Sequence[str | None] | None = None,
-        avoid: Sequence[str] = (),
-        alignment: bool = False,
+        self, lines: Sequence[str], request: Request | None = None, **options
     ) -> list[list[Translation]]:
-        """The `nbest` best translations of every line (best first), in input order; with
-        `sampling`, `nbest` samples of every line instead, in the order drawn (no beam).
+        """The `request.nbest` best translations of every line (best first), in input order;
+        with `request.sampling`, that many samples of every line instead, in the order drawn.
 
-        `beam` None means decode.beam, widened to `nbest` if that is larger.
-
-        `constraints[i]`: terms (plain text) that line i's output must hold; `prefixes[i]`:
-        the text it must start with (None or "" for none); `avoid`: words no output may hold;
-        `alignment`: fill each Translation's `alignment` (see docs/decoding.md).
-
-        `first_line` is the number of `lines[0]` in the user's input, for warnings and for
-        the samples' random streams (so a line samples the same in any chunk of the input);
-        `on_batch(n)` is called after each batch with the number of lines it finished.
+        The options come as one `Request`, or as its fields by keyword
+        (`translate_nbest(lines, beam=4, nbest=2, constraints=...)`).
         """
         if isinstance(lines, (str, bytes)):
             raise TypeError("translate: give a list of sentences (e.g. [text]), not one str")
         lines = list(lines)
         if not all(isinstance(line, str) for line in lines):
             raise TypeError("translate: every sentence must be a str")
-        cfg, vocab = self.config.decode, self.tgt_tokenizer.vocab_size
-        if sampling is not None:
-            if beam is not None:
-                raise UserError(f"--beam {beam}: sampling searches no beam; leave --beam out")
-            if not 1 <= nbest <= vocab:  # rows of the batch, as a beam's are
-                raise UserError(f"--nbest {nbest}: need 1 to {vocab} samples per line")
-        else:
-            beam = max(cfg.beam, nbest) if beam is None else beam
-            if beam < 1 or not 1 <= nbest <= beam or beam > vocab:
-                raise UserError(
-                    f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam, "
-                    f"and a beam no wider than the target vocabulary ({vocab} pieces)"
-                )
-        alpha = cfg.length_penalty if length_penalty is None else length_penalty
-        budget = batch_tokens or cfg.batch_tokens
-        # Source tokens a batch may hold: samples are rows of their own; a sentence's K beams
-        # share one row of its source side (encoder output, cross-attention keys), and a wider
-        # batch spreads each step's ranking and bookkeeping over more sentences, so a beam
-        # counts (K + 1) / 2 rows a line (docs/performance.md, "The size of a beam batch").
-        line_budget = budget // nbest if sampling is not None else 2 * budget // (beam + 1)
-        controls = line_controls(
-            self.tgt_tokenizer,
-            len(lines),
-            constraints,
-            prefixes,
-            avoid,
-            self.max_input_len + 1,
-            first_line,
+        if request is not None and options:
+            raise TypeError("translate_nbest: give a Request or its fields as keywords, not both")
+        request = (request or Request(**options)).resolved(
+            self.config.decode, self.tgt_tokenizer.vocab_size
         )
-        if any(c is not None for c in controls):
-            if sampling is not None:
-                raise UserError("--sample draws freely: it takes no constraints, prefix or avoid")
-            if beam == 1 and any(c is not None and c.terms for c in controls):
-                raise UserError(
-                    "--beam 1: constraints need a beam to share among the terms; use --beam 2+"
-                )
-        ids = self._encode(lines, first_line)
+        controls = self._controls(lines, request)
+        ids = self._encode(lines, request.first_line)
         # Blank lines stay "": `nbest` empty entries, as many as any other line gets (with
         # `alignment`, an empty one).
-        results = [
-            [Translation("", 0.0, [], [] if alignment else None) for _ in range(nbest)]
-            for _ in lines
-        ]
+        empty = [] if request.alignment else None
+        results = [[Translation("", 0.0, [], empty) for _ in range(request.nbest)] for _ in lines]
         todo = [i for i, seq in enumerate(ids) if seq]
-        if on_batch is not None and len(todo) < len(lines):
-            on_batch(len(lines) - len(todo))
+        if request.on_batch is not None and len(todo) < len(lines):
+            request.on_batch(len(lines) - len(todo))
         lengths = [(len(seq) + 1,) for seq in ids]  # + <eos>
-        for batch in length_batches(lengths, max(line_budget, 1), order=todo):
+        for batch in length_batches(lengths, request.line_budget(), order=todo):
             # Steered lines search apart, so plain lines get exactly the plain search.
             plain = [row for row in batch if controls[row] is None]
             steered = [row for row in batch if controls[row] is not None]
             for rows in (plain, steered):
-                if not rows:
-                    continue
-                src = source_batch(ids, rows).to(self.device)
-                limits = max_output_lengths(src, cfg.max_len_a, cfg.max_len_b, self.max_output_len)
-                with autocast_context(self.device, self.dtype):
-                    if rows is steered:
-                        hyps = self._steered(
-                            src, limits, [controls[r] for r in rows], beam, alpha, nbest, use_cache
-                        )
-                    elif sampling is not None:
-                        numbers = [first_line + i for i in rows]
-                        hyps = sample(
-                            self.models, src, limits, sampling, numbers, nbest, alpha, use_cache
-                        )
-                    elif beam == 1:
-                        hyps = [
-                            [h] for h in greedy_search(self.models, src, limits, alpha, use_cache)
-                        ]
-                    else:
-                        hyps = beam_search(self.models, src, limits, beam, alpha, nbest, use_cache)
-                for row, row_hyps in zip(rows, hyps, strict=True):
-                    texts = self.tgt_tokenizer.decode([h.tokens for h in row_hyps])
-                    results[row] = [
-                        Translation(_one_line(text), h.score, h.tokens)
-                        for text, h in zip(texts, row_hyps, strict=True)
-                    ]
-                if alignment:
-                    self._align([ids[row] for row in rows], [results[row] for row in rows])
-            if on_batch is not None:
-                on_batch(len(batch))
+                if rows:
+                    found = self._search(ids, rows, [controls[r] for r in rows], request)
+                    for row, entries in zip(rows, found, strict=True):
+                        results[row] = entries
+            if request.on_batch is not None:
+                request.on_batch(len(batch))
         return results
 
-    def _steered(
-        self,
-        src: torch.Tensor,
-        limits: torch.Tensor,
-        controls: list[Controls],
-        beam: int,
-        alpha: float,
-        nbest: int,
-        use_cache: bool,
-    ) -> list[list[Hypothesis]]:
-        """Steered beam search, each row's output limit raised to what its controls need."""
-        needed = torch.tensor([c.needed_length() for c in controls], device=limits.device)
-        limits = torch.maximum(limits, needed)
-        return steered_beam_search(
-            self.models, src, limits, controls, beam, alpha, nbest, use_cache
+    def _controls(self, lines: list[str], request: Request) -> list[Controls | None]:
+        """Each line's terms, prefix and avoided words (None: plain search), checked."""
+        controls = line_controls(
+            self.tgt_tokenizer,
+            len(lines),
+            request.constraints,
+            request.prefixes,
+            request.avoid,
+            self.max_input_len + 1,
+            request.first_line,
         )
+        if any(c is not None for c in controls):
+            if request.sampling is not None:
+                raise UserError("--sample draws freely: it takes no constraints, prefix or avoid")
+            if request.beam == 1 and any(c is not None and c.terms for c in controls):
+                raise UserError(
+                    "--beam 1: constraints need a beam to share among the terms; use --beam 2+"
+                )
+        return controls
+
+    def _search(
+        self,
+        ids: list[list[int]],
+        rows: list[int],
+        controls: list[Controls | None],
+        request: Request,
+    ) -> list[list[Translation]]:
+        """The entries of the lines `rows` (their source `ids`), searched as one batch: all
+        steered (`controls`) or all plain."""
+        cfg, models, nbest = self.config.decode, self.models, request.nbest
+        alpha, beam, cache = request.length_penalty, request.beam or 1, request.use_cache
+        src = source_batch(ids, rows).to(self.device)
+        limits = max_output_lengths(src, cfg.max_len_a, cfg.max_len_b, self.max_output_len)
+        with autocast_context(self.device, self.dtype):
+            if controls[0] is not None:
+                steering = [c for c in controls if c is not None]
+                needed = torch.tensor([c.needed_length() for c in steering], device=self.device)
+                limits = torch.maximum(limits, needed)  # room for what the controls need
+                hyps = steered_beam_search(models, src, limits, steering, beam, alpha, nbest, cache)
+            elif request.sampling is not None:
+                numbers = [request.first_line + i for i in rows]
+                hyps = sample(models, src, limits, request.sampling, numbers, nbest, alpha, cache)
+            elif beam == 1:
+                hyps = [[h] for h in greedy_search(models, src, limits, alpha, cache)]
+            else:
+                hyps = beam_search(models, src, limits, beam, alpha, nbest, cache)
+        entries = []
+        for row_hyps in hyps:
+            texts = self.tgt_tokenizer.decode([h.tokens for h in row_hyps])
+            entries.append(
+                [
+                    Translation(_one_line(text), h.score, h.tokens)
+                    for text, h in zip(texts, row_hyps, strict=True)
+                ]
+            )
+        if request.alignment:
+            self._align([ids[row] for row in rows], entries)
+        return entries
 
     def _align(self, src: list[list[int]], entries: list[list[Translation]]) -> None:
         """Fill the alignment of every entry of these lines (their source ids `src`)."""

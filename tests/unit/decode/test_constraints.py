@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers.models import VOCAB, assert_same, random_model, random_sources
 
-from attn_mt.decode.constraints import Controls, Progress, steered_beam_search
+from attn_mt.decode.constraints import Controls, TermProgress, steered_beam_search
 from attn_mt.decode.search import beam_search, max_output_lengths
 from attn_mt.model.vocab import EOS_ID
 
@@ -98,7 +98,7 @@ def test_nothing_to_steer_is_beam_search(seed: int) -> None:
 
 def test_progress_follows_terms_that_share_a_start() -> None:
     terms = [[5, 6, 7], [5, 8]]
-    p = Progress()
+    p = TermProgress()
     for token in (5, 6, 5, 8):  # 5 6 is broken off by 5, which goes on to meet [5, 8]
         p = p.advance(terms, token)
     assert p.met == {1} and p.bank(terms) == 2 and not p.complete(terms)

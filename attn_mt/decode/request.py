@@ -1,0 +1,73 @@
+"""What one call of `Translator.translate_nbest` asks for, as one typed, frozen value (as
+transformers' `GenerationConfig`): the search (beam, n-best, length penalty, or sampling), what
+the outputs must hold (terms, prefixes, avoided words), alignment, and the batching. Checked
+once, by `resolved`, whose messages name the command-line options that set each field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from attn_mt.config import DecodeConfig
+from attn_mt.decode.search import Sampling
+from attn_mt.errors import UserError
+
+
+@dataclass(frozen=True)
+class Request:
+    """The options of one translation call; None takes the checkpoint's decode.* setting.
+
+    beam: the beam size (1 = greedy); None means decode.beam, widened to `nbest` if that is
+    larger.  nbest: outputs per line (with `sampling`, samples per line, in the order drawn).
+    constraints[i]: terms (plain text) line i's output must hold; prefixes[i]: the text it must
+    start with (None or "" for none); avoid: words no output may hold; alignment: fill each
+    Translation's `alignment` (see docs/decoding.md).  first_line: the number of the first line
+    in the user's input, for warnings and the samples' random streams (a line samples the same
+    in any chunk of the input).  on_batch(n): called after each batch with the lines it
+    finished.
+    """
+
+    beam: int | None = None
+    nbest: int = 1
+    length_penalty: float | None = None
+    use_cache: bool = True
+    batch_tokens: int | None = None
+    sampling: Sampling | None = None
+    constraints: Sequence[Sequence[str]] | None = None
+    prefixes: Sequence[str | None] | None = None
+    avoid: Sequence[str] = ()
+    alignment: bool = False
+    first_line: int = 1
+    on_batch: Callable[[int], None] | None = field(default=None, compare=False)
+
+    def resolved(self, decode: DecodeConfig, vocab: int) -> Request:
+        """This request checked against a target vocabulary of `vocab` pieces, with the beam,
+        length penalty and batch budget that `decode` gives where they are None."""
+        beam, nbest = self.beam, self.nbest
+        if self.sampling is not None:
+            if beam is not None:
+                raise UserError(f"--beam {beam}: sampling searches no beam; leave --beam out")
+            if not 1 <= nbest <= vocab:  # rows of the batch, as a beam's are
+                raise UserError(f"--nbest {nbest}: need 1 to {vocab} samples per line")
+        else:
+            beam = max(decode.beam, nbest) if beam is None else beam
+            if beam < 1 or not 1 <= nbest <= beam or beam > vocab:
+                raise UserError(
+                    f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam, "
+                    f"and a beam no wider than the target vocabulary ({vocab} pieces)"
+                )
+        alpha = decode.length_penalty if self.length_penalty is None else self.length_penalty
+        budget = self.batch_tokens or decode.batch_tokens
+        return replace(self, beam=beam, length_penalty=alpha, batch_tokens=budget)
+
+    def line_budget(self) -> int:
+        """Source tokens a batch may hold (of a resolved request): samples are rows of their
+        own; a sentence's K beams share one row of its source side (encoder output,
+        cross-attention keys), and a wider batch spreads each step's ranking and bookkeeping
+        over more sentences, so a beam counts (K + 1) / 2 rows a line (docs/performance.md,
+        "The size of a beam batch")."""
+        budget = self.batch_tokens or 0
+        if self.sampling is not None:
+            return max(budget // self.nbest, 1)
+        return max(2 * budget // ((self.beam or 1) + 1), 1)
