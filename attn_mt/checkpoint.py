@@ -262,7 +262,7 @@ def _average_mismatch(first: dict[str, Any], other: dict[str, Any]) -> str | Non
     return None
 
 
-def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
+def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     """Element-wise mean of the weights that checkpoints of one model translate with; the rest
     from the last."""
     if len(paths) < 2:

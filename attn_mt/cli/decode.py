@@ -313,6 +313,7 @@ def attention(
     if pe:
         viz.plot_positional_encoding_file(out, model=model, positions=positions, d_model=d_model)
     else:
+        assert model is not None and text is not None  # checked above
         viz.plot_attention_file(
             model, text, out, kind=kind.value, layer=layer, head=head, device=device
         )

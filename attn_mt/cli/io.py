@@ -19,7 +19,7 @@ import warnings
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, TextIO
+from typing import TYPE_CHECKING, BinaryIO, TextIO, cast
 
 from attn_mt.cli.options import NbestFormat
 from attn_mt.errors import UserError
@@ -90,9 +90,10 @@ def input_file(path: Path | None) -> Iterator[tuple[BinaryIO, int | None]]:
         return
     with contextlib.ExitStack() as stack:
         try:
-            handle: BinaryIO = stack.enter_context(path.open("rb"))
-            if handle.peek(2)[:2] == GZIP_MAGIC:
-                handle = stack.enter_context(gzip.GzipFile(fileobj=handle))
+            raw = stack.enter_context(path.open("rb"))  # buffered: peek() reads ahead
+            handle: BinaryIO = raw
+            if raw.peek(2)[:2] == GZIP_MAGIC:
+                handle = cast(BinaryIO, stack.enter_context(gzip.GzipFile(fileobj=raw)))
             total = None
             if path.is_file():
                 total = sum(1 for _ in handle)

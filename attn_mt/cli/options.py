@@ -110,7 +110,8 @@ class Prepack(str, enum.Enum):
 
     @property
     def value_for_load(self) -> bool | str:
-        return {"auto": "auto", "on": True, "off": False}[self.value]
+        choices: dict[str, bool | str] = {"auto": "auto", "on": True, "off": False}
+        return choices[self.value]
 
 
 PrepackOption = Annotated[

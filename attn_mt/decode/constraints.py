@@ -193,7 +193,8 @@ class SteeredBeam(Strategy):
         candidates = scores[:, :, None] + log_probs  # (G, K, V)
         top_index = candidates.view(n, -1).topk(2 * k, dim=1).indices.tolist()  # (G, 2K)
         best_token = log_probs.argmax(dim=-1).tolist()  # (G, K)
-        choices, scores_at = [], []  # per sentence: its candidates (beam, token)
+        choices: list[list[tuple[int, int]]] = []  # per sentence: its candidates (beam, token)
+        scores_at: list[tuple[int, int, int]] = []
         for i, c in enumerate(rows):
             pairs = {(j // vocab, j % vocab) for j in top_index[i]}
             for beam in range(k):
@@ -205,15 +206,15 @@ class SteeredBeam(Strategy):
         found = candidates[at[0], at[1], at[2]].tolist()
         ended, totals, beams = [], [], []  # beams: (score, row, token, progress) per row
         offset = 0
-        for i, (c, pairs) in enumerate(zip(rows, choices, strict=True)):
+        for i, (c, chosen) in enumerate(zip(rows, choices, strict=True)):
             kept = []  # (bank, score, row, token, progress after it)
-            scored = found[offset : offset + len(pairs)]
-            offset += len(pairs)
-            for (beam, token), score in zip(pairs, scored, strict=True):
+            scored = found[offset : offset + len(chosen)]
+            offset += len(chosen)
+            for (beam, token), score in zip(chosen, scored, strict=True):
                 if score > float("-inf"):
                     state = self.progress[i * k + beam].advance(c.terms, token)
                     kept.append((state.bank(c.terms), score, i * k + beam, token, state))
-            mine = []
+            mine: list[tuple] = []
             for rank, (_, score, row, token, state) in enumerate(_deal(kept, k, c.banks())):
                 if token == EOS_ID and rank < k:
                     ended.append((i, row))

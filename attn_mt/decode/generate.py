@@ -237,6 +237,7 @@ def generate(
 def _finish(chosen: Step, prefix: torch.Tensor, into: list[list[Hypothesis]], alpha: float) -> None:
     """Append each ended hypothesis to its group's list `into` (one per ended): its score and
     its tokens (no <bos>, no <eos>) read in one transfer, exact in float64."""
+    assert chosen.ended_scores is not None, "called only when hypotheses ended"
     rows = indices([row for _, row in chosen.ended], prefix.device)
     scores = chosen.ended_scores.double()[:, None]  # (E, 1)
     read = torch.cat([scores, prefix.index_select(0, rows)[:, 1:].double()], dim=1).tolist()

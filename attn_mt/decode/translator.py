@@ -123,7 +123,7 @@ class Translator:
         ids = self._encode(lines, request.first_line)
         # Blank lines stay "": `nbest` empty entries, as many as any other line gets (with
         # `alignment`, an empty one).
-        empty = [] if request.alignment else None
+        empty: Alignment | None = [] if request.alignment else None
         results = [[Translation("", 0.0, [], empty) for _ in range(request.nbest)] for _ in lines]
         todo = [i for i, seq in enumerate(ids) if seq]
         if request.on_batch is not None and len(todo) < len(lines):
@@ -172,7 +172,9 @@ class Translator:
         """The entries of the lines `rows` (their source `ids`), searched as one batch: all
         steered (`controls`) or all plain."""
         cfg, models, nbest = self.config.decode, self.models, request.nbest
-        alpha, beam, cache = request.length_penalty, request.beam or 1, request.use_cache
+        beam, cache = request.beam or 1, request.use_cache
+        alpha = request.length_penalty
+        assert alpha is not None, "a resolved request"
         src = source_batch(ids, rows).to(self.device)
         limits = max_output_lengths(src, cfg.max_len_a, cfg.max_len_b, self.max_output_len)
         with autocast_context(self.device, self.dtype):
@@ -279,9 +281,9 @@ def load(
     for other, state in zip(given[1:], states[1:], strict=True):
         if why := _ensemble_mismatch(states[0], state):
             raise UserError(f"{other} cannot join an ensemble with {given[0]}: {why}")
-    models, configs = zip(
-        *(model_from(s, p) for s, p in zip(states, given, strict=True)), strict=True
-    )
+    built = [model_from(s, p) for s, p in zip(states, given, strict=True)]
+    models: list[Transformer] = [m for m, _ in built]
+    configs = [c for _, c in built]
     config = with_decode(configs[0], decode)
     if device.type == "cuda":
         avoid_cudnn_attention()  # each decoding step's new shape would cost cuDNN a new plan
@@ -300,7 +302,7 @@ def _packs(prepack: bool | str, model: Transformer) -> bool:
     on the model's widest layer shape (d_model -> d_ff)."""
     if prepack != "auto":
         return bool(prepack)
-    first_ff = model.decoder[0].ff.w_1
+    first_ff = model.decoder_layers[0].ff.w_1
     return packing_pays(first_ff.in_features, first_ff.out_features, torch.get_num_threads())
 
 

@@ -281,7 +281,12 @@ class BodyLimit:
     async def _refuse(self, send: Any) -> None:
         error = f"request body over --max-body-bytes {self.limit}"
         response = JSONResponse({"error": error}, status_code=413)
-        await response({"type": "http"}, None, send)
+        await response({"type": "http"}, _no_body, send)
+
+
+async def _no_body() -> dict[str, Any]:
+    """The ASGI `receive` of a response that reads nothing."""
+    return {"type": "http.disconnect"}
 
 
 class _TooLarge(Exception):

@@ -155,9 +155,11 @@ class Batcher:
         self._queue = [w for w in self._queue if not (isinstance(w, Job) and w.cancelled)]
         if not self._queue:
             return []
-        if isinstance(self._queue[0], Call):
-            return self._queue.pop(0)
-        settings, budget = self._queue[0].settings, self.budget(self._queue[0].settings)
+        first = self._queue[0]
+        if isinstance(first, Call):
+            self._queue.pop(0)
+            return first
+        settings, budget = first.settings, self.budget(first.settings)
         parts: list[Part] = []
         used = 0
         for job in self._queue:
@@ -172,7 +174,7 @@ class Batcher:
                 break
             parts.append(Part(job, job.scheduled, end))
             job.scheduled = end
-        unfinished = [p.job for p in parts if p.end < len(p.job.lines)]
+        unfinished: list[Job | Call] = [p.job for p in parts if p.end < len(p.job.lines)]
         taken = {id(p.job) for p in parts}
         self._queue = [w for w in self._queue if id(w) not in taken] + unfinished
         return parts

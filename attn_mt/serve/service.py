@@ -73,8 +73,8 @@ class Service:
         """One library call (on the worker thread); the batch budget as --max-batch-tokens."""
         return self.translator.translate_nbest(
             lines,
-            settings.beam,
-            settings.nbest,
+            beam=settings.beam,
+            nbest=settings.nbest,
             batch_tokens=self.batcher.max_batch_tokens,
             first_line=first_line,
             constraints=constraints,
@@ -138,7 +138,7 @@ class Service:
         from attn_mt.model.vocab import EOS_ID
 
         translator = self.translator
-        [best] = translator.translate_nbest([text], beam)[0][:1]
+        [best] = translator.translate_nbest([text], beam=beam)[0][:1]
         ids = translator.src_tokenizer.encode([text.strip()])[0][: translator.max_input_len]
         if not ids or not best.tokens:
             return {"translation": best.text, "source": [], "target": [], "weights": []}
