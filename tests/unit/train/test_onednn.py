@@ -16,8 +16,8 @@ from helpers.toy import assert_identical, load_raw, make_config, resumable_state
 from torch import nn
 
 import attn_mt.train.onednn as onednn
-from attn_mt.decode.inference import packing_available
 from attn_mt.errors import UserError
+from attn_mt.kernels import packing_available
 from attn_mt.model.transformer import Transformer
 
 pytestmark = pytest.mark.skipif(
