@@ -42,34 +42,22 @@ from attn_mt.precision import (
     resolve_device,
     resolve_precision,
 )
+from attn_mt.train.budget import RankAgreement, RunClock, stop_rules
 from attn_mt.train.corpus import training_data, valid_subset
 from attn_mt.train.ema import WeightEMA
+from attn_mt.train.loglines import TrainWindow, log_finish, log_start, valid_share, window_line
 from attn_mt.train.loss import label_smoothed_loss
 from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
 from attn_mt.train.onednn import choose_products, route_through_onednn
 from attn_mt.train.runfolder import lock_run_folder
-from attn_mt.train.runlog import (
-    Monitor,
-    RunClock,
-    RunLog,
-    TrainWindow,
-    log_finish,
-    log_start,
-    stage,
-    valid_share,
-    window_line,
-)
+from attn_mt.train.runlog import Monitor, RunLog
 from attn_mt.train.schedule import learning_rate, time_driven
 from attn_mt.train.skips import SkipRule, Update, make_scaler
+from attn_mt.train.stage import stage
 from attn_mt.train.state import TrainProgress, TrainState, starting_point
 from attn_mt.train.validate import HIGHER_IS_BETTER, Validation, validate
 
 log = logging.getLogger("attn_mt")
-
-
-# The stopping rules whose value can differ between ranks (a signal, the clock, rank 0's
-# validations): under torchrun every rank takes any rank's.
-RANK_RULES = ("early stopping", "signal", "max_minutes")
 
 
 @dataclass
@@ -168,10 +156,7 @@ class Trainer:
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
         self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, self.state.ckpt_dir / "last.pt")
-        # Under torchrun: RANK_RULES as all ranks last agreed on them, and the ranks' mean clock
-        # that a time-driven lr reads (both travel in an all-reduce the update already makes).
-        self.agreed: list[bool] | None = None
-        self.agreed_seconds = 0.0
+        self.agreement = RankAgreement(world, self.device)  # under torchrun: the ranks' stops
 
     def _choose_products(self) -> None:
         """Float32 on a CPU: the linear layers' products through oneDNN where that pays here
@@ -235,7 +220,7 @@ class Trainer:
                     began = self.now()
                     self.progress.elapsed = self.clock.elapsed()
                     self._validate_and_save()
-                    self.agreed = None  # rank 0 alone knows whether it improved
+                    self.agreement.forget()  # rank 0 alone knows whether it improved
                     took = self.progress.validation_seconds = self.now() - began
                     self.clock.validated(took)
                     window.pause(took)  # tokens/s counts training only
@@ -266,50 +251,23 @@ class Trainer:
 
     def _seconds(self) -> float:
         """The run's time as the lr schedule reads it. Under torchrun with a time-driven lr, the
-        ranks' mean clock as `_stop_reason` last agreed on it, so all ranks set the same lr."""
+        ranks' mean clock as they last agreed on it, so all ranks set the same lr."""
         if self.world.distributed and time_driven(self.cfg.train):
-            return self.agreed_seconds
+            return self.agreement.seconds
         return self.clock.schedule_seconds(self.cfg.train)
 
-    def _rank_figures(self) -> list[float]:
-        """What the ranks must agree on: each of RANK_RULES as this rank sees it, then its clock."""
-        rules = self._stop_rules()
-        return [
-            *(float(rules[name]) for name in RANK_RULES),
-            self.clock.schedule_seconds(self.cfg.train),
-        ]
-
-    def _take_agreed(self, sums: list[float]) -> None:
-        """Read `_rank_figures` summed over the ranks: any rank's rule, the mean clock."""
-        self.agreed = [flag > 0 for flag in sums[: len(RANK_RULES)]]
-        self.agreed_seconds = sums[len(RANK_RULES)] / self.world.size
-
     def _stop_reason(self) -> str:
-        """Which stopping rule fires before the next update ('' if none); agreed by all ranks.
-
-        Under torchrun the RANK_RULES come agreed from the last update's all-reduce (`update`
-        folds them into its own), or from one all-reduce of their own after a validation.
-        """
+        """Which stopping rule fires before the next update ('' if none); agreed by all ranks
+        (`budget.RankAgreement`: folded into the last update's all-reduce, or one of its own)."""
         rules = self._stop_rules()
         if self.world.distributed:
-            if self.agreed is None:
-                sums = distributed.sum_to_device(self._rank_figures(), self.world, self.device)
-                self._take_agreed(sums.tolist())
-            assert self.agreed is not None
-            rules.update(zip(RANK_RULES, self.agreed, strict=True))
-            self.agreed = None
+            rules = self.agreement.settle(rules, self.clock.schedule_seconds(self.cfg.train))
         return next((name for name, hit in rules.items() if hit), "")
 
     def _stop_rules(self) -> dict[str, bool]:
-        """Each stopping rule, as this process sees it now (the first that fires names it)."""
-        t = self.cfg.train
-        return {
-            "early stopping": bool(t.patience) and self.progress.bad_evals >= t.patience,
-            "signal": self.stop_signal is not None,
-            "max_steps": t.max_steps > 0 and self.progress.step >= t.max_steps,
-            "max_minutes": self.clock.out_of_time(t),
-            "max_epochs": bool(t.max_epochs) and self.source.epochs_done >= t.max_epochs,
-        }
+        signalled = self.stop_signal is not None
+        epochs_done = self.source.epochs_done
+        return stop_rules(self.cfg.train, self.progress, signalled, self.clock, epochs_done)
 
     def update(self) -> Update:
         """One optimizer update over `accumulate` batches on every rank.
@@ -349,7 +307,8 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
         sums = torch.stack([loss_sum, nll_sum]).double()
         if self.world.distributed:  # the stopping rules and the clock travel with the sums
-            shared = distributed.to_device(self._rank_figures(), self.device)
+            mine = self.agreement.figures(self._stop_rules(), self.clock.schedule_seconds(t))
+            shared = distributed.to_device(mine, self.device)
             sums = torch.cat([sums, shared])
             torch.distributed.all_reduce(sums)
         finite = torch.isfinite(sums[:2]).all() & torch.isfinite(norm)
@@ -361,7 +320,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         figures = torch.cat([sums.double(), tokens, norm.double().view(1)]).tolist()  # one sync
         if self.world.distributed:
-            self._take_agreed(figures[2:-2])
+            self.agreement.take(figures[2:-2])
         loss, nll, tokens_all, grad_norm = *figures[:2], figures[-2], figures[-1]
         ok = math.isfinite(loss) and math.isfinite(nll) and math.isfinite(grad_norm)
         return Update(loss, nll, int(tokens_all), grad_norm, ok)

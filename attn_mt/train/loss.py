@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -66,3 +68,8 @@ def _gradient(
     hit = torch.full((target.numel(), 1), eps - 1.0, dtype=grad.dtype, device=grad.device)
     grad.scatter_add_(-1, target.unsqueeze(-1), hit)  # - (1 - eps) at the target
     return grad.mul_((target != PAD_ID).unsqueeze(-1) * grad_loss)
+
+
+def perplexity(nll: float, tokens: int) -> float:
+    """exp(nll per token), the exponent held at 50 so a diverged model's is a number, not inf."""
+    return math.exp(min(nll / max(tokens, 1), 50))
