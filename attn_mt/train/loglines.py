@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attn_mt.config import TrainConfig
-from attn_mt.data.batching import ShardSource
+from attn_mt.data.batching import ShardBatches
 from attn_mt.train.budget import RunClock
 from attn_mt.train.corpus import Corpus
 from attn_mt.train.loss import perplexity
@@ -94,7 +94,7 @@ def log_start(
     cfg, stats, (src_tok, tgt_tok) = state.cfg, corpus.stats, state.tokenizers
     params = sum(p.numel() for p in {id(p): p for p in state.model.parameters()}.values())
     threads = torch.get_num_threads() if state.device.type == "cpu" else None
-    onednn = state.progress.products == "onednn"
+    onednn = state.progress.matmul_backend == "onednn"
     log.info(
         "attn-mt: %s -> %s, %s parameters, device %s%s, precision %s, %d process(es)",
         cfg.data.src_lang,
@@ -146,7 +146,7 @@ def window_line(
     lr: float,
     t: TrainConfig,
     run: RunClock,
-    source: ShardSource,
+    source: ShardBatches,
     device: torch.device,
 ) -> tuple[str, dict[str, float]]:
     """The training line of the updates in `window`, and its figures (on a GPU with the peak

@@ -29,12 +29,12 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed
-from attn_mt.checkpoint import load_weights, tokenizers_from, translation_weights
-from attn_mt.config import Config, TrainConfig
+from attn_mt.checkpoint import tokenizers_from
+from attn_mt.config import Config
 from attn_mt.configfile import save_config
-from attn_mt.data.batching import Batch, ShardSource
+from attn_mt.data.batching import Batch
 from attn_mt.decode.translator import Translator
-from attn_mt.model.transformer import Transformer, build_model
+from attn_mt.model.transformer import Transformer
 from attn_mt.precision import (
     DTYPES,
     autocast_context,
@@ -44,17 +44,15 @@ from attn_mt.precision import (
 )
 from attn_mt.train.budget import RankAgreement, RunClock, stop_rules
 from attn_mt.train.corpus import training_data, valid_subset
-from attn_mt.train.ema import WeightEMA
 from attn_mt.train.loglines import TrainWindow, log_finish, log_start, valid_share, window_line
 from attn_mt.train.loss import label_smoothed_loss
 from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
-from attn_mt.train.onednn import choose_products, route_through_onednn
+from attn_mt.train.onednn import choose_for_run
 from attn_mt.train.runfolder import lock_run_folder
 from attn_mt.train.runlog import Monitor, RunLog
 from attn_mt.train.schedule import learning_rate, time_driven
-from attn_mt.train.skips import SkipRule, Update, make_scaler
-from attn_mt.train.stage import stage
-from attn_mt.train.state import TrainProgress, TrainState, starting_point
+from attn_mt.train.skips import SkipRule, Update
+from attn_mt.train.state import TrainProgress, build_state, starting_point
 from attn_mt.train.validate import HIGHER_IS_BETTER, Validation, validate
 
 log = logging.getLogger("attn_mt")
@@ -123,32 +121,20 @@ class Trainer:
         )
         self.valid_total = len(corpus.valid_src)
         self.corpus = valid_subset(corpus, cfg.train.valid_max_sentences, cfg.train.seed)
-        with stage("building the model"):
-            self.model: Transformer = build_model(
-                cfg, self.src_tok.vocab_size, self.tgt_tok.vocab_size
-            )
-            self.model.to(self.device)
-        if init:
-            load_weights(self.model, translation_weights(init[1]), init[0])
-        self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
-        self.optimizer = make_optimizer(self.model, cfg.train)
-        self.scaler = make_scaler(self.precision, self.device)
-        self.source = ShardSource.from_config(cfg, self.corpus.shards, world)
-        self.state = TrainState(
-            cfg,
-            (self.src_tok, self.tgt_tok),
-            self.model,
-            self.ema,
-            self.optimizer,
-            self.scaler,
-            self.source,
-            world,
-            self.device,
-        )
+        self.state = build_state(
+            cfg, (self.src_tok, self.tgt_tok), self.corpus.shards, self.precision, self.device,
+            world, init,
+        )  # fmt: skip
+        state = self.state
+        self.model, self.ema, self.optimizer = state.model, state.ema, state.optimizer
+        self.scaler, self.source = state.scaler, state.source
         self.resumed = last is not None
         if last:
             self.state.restore(last)
-        self._choose_products()
+        progress = self.progress
+        progress.matmul_backend = choose_for_run(
+            self.model, cfg, progress.matmul_backend, self.device, self.dtype, world
+        )
         if world.is_main:  # created only once the config, data and last.pt are known to be good
             self.state.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
@@ -157,19 +143,6 @@ class Trainer:
         self.stop_signal: str | None = None
         self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, self.state.ckpt_dir / "last.pt")
         self.agreement = RankAgreement(world, self.device)  # under torchrun: the ranks' stops
-
-    def _choose_products(self) -> None:
-        """Float32 on a CPU: the linear layers' products through oneDNN where that pays here
-        (`onednn.choose_products`: decided as a run begins, kept on resume)."""
-        cfg, progress = self.cfg, self.state.progress
-        eligible = self.device.type == "cpu" and self.dtype is None and not cfg.train.compile
-        d_model, d_ff, vocab = cfg.model.d_model, cfg.model.d_ff, self.tgt_tok.vocab_size
-        shapes = ((d_model, d_ff), (d_ff, d_model), (d_model, vocab))
-        progress.products = distributed.from_main(
-            lambda: choose_products(progress.products, eligible, shapes), self.world
-        )
-        if progress.products == "onednn":
-            route_through_onednn(self.model)
 
     @property
     def progress(self) -> TrainProgress:
@@ -415,17 +388,3 @@ def vary_batch_shape(batch: Batch) -> None:
     for tokens in (batch.src, batch.tgt_in):  # (B, S), (B, T)
         torch._dynamo.maybe_mark_dynamic(tokens, 0)
         torch._dynamo.maybe_mark_dynamic(tokens, 1)
-
-
-def make_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; weight decay only on matrices (not biases, norms)."""
-    params = list({id(p): p for p in model.parameters()}.values())  # tied weights once
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    # The fused kernel updates every tensor in one pass: the per-tensor loop it replaces was a
-    # visible share of a CPU step (docs/performance.md).
-    return torch.optim.AdamW(
-        groups, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, fused=True
-    )

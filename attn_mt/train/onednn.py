@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attn_mt import distributed
+from attn_mt.config import Config
 from attn_mt.errors import UserError
 from attn_mt.kernels import onednn_wins, packing_available
 
@@ -102,6 +104,26 @@ def route_through_onednn(model: nn.Module) -> nn.Module:
                 layer.weight, layer.bias = child.weight, child.bias
                 setattr(parent, name, layer)
     return model
+
+
+def choose_for_run(
+    model: nn.Module,
+    cfg: Config,
+    recorded: str,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    world: distributed.World,
+) -> str:
+    """What a run's float32 linear layers multiply through (`choose_products`, on rank 0 for
+    every rank: decided as a run begins, kept on resume), `model` routed through oneDNN where
+    that is the answer. Only float32 on a CPU, not compiled, is eligible."""
+    eligible = device.type == "cpu" and dtype is None and not cfg.train.compile
+    d_model, d_ff, vocab = cfg.model.d_model, cfg.model.d_ff, model.output.out_features
+    shapes = ((d_model, d_ff), (d_ff, d_model), (d_model, vocab))
+    backend = distributed.from_main(lambda: choose_products(recorded, eligible, shapes), world)
+    if backend == "onednn":
+        route_through_onednn(model)
+    return backend
 
 
 def choose_products(recorded: str, eligible: bool, shapes: tuple[tuple[int, int], ...]) -> str:
