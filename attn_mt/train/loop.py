@@ -3,7 +3,8 @@ intervals, and finishes it when a stopping rule fires (torchtune's recipe shape)
 
 The pieces it drives live in modules of their own: the loss (`loss.py`), the learning rate
 (`schedule.py`), the training state and checkpoints (`state.py`), validation (`validate.py`),
-the batches (`data/batching.py`) and what a run writes as it goes (`runlog.py`).
+the batches (`data/batching.py`), the time budget and stopping rules (`budget.py`), and what a
+run writes as it goes (`runlog.py`, its lines `loglines.py`).
 
 Exact resume rests on three facts: the batch source's position is a function of (seed, epoch,
 index), the learning rate a function of the step (and with a time-driven schedule of the
