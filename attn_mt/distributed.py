@@ -1,13 +1,13 @@
-"""torchrun / DistributedDataParallel plumbing: who am I, which device, and the few collectives
-the training loop needs. A single process is world size 1 and every call here is a no-op.
+"""torchrun / DistributedDataParallel plumbing: joining the process group, which device, and
+the few collectives the training loop needs. A single process is world size 1 and every call
+here is a no-op. Who this process is (`World`, `world_from_env`) lives in `attn_mt.world`,
+without torch, so the command line can ask before torch is imported.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from attn_mt.errors import UserError
+from attn_mt.world import World, world_from_env
 
 T = TypeVar("T")
 
@@ -22,24 +23,6 @@ T = TypeVar("T")
 # the others wait at a barrier; NCCL's default (10 minutes) would end a run whose beam search
 # over a large validation set takes longer.
 TIMEOUT = timedelta(minutes=60)
-
-
-@dataclass(frozen=True)
-class World:
-    """This process's place among the training processes."""
-
-    rank: int = 0
-    local_rank: int = 0
-    size: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        """Rank 0 validates, logs and writes files."""
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.size > 1
 
 
 def setup(device: torch.device) -> tuple[World, torch.device]:
@@ -65,33 +48,6 @@ def setup(device: torch.device) -> tuple[World, torch.device]:
             timeout=TIMEOUT,
         )
     return world, device
-
-
-def world_from_env() -> World:
-    """This process's place as torchrun's variables give it; malformed or incomplete ones (set
-    by hand, not by torchrun) are one line."""
-
-    def number(name: str, default: int | None = None) -> int:
-        value = os.environ.get(name)
-        if value is None and default is not None:
-            return default
-        if value is None:
-            raise UserError(f"WORLD_SIZE is set but {name} is not; start the run with torchrun")
-        try:
-            return int(value)
-        except ValueError:
-            raise UserError(f"{name}={value!r}: not a number; torchrun sets it") from None
-
-    size = number("WORLD_SIZE", 1)
-    if size == 1:
-        return World()
-    world = World(number("RANK"), number("LOCAL_RANK", 0), size)
-    if not 0 <= world.rank < size or size < 1 or world.local_rank < 0:
-        raise UserError(f"RANK={world.rank} WORLD_SIZE={size}: need 0 <= RANK < WORLD_SIZE")
-    for name in ("MASTER_ADDR", "MASTER_PORT"):
-        if name not in os.environ:
-            raise UserError(f"WORLD_SIZE={size} but {name} is not set; start the run with torchrun")
-    return world
 
 
 def teardown(world: World) -> None:

@@ -146,7 +146,7 @@ def batch_speed(config: Path, cache: Path) -> dict[str, float]:
     import torch
 
     from attn_mt.configfile import load_config
-    from attn_mt.data.batching import ShardSource
+    from attn_mt.data.batching import ShardBatches
     from attn_mt.data.prepare import prepare_shards
     from attn_mt.model.transformer import build_model
     from attn_mt.train.loss import label_smoothed_loss
@@ -154,7 +154,7 @@ def batch_speed(config: Path, cache: Path) -> dict[str, float]:
     torch.set_num_threads(2)
     cfg = load_config(config)
     shards = prepare_shards(cfg)
-    source = ShardSource(shards, [1.0], cfg.train.batch_tokens, cfg.train.seed)
+    source = ShardBatches(shards, [1.0], cfg.train.batch_tokens, cfg.train.seed)
     start, count = time.perf_counter(), 0
     while time.perf_counter() - start < 3:
         source.next()

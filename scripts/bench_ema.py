@@ -30,8 +30,8 @@ from attn_mt.configfile import load_config  # noqa: E402
 from attn_mt.model.transformer import build_model  # noqa: E402
 from attn_mt.precision import DTYPES, autocast_context, resolve_precision  # noqa: E402
 from attn_mt.train.ema import WeightEMA  # noqa: E402
-from attn_mt.train.loop import make_optimizer  # noqa: E402
 from attn_mt.train.loss import label_smoothed_loss  # noqa: E402
+from attn_mt.train.state import make_optimizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LENGTH = 24  # tokens per side of a typical Multi30k pair (+ <eos>)

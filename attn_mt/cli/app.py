@@ -17,6 +17,7 @@ from typing import Annotated, TextIO
 import typer
 
 from attn_mt.errors import UserError
+from attn_mt.world import is_main_process
 
 app = typer.Typer(
     help="attn-mt: train Transformer translation models from one YAML file, then translate.",
@@ -72,8 +73,7 @@ def _setup_logging() -> None:
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
-    main_rank = os.environ.get("RANK", "0") == "0"  # a malformed RANK is distributed.py's error
-    logger.setLevel(logging.INFO if main_rank else logging.WARNING)
+    logger.setLevel(logging.INFO if is_main_process() else logging.WARNING)
     logger.propagate = False
 
     def show(message, category, filename, lineno, file=None, line=None):

@@ -1,6 +1,6 @@
 """Progress displays on a terminal (with `rich`), nothing when stderr is a pipe or a file.
 
-Used by `cli.py` only (and imported inside its commands, so that help stays fast): the library
+Used by `attn_mt.cli` only (and imported inside its commands, so that help stays fast): the library
 reports progress through plain callbacks and log lines and never writes control characters.
 Off a terminal these displays print nothing, so CI logs, pipes and `2> file` get exactly the
 plain lines they always got.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -78,10 +77,12 @@ def train(
     overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
     cfg = load_config(config, overrides)
     from attn_mt.train.runfolder import check_run_start, is_locked
+    from attn_mt.world import world_from_env
 
     # Rank 0 holds the folder (the others would see it being written); a folder a running
     # train holds is left to the lock, whose message names that process.
-    if os.environ.get("RANK", "0") == "0" and not is_locked(cfg.train.out_dir):
+    main_process = world_from_env().is_main  # malformed torchrun variables: one line, here
+    if main_process and not is_locked(cfg.train.out_dir):
         check_run_start(cfg.train.out_dir, resume)
     from attn_mt.precision import set_cuda_environment
 
@@ -89,7 +90,7 @@ def train(
     from attn_mt.cli import progress
     from attn_mt.train.loop import train as run_training
 
-    with progress.training(enabled=os.environ.get("RANK", "0") == "0") as display:
+    with progress.training(enabled=main_process) as display:
         result = run_training(cfg, resume=resume, device=device, monitor=display)
     if result.stop_signal is not None:  # the shell convention: 128 + the signal number
         raise typer.Exit(128 + signal.Signals[result.stop_signal].value)

@@ -226,7 +226,7 @@ def batch_seed(*place: int) -> int:
     return int(np.random.SeedSequence(list(place)).generate_state(1)[0])
 
 
-class ShardSource:
+class ShardBatches:
     """This rank's batches from the shards, epoch after epoch, from a resumable position.
 
     An epoch takes each corpus `weight` times: whole passes, plus for a fractional weight a
@@ -255,7 +255,7 @@ class ShardSource:
         self._ready: list[Batch] = []  # the batches after the position, made by `prepare`
 
     @classmethod
-    def from_config(cls, cfg: Config, shards: Shards, world: World) -> ShardSource:
+    def from_config(cls, cfg: Config, shards: Shards, world: World) -> ShardBatches:
         """The source of `cfg`'s weights, batch budget, seed and subword sampling for this
         process."""
         alpha = cfg.tokenizer.sampling_alpha

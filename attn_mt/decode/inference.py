@@ -24,7 +24,6 @@ encoder output). Training slices the weight; a packed or int8 layer cannot be sl
 from __future__ import annotations
 
 import functools
-import time
 import warnings
 
 import torch
@@ -32,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attn_mt.errors import UserError
+from attn_mt.kernels import onednn_wins, packing_available
 from attn_mt.model.attention import MultiHeadAttention
 from attn_mt.model.transformer import Transformer
 
@@ -158,46 +158,21 @@ class PackedFeedForward(nn.Module):
         return self.w_2.multiply(self.w_1.multiply(rows))
 
 
-@functools.cache
-def packing_available() -> bool:
-    """Whether this torch build and CPU run `PackedLinear` (tried once on a small layer, the
-    caller's random stream untouched: a training run asks between its seed and its updates)."""
-    try:
-        with torch.random.fork_rng(devices=[]):
-            layer, x = nn.Linear(8, 4), torch.randn(3, 8)
-            return torch.allclose(PackedLinear(layer)(x), layer(x), atol=1e-5)
-    except (AttributeError, RuntimeError, NotImplementedError):
-        return False
-
-
-PACKING_GAIN = 0.9  # pack only where oneDNN takes < 90% of MKL's time: a clear win, not noise
 TIMING_ROWS = 256  # input rows of the timed product, as many as a decoding step's batch holds
-
-
-def _seconds_per_call(layer: nn.Module, x: torch.Tensor, repeats: int = 3) -> float:
-    start = time.perf_counter()
-    for _ in range(repeats):
-        layer(x)
-    return (time.perf_counter() - start) / repeats
 
 
 @functools.cache
 def packing_pays(in_features: int, out_features: int, threads: int) -> bool:
     """Whether a prepacked product (`PackedLinear`) beats `nn.Linear` on this CPU by a clear
-    margin, timed here on a layer of this size (TIMING_ROWS input rows, best of 7 interleaved
-    rounds); once per process and size. `threads`: torch's thread count, which the answer
-    depends on (part of the cache key)."""
+    margin (`kernels.onednn_wins`, 3 calls a round), timed here on a layer of this size
+    (TIMING_ROWS input rows); once per process and size. `threads`: torch's thread count,
+    which the answer depends on (part of the cache key)."""
     if not packing_available():
         return False
     layer = nn.Linear(in_features, out_features)
     fast, x = PackedLinear(layer), torch.randn(TIMING_ROWS, in_features)
-    plain, packed = [], []
     with torch.no_grad():
-        layer(x), fast(x)  # warm-up: oneDNN builds its kernel, MKL its buffers
-        for _ in range(7):
-            plain.append(_seconds_per_call(layer, x))
-            packed.append(_seconds_per_call(fast, x))
-    return min(packed) < PACKING_GAIN * min(plain)
+        return onednn_wins(lambda: layer(x), lambda: fast(x), calls=3)
 
 
 def pack(model: Transformer) -> Transformer:

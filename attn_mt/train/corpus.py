@@ -17,7 +17,7 @@ from attn_mt.data.shards import Shards, TokenView, corpus_lines
 from attn_mt.data.text import FilterStats, read_parallel
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import DataError
-from attn_mt.train.runlog import stage
+from attn_mt.train.stage import stage
 
 
 @dataclass

@@ -3,7 +3,8 @@ intervals, and finishes it when a stopping rule fires (torchtune's recipe shape)
 
 The pieces it drives live in modules of their own: the loss (`loss.py`), the learning rate
 (`schedule.py`), the training state and checkpoints (`state.py`), validation (`validate.py`),
-the batches (`data/batching.py`) and what a run writes as it goes (`runlog.py`).
+the batches (`data/batching.py`), the time budget and stopping rules (`budget.py`), and what a
+run writes as it goes (`runlog.py`, its lines `loglines.py`).
 
 Exact resume rests on three facts: the batch source's position is a function of (seed, epoch,
 index), the learning rate a function of the step (and with a time-driven schedule of the
@@ -29,12 +30,12 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed
-from attn_mt.checkpoint import load_weights, tokenizers_from, translation_weights
-from attn_mt.config import Config, TrainConfig
+from attn_mt.checkpoint import tokenizers_from
+from attn_mt.config import Config
 from attn_mt.configfile import save_config
-from attn_mt.data.batching import Batch, ShardSource
+from attn_mt.data.batching import Batch
 from attn_mt.decode.translator import Translator
-from attn_mt.model.transformer import Transformer, build_model
+from attn_mt.model.transformer import Transformer
 from attn_mt.precision import (
     DTYPES,
     autocast_context,
@@ -42,34 +43,20 @@ from attn_mt.precision import (
     resolve_device,
     resolve_precision,
 )
+from attn_mt.train.budget import RankAgreement, RunClock, stop_rules
 from attn_mt.train.corpus import training_data, valid_subset
-from attn_mt.train.ema import WeightEMA
+from attn_mt.train.loglines import TrainWindow, log_finish, log_start, valid_share, window_line
 from attn_mt.train.loss import label_smoothed_loss
 from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
-from attn_mt.train.onednn import choose_products, route_through_onednn
+from attn_mt.train.onednn import choose_for_run
 from attn_mt.train.runfolder import lock_run_folder
-from attn_mt.train.runlog import (
-    Monitor,
-    RunClock,
-    RunLog,
-    TrainWindow,
-    log_finish,
-    log_start,
-    stage,
-    valid_share,
-    window_line,
-)
+from attn_mt.train.runlog import Monitor, RunLog
 from attn_mt.train.schedule import learning_rate, time_driven
-from attn_mt.train.skips import SkipRule, Update, make_scaler
-from attn_mt.train.state import TrainProgress, TrainState, starting_point
+from attn_mt.train.skips import SkipRule, Update
+from attn_mt.train.state import TrainProgress, build_state, starting_point
 from attn_mt.train.validate import HIGHER_IS_BETTER, Validation, validate
 
 log = logging.getLogger("attn_mt")
-
-
-# The stopping rules whose value can differ between ranks (a signal, the clock, rank 0's
-# validations): under torchrun every rank takes any rank's.
-RANK_RULES = ("early stopping", "signal", "max_minutes")
 
 
 @dataclass
@@ -135,32 +122,20 @@ class Trainer:
         )
         self.valid_total = len(corpus.valid_src)
         self.corpus = valid_subset(corpus, cfg.train.valid_max_sentences, cfg.train.seed)
-        with stage("building the model"):
-            self.model: Transformer = build_model(
-                cfg, self.src_tok.vocab_size, self.tgt_tok.vocab_size
-            )
-            self.model.to(self.device)
-        if init:
-            load_weights(self.model, translation_weights(init[1]), init[0])
-        self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
-        self.optimizer = make_optimizer(self.model, cfg.train)
-        self.scaler = make_scaler(self.precision, self.device)
-        self.source = ShardSource.from_config(cfg, self.corpus.shards, world)
-        self.state = TrainState(
-            cfg,
-            (self.src_tok, self.tgt_tok),
-            self.model,
-            self.ema,
-            self.optimizer,
-            self.scaler,
-            self.source,
-            world,
-            self.device,
-        )
+        self.state = build_state(
+            cfg, (self.src_tok, self.tgt_tok), self.corpus.shards, self.precision, self.device,
+            world, init,
+        )  # fmt: skip
+        state = self.state
+        self.model, self.ema, self.optimizer = state.model, state.ema, state.optimizer
+        self.scaler, self.source = state.scaler, state.source
         self.resumed = last is not None
         if last:
             self.state.restore(last)
-        self._choose_products()
+        progress = self.progress
+        progress.matmul_backend = choose_for_run(
+            self.model, cfg, progress.matmul_backend, self.device, self.dtype, world
+        )
         if world.is_main:  # created only once the config, data and last.pt are known to be good
             self.state.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
@@ -168,23 +143,7 @@ class Trainer:
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
         self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, self.state.ckpt_dir / "last.pt")
-        # Under torchrun: RANK_RULES as all ranks last agreed on them, and the ranks' mean clock
-        # that a time-driven lr reads (both travel in an all-reduce the update already makes).
-        self.agreed: list[bool] | None = None
-        self.agreed_seconds = 0.0
-
-    def _choose_products(self) -> None:
-        """Float32 on a CPU: the linear layers' products through oneDNN where that pays here
-        (`onednn.choose_products`: decided as a run begins, kept on resume)."""
-        cfg, progress = self.cfg, self.state.progress
-        eligible = self.device.type == "cpu" and self.dtype is None and not cfg.train.compile
-        d_model, d_ff, vocab = cfg.model.d_model, cfg.model.d_ff, self.tgt_tok.vocab_size
-        shapes = ((d_model, d_ff), (d_ff, d_model), (d_model, vocab))
-        progress.products = distributed.from_main(
-            lambda: choose_products(progress.products, eligible, shapes), self.world
-        )
-        if progress.products == "onednn":
-            route_through_onednn(self.model)
+        self.agreement = RankAgreement(world, self.device)  # under torchrun: the ranks' stops
 
     @property
     def progress(self) -> TrainProgress:
@@ -235,7 +194,7 @@ class Trainer:
                     began = self.now()
                     self.progress.elapsed = self.clock.elapsed()
                     self._validate_and_save()
-                    self.agreed = None  # rank 0 alone knows whether it improved
+                    self.agreement.forget()  # rank 0 alone knows whether it improved
                     took = self.progress.validation_seconds = self.now() - began
                     self.clock.validated(took)
                     window.pause(took)  # tokens/s counts training only
@@ -266,50 +225,23 @@ class Trainer:
 
     def _seconds(self) -> float:
         """The run's time as the lr schedule reads it. Under torchrun with a time-driven lr, the
-        ranks' mean clock as `_stop_reason` last agreed on it, so all ranks set the same lr."""
+        ranks' mean clock as they last agreed on it, so all ranks set the same lr."""
         if self.world.distributed and time_driven(self.cfg.train):
-            return self.agreed_seconds
+            return self.agreement.seconds
         return self.clock.schedule_seconds(self.cfg.train)
 
-    def _rank_figures(self) -> list[float]:
-        """What the ranks must agree on: each of RANK_RULES as this rank sees it, then its clock."""
-        rules = self._stop_rules()
-        return [
-            *(float(rules[name]) for name in RANK_RULES),
-            self.clock.schedule_seconds(self.cfg.train),
-        ]
-
-    def _take_agreed(self, sums: list[float]) -> None:
-        """Read `_rank_figures` summed over the ranks: any rank's rule, the mean clock."""
-        self.agreed = [flag > 0 for flag in sums[: len(RANK_RULES)]]
-        self.agreed_seconds = sums[len(RANK_RULES)] / self.world.size
-
     def _stop_reason(self) -> str:
-        """Which stopping rule fires before the next update ('' if none); agreed by all ranks.
-
-        Under torchrun the RANK_RULES come agreed from the last update's all-reduce (`update`
-        folds them into its own), or from one all-reduce of their own after a validation.
-        """
+        """Which stopping rule fires before the next update ('' if none); agreed by all ranks
+        (`budget.RankAgreement`: folded into the last update's all-reduce, or one of its own)."""
         rules = self._stop_rules()
         if self.world.distributed:
-            if self.agreed is None:
-                sums = distributed.sum_to_device(self._rank_figures(), self.world, self.device)
-                self._take_agreed(sums.tolist())
-            assert self.agreed is not None
-            rules.update(zip(RANK_RULES, self.agreed, strict=True))
-            self.agreed = None
+            rules = self.agreement.settle(rules, self.clock.schedule_seconds(self.cfg.train))
         return next((name for name, hit in rules.items() if hit), "")
 
     def _stop_rules(self) -> dict[str, bool]:
-        """Each stopping rule, as this process sees it now (the first that fires names it)."""
-        t = self.cfg.train
-        return {
-            "early stopping": bool(t.patience) and self.progress.bad_evals >= t.patience,
-            "signal": self.stop_signal is not None,
-            "max_steps": t.max_steps > 0 and self.progress.step >= t.max_steps,
-            "max_minutes": self.clock.out_of_time(t),
-            "max_epochs": bool(t.max_epochs) and self.source.epochs_done >= t.max_epochs,
-        }
+        signalled = self.stop_signal is not None
+        epochs_done = self.source.epochs_done
+        return stop_rules(self.cfg.train, self.progress, signalled, self.clock, epochs_done)
 
     def update(self) -> Update:
         """One optimizer update over `accumulate` batches on every rank.
@@ -349,7 +281,8 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
         sums = torch.stack([loss_sum, nll_sum]).double()
         if self.world.distributed:  # the stopping rules and the clock travel with the sums
-            shared = distributed.to_device(self._rank_figures(), self.device)
+            mine = self.agreement.figures(self._stop_rules(), self.clock.schedule_seconds(t))
+            shared = distributed.to_device(mine, self.device)
             sums = torch.cat([sums, shared])
             torch.distributed.all_reduce(sums)
         finite = torch.isfinite(sums[:2]).all() & torch.isfinite(norm)
@@ -361,7 +294,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         figures = torch.cat([sums.double(), tokens, norm.double().view(1)]).tolist()  # one sync
         if self.world.distributed:
-            self._take_agreed(figures[2:-2])
+            self.agreement.take(figures[2:-2])
         loss, nll, tokens_all, grad_norm = *figures[:2], figures[-2], figures[-1]
         ok = math.isfinite(loss) and math.isfinite(nll) and math.isfinite(grad_norm)
         return Update(loss, nll, int(tokens_all), grad_norm, ok)
@@ -456,17 +389,3 @@ def vary_batch_shape(batch: Batch) -> None:
     for tokens in (batch.src, batch.tgt_in):  # (B, S), (B, T)
         torch._dynamo.maybe_mark_dynamic(tokens, 0)
         torch._dynamo.maybe_mark_dynamic(tokens, 1)
-
-
-def make_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; weight decay only on matrices (not biases, norms)."""
-    params = list({id(p): p for p in model.parameters()}.values())  # tied weights once
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    # The fused kernel updates every tensor in one pass: the per-tensor loop it replaces was a
-    # visible share of a CPU step (docs/performance.md).
-    return torch.optim.AdamW(
-        groups, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, fused=True
-    )

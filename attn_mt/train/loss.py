@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -161,3 +163,8 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
         if grad_w is not None:
             grad_weight = (grad_w * grad_loss).to(ctx.weight_dtype)
         return grad_hidden, grad_weight, None, None, None
+
+
+def perplexity(nll: float, tokens: int) -> float:
+    """exp(nll per token), the exponent held at 50 so a diverged model's is a number, not inf."""
+    return math.exp(min(nll / max(tokens, 1), 50))

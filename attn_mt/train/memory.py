@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from attn_mt.config import TrainConfig
-from attn_mt.data.batching import Batch, ShardSource, collate
+from attn_mt.data.batching import Batch, ShardBatches, collate
 from attn_mt.errors import UserError
 from attn_mt.model.transformer import Transformer
 from attn_mt.precision import autocast_context
@@ -44,7 +44,7 @@ def out_of_memory_hint(t: TrainConfig) -> Iterator[None]:
         ) from None
 
 
-def worst_rows(source: ShardSource) -> np.ndarray:
+def worst_rows(source: ShardBatches) -> np.ndarray:
     """The rows of this process's batch of the current epoch with the most padded target
     positions, ties broken by padded source positions: its logits, gradient and log-probs
     (B, T, V) are the largest tensors of an update."""
@@ -57,7 +57,7 @@ def worst_rows(source: ShardSource) -> np.ndarray:
     return max(source.batches, key=padded)
 
 
-def worst_batch(source: ShardSource) -> Batch:
+def worst_batch(source: ShardBatches) -> Batch:
     """The batch of `worst_rows`, as training would see it (without subword sampling)."""
     return collate(source.shards.src, source.shards.tgt, worst_rows(source))
 
@@ -78,7 +78,7 @@ def probe(
 
 
 def probe_largest_batch(
-    model: Transformer, source: ShardSource, dtype: torch.dtype | None, label_smoothing: float
+    model: Transformer, source: ShardBatches, dtype: torch.dtype | None, label_smoothing: float
 ) -> None:
     """On a GPU: `probe` this process's largest batch, so a batch too large for the GPU fails
     at start-up rather than hours in, and log its peak memory; nothing on the CPU."""

@@ -28,20 +28,18 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attn_mt.decode.inference import packing_available
+from attn_mt import distributed
+from attn_mt.config import Config
 from attn_mt.errors import UserError
+from attn_mt.kernels import onednn_wins, packing_available
 
 PRODUCTS = ("mkl", "onednn")  # what a run's float32 linear layers multiply through
 PRODUCTS_VARIABLE = "ATTN_MT_FP32_PRODUCTS"  # auto (time both), mkl or onednn
-# Route where oneDNN takes < 95% of MKL's time on the model's layer shapes: a whole training
-# step gained more than the layers timed alone (docs/performance.md).
-ONEDNN_GAIN = 0.95
 TIMING_ROWS = 2048  # rows of the timed layers: about half a training batch's tokens
 
 
@@ -108,6 +106,26 @@ def route_through_onednn(model: nn.Module) -> nn.Module:
     return model
 
 
+def choose_for_run(
+    model: nn.Module,
+    cfg: Config,
+    recorded: str,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    world: distributed.World,
+) -> str:
+    """What a run's float32 linear layers multiply through (`choose_products`, on rank 0 for
+    every rank: decided as a run begins, kept on resume), `model` routed through oneDNN where
+    that is the answer. Only float32 on a CPU, not compiled, is eligible."""
+    eligible = device.type == "cpu" and dtype is None and not cfg.train.compile
+    d_model, d_ff, vocab = cfg.model.d_model, cfg.model.d_ff, model.output.out_features
+    shapes = ((d_model, d_ff), (d_ff, d_model), (d_model, vocab))
+    backend = distributed.from_main(lambda: choose_products(recorded, eligible, shapes), world)
+    if backend == "onednn":
+        route_through_onednn(model)
+    return backend
+
+
 def choose_products(recorded: str, eligible: bool, shapes: tuple[tuple[int, int], ...]) -> str:
     """What a run's float32 linear layers multiply through: 'mkl' (nn.Linear) where oneDNN is
     not `eligible` (not float32 on a CPU, compiled, or not in this torch build), else what the
@@ -129,23 +147,18 @@ def choose_products(recorded: str, eligible: bool, shapes: tuple[tuple[int, int]
 @functools.cache
 def onednn_pays(shapes: tuple[tuple[int, int], ...], threads: int) -> bool:
     """Whether a training step's products (forward and both gradients) of layers of `shapes`
-    run clearly faster through oneDNN than through MKL on this CPU: TIMING_ROWS rows, the sum
-    over the layers of the best of 5 interleaved rounds; once per process. `threads` is part of
-    the cache key."""
+    run clearly faster through oneDNN than through MKL on this CPU (`kernels.onednn_wins`),
+    TIMING_ROWS rows a layer; once per process. `threads` is part of the cache key."""
     numbers = torch.Generator().manual_seed(0)  # the run's own random streams stay untouched
-    best = {F.linear: 0.0, onednn_linear: 0.0}
+    layers = []
     for in_features, out_features in shapes:
         x = torch.randn(TIMING_ROWS, in_features, generator=numbers, requires_grad=True)
         weight = torch.randn(out_features, in_features, generator=numbers, requires_grad=True)
-        bias = torch.zeros(out_features, requires_grad=True)
-        times = {F.linear: [], onednn_linear: []}
-        for product in times:  # warm-up: oneDNN builds its kernels, MKL its buffers
-            product(x, weight, bias).sum().backward()
-        for _ in range(5):
-            for product, seconds in times.items():
-                start = time.perf_counter()
-                product(x, weight, bias).sum().backward()
-                seconds.append(time.perf_counter() - start)
-        for product, seconds in times.items():
-            best[product] += min(seconds)
-    return best[onednn_linear] < ONEDNN_GAIN * best[F.linear]
+        layers.append((x, weight, torch.zeros(out_features, requires_grad=True)))
+
+    def step(linear) -> None:
+        for x, weight, bias in layers:
+            linear(x, weight, bias).sum().backward()
+
+    # F.linear looked up at each call, as nn.Linear does
+    return onednn_wins(lambda: step(F.linear), lambda: step(onednn_linear))

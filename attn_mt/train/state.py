@@ -3,7 +3,7 @@ read back, which step_N.pt are kept, and what a new or resumed run may start fro
 
 last.pt is `checkpoint.make_checkpoint`'s dict plus `train_state`:
     progress   `TrainProgress` as a dict (step, best score, early-stop count, elapsed time, ...)
-    data       the batch source's position (`ShardSource.state_dict`)
+    data       the batch source's position (`ShardBatches.state_dict`)
     optimizer  the optimizer's state_dict
     scaler     the fp16 GradScaler's state_dict, or None
     rng        (cpu, cuda) generator states, one pair per rank
@@ -26,18 +26,22 @@ from attn_mt.checkpoint import (
     checkpoint_config,
     config_differences,
     load_checkpoint,
+    load_weights,
     make_checkpoint,
     save_checkpoint,
     translation_weights,
 )
-from attn_mt.config import Config
-from attn_mt.data.batching import ShardSource
+from attn_mt.config import Config, TrainConfig
+from attn_mt.data.batching import ShardBatches
+from attn_mt.data.shards import Shards
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import UserError
 from attn_mt.fileio import resolve_checkpoint
-from attn_mt.model.transformer import Transformer
+from attn_mt.model.transformer import Transformer, build_model
 from attn_mt.train.ema import WeightEMA
 from attn_mt.train.runfolder import check_run_start
+from attn_mt.train.skips import make_scaler
+from attn_mt.train.stage import stage
 
 # Config keys a resumed run must share with its checkpoint (the rest may change, and so may
 # the subword sampling, which changes no piece).
@@ -62,7 +66,9 @@ class TrainProgress:
     last_valid_step: int = -1
     skipped: int = 0  # updates skipped for a NaN/inf loss or gradient (fp16 overflows included)
     kept_checkpoints: list[str] = field(default_factory=list)  # step_N.pt names, oldest first
-    products: str = ""  # float32 linear products, "mkl" or "onednn": chosen at the start, kept
+    # what float32 linear layers multiply through, "mkl" or "onednn": chosen at the start, kept
+    # (last.pt files written before the name carry it as "products")
+    matmul_backend: str = ""
 
     def record(self, score: float, higher_is_better: bool) -> bool:
         """Count one validation score; True when it beats the best so far."""
@@ -86,7 +92,7 @@ class TrainState:
     ema: WeightEMA | None
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None
-    source: ShardSource
+    source: ShardBatches
     world: distributed.World
     device: torch.device
     progress: TrainProgress = field(default_factory=TrainProgress)
@@ -167,7 +173,49 @@ class TrainState:
         if self.device.type == "cuda" and rng_cuda is not None:
             torch.cuda.set_rng_state(rng_cuda, self.device)
         self.source.load_state_dict(ts["data"])
-        self.progress = TrainProgress(**ts["progress"])
+        progress = dict(ts["progress"])
+        if "products" in progress:  # its name in last.pt files written before it was renamed
+            progress["matmul_backend"] = progress.pop("products")
+        self.progress = TrainProgress(**progress)
+
+
+def build_state(
+    cfg: Config,
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    shards: Shards,
+    precision: str,
+    device: torch.device,
+    world: distributed.World,
+    init: tuple[str, dict[str, Any]] | None,
+) -> TrainState:
+    """A run's training state as it begins: the model on `device` (with train.init_from's
+    weights, `init`, when given), its EMA, the optimizer, the loss scaler and the batches;
+    `TrainState.restore` then brings a resumed run's back."""
+    src_tok, tgt_tok = tokenizers
+    with stage("building the model"):
+        model = build_model(cfg, src_tok.vocab_size, tgt_tok.vocab_size)
+        model.to(device)
+    if init:
+        load_weights(model, translation_weights(init[1]), init[0])
+    ema = WeightEMA(model, cfg.train.ema_decay) if cfg.train.ema_decay else None
+    optimizer = make_optimizer(model, cfg.train)
+    scaler = make_scaler(precision, device)
+    batches = ShardBatches.from_config(cfg, shards, world)
+    return TrainState(cfg, tokenizers, model, ema, optimizer, scaler, batches, world, device)
+
+
+def make_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; weight decay only on matrices (not biases, norms)."""
+    params = list({id(p): p for p in model.parameters()}.values())  # tied weights once
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    # The fused kernel updates every tensor in one pass: the per-tensor loop it replaces was a
+    # visible share of a CPU step (docs/performance.md).
+    return torch.optim.AdamW(
+        groups, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, fused=True
+    )
 
 
 def starting_point(

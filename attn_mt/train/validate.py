@@ -6,7 +6,6 @@ The caller runs it under `torch.random.fork_rng`, so validation never moves the 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from attn_mt.decode.translator import Translator
 from attn_mt.evaluate import score
 from attn_mt.precision import autocast_context
 from attn_mt.train.corpus import Corpus
-from attn_mt.train.loss import label_smoothed_loss
+from attn_mt.train.loss import label_smoothed_loss, perplexity
 
 # train.select_metric -> whether a higher value is better
 HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False}
@@ -83,7 +82,7 @@ def validate(
     seconds["score"] = time.perf_counter() - start
     metrics = {
         "loss": loss / max(tokens, 1),
-        "ppl": math.exp(min(nll / max(tokens, 1), 50)),
+        "ppl": perplexity(nll, tokens),
         "bleu": scores.bleu,
         "chrf": scores.chrf,
         "sentences": len(corpus.valid_src),

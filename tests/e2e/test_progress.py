@@ -105,10 +105,11 @@ def test_remaining_time_counts_the_run_to_its_end() -> None:
     """The ETA is of the run, not of its updates: start-up, the validations still due and
     the final one count; max_minutes keeps back the final validation's time."""
     from attn_mt.config import TrainConfig
-    from attn_mt.train import runlog
+    from attn_mt.train.budget import RunClock
+    from attn_mt.train.loglines import clock
 
     now = [20.0]  # 20 s of start-up, then 600 updates of 0.1 s and one validation of 30 s
-    run = runlog.RunClock(start=0.0, first_step=0, now=lambda: now[0])  # training began at 20 s
+    run = RunClock(start=0.0, first_step=0, now=lambda: now[0])  # training began at 20 s
     now[0] += 600 * 0.1
     run.validated(30.0)
     now[0] += 30.0
@@ -125,7 +126,7 @@ def test_remaining_time_counts_the_run_to_its_end() -> None:
     assert left(max_steps=-1) is None and left(patience=3) is None
     assert run.out_of_time(TrainConfig(max_minutes=2))  # 110 s + 30 s for the final validation
     assert not run.out_of_time(TrainConfig(max_minutes=3)) and not run.out_of_time(TrainConfig())
-    assert [runlog.clock(s) for s in (0, 59.9, 61, 3600, 3 * 3600 + 62, None)] == [
+    assert [clock(s) for s in (0, 59.9, 61, 3600, 3 * 3600 + 62, None)] == [
         "0:00", "0:59", "1:01", "1:00:00", "3:01:02", "?",
     ]  # fmt: skip
 

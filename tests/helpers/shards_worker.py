@@ -17,7 +17,7 @@ import torch
 from attn_mt import distributed
 from attn_mt.configfile import load_config
 from attn_mt.data import shards as shards_module
-from attn_mt.data.batching import ShardSource
+from attn_mt.data.batching import ShardBatches
 from attn_mt.data.prepare import shards_for_run
 
 
@@ -36,7 +36,7 @@ def main() -> None:
     encode = shards_module.encode_chunk
     shards_module.encode_chunk = lambda task: encoded.append(len(task[2])) or encode(task)
     shards = shards_for_run(cfg, None, world, workers=1)
-    source = ShardSource.from_config(cfg, shards, world)
+    source = ShardBatches.from_config(cfg, shards, world)
     batches = [source.next().ids for _ in range(len(source.batches))]
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"encoded": sum(encoded), "folder": str(shards.folder), "digest": shards.digest}

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn_mt.data.batching import MAX_EPOCH_PAIRS, ShardSource, check_epoch
+from attn_mt.data.batching import MAX_EPOCH_PAIRS, ShardBatches, check_epoch
 from attn_mt.data.shards import Shards, TokenView
 from attn_mt.distributed import World
 from attn_mt.errors import DataError
@@ -28,19 +28,19 @@ def corpus(pairs: int = 300, seed: int = 0) -> Shards:
     )  # fmt: skip
 
 
-def take(source: ShardSource, count: int) -> list[tuple[int, list[int]]]:
+def take(source: ShardBatches, count: int) -> list[tuple[int, list[int]]]:
     return [(source.epoch, source.next().ids) for _ in range(count)]
 
 
 def test_a_restored_position_continues_exactly() -> None:
     """Saved mid-epoch 1 and loaded into a new source: the same batches follow."""
     data = corpus()
-    straight = ShardSource(data, [1.0], 200, seed=3)
+    straight = ShardBatches(data, [1.0], 200, seed=3)
     per_epoch = len(straight.batches)
     first = take(straight, per_epoch + 5)
     state = straight.state_dict()
     assert state == {"epoch": 1, "index": 5, "world_size": 1}
-    resumed = ShardSource(data, [1.0], 200, seed=3)
+    resumed = ShardBatches(data, [1.0], 200, seed=3)
     resumed.load_state_dict(state)
     assert take(resumed, 2 * per_epoch) == take(straight, 2 * per_epoch)
     assert first[0][0] == 0 and first[-1][0] == 1
@@ -48,7 +48,7 @@ def test_a_restored_position_continues_exactly() -> None:
 
 
 def test_epochs_done_counts_a_finished_epoch_before_the_next_batch() -> None:
-    source = ShardSource(corpus(), [1.0], 400, seed=1)
+    source = ShardBatches(corpus(), [1.0], 400, seed=1)
     take(source, len(source.batches) - 1)
     assert source.epochs_done == 0
     take(source, 1)
@@ -59,28 +59,28 @@ def test_another_process_count_keeps_the_share_of_the_epoch_seen() -> None:
     """Two processes that each took 3 batches saw 6 of the epoch's global order; one process
     resumes at global batch 6 (rounded up: a batch may be skipped, none is repeated)."""
     data = corpus()
-    ranks = [ShardSource(data, [1.0], 200, 7, World(rank, rank, 2)) for rank in (0, 1)]
+    ranks = [ShardBatches(data, [1.0], 200, 7, World(rank, rank, 2)) for rank in (0, 1)]
     seen = [ids for rank in ranks for _, ids in take(rank, 3)]
-    single = ShardSource(data, [1.0], 200, 7)
+    single = ShardBatches(data, [1.0], 200, 7)
     single.load_state_dict(ranks[0].state_dict())
     assert single.state_dict() == {"epoch": 0, "index": 6, "world_size": 1}
     rest = [ids for _, ids in take(single, len(single.batches) - 6)]
     assert not {tuple(b) for b in rest} & {tuple(b) for b in seen}
-    three = ShardSource(data, [1.0], 200, 7, World(0, 0, 3))
+    three = ShardBatches(data, [1.0], 200, 7, World(0, 0, 3))
     three.load_state_dict(ranks[0].state_dict())
     assert three.state_dict()["index"] == 2  # ceil(3 * 2 / 3)
 
 
 def test_describe_is_one_line_with_batches_and_padding() -> None:
-    line = ShardSource(corpus(), [1.0], 200, seed=1).describe()
+    line = ShardBatches(corpus(), [1.0], 200, seed=1).describe()
     assert "\n" not in line and "batches per epoch" in line and "padding" in line
 
 
 def test_describe_says_how_another_process_count_was_mapped() -> None:
     data = corpus()
-    two = ShardSource(data, [1.0], 200, 7, World(0, 0, 2))
+    two = ShardBatches(data, [1.0], 200, 7, World(0, 0, 2))
     take(two, 3)
-    single = ShardSource(data, [1.0], 200, 7)
+    single = ShardBatches(data, [1.0], 200, 7)
     assert "resuming" not in single.describe()
     single.load_state_dict(two.state_dict())
     line = single.describe()

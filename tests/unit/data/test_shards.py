@@ -22,7 +22,7 @@ from attn_mt.config import Config, TrainCorpus
 from attn_mt.configfile import config_from_dict, load_config
 from attn_mt.data import prepare as prepare_module
 from attn_mt.data import shards as shards_module
-from attn_mt.data.batching import ShardSource, collate, length_batches
+from attn_mt.data.batching import ShardBatches, collate, length_batches
 from attn_mt.data.corpora import cache_dir
 from attn_mt.data.prepare import prepare_shards, sample_pairs
 from attn_mt.data.shards import Plan, open_shards
@@ -82,7 +82,7 @@ def test_shards_hold_exactly_todays_encoding(toy_data, tmp_path, max_len):
     entry = shards.manifest["corpora"][0]
     assert (entry["kept"], entry["too_long"]) == (stats.kept, stats.too_long)
     # The batches of every epoch are today's, row for row.
-    source = ShardSource(shards, [1.0], cfg.train.batch_tokens, cfg.train.seed)
+    source = ShardBatches(shards, [1.0], cfg.train.batch_tokens, cfg.train.seed)
     lengths = [(len(src_ids[i]) + 1, len(tgt_ids[i]) + 1) for i in keep]
     kept_src, kept_tgt = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
     for epoch in range(2):
@@ -348,7 +348,7 @@ def test_weights_give_the_expected_shares(two_corpora):
     cfg = load_config(two_corpora)
     shards = prepare_shards(cfg, workers=1)
     assert np.bincount(shards.corpus).tolist() == [300, 100]
-    source = ShardSource(shards, [2, 0.5], batch_tokens=200, seed=1)
+    source = ShardBatches(shards, [2, 0.5], batch_tokens=200, seed=1)
     for epoch in range(2):
         rows = Counter(i for batch in source._batches(epoch) for i in batch.tolist())
         main = {i: n for i, n in rows.items() if i < 300}
@@ -414,19 +414,19 @@ def test_numpy_batches_equal_the_list_batches(seed):
 def test_resume_and_ranks(toy_data, tmp_path):
     """A source restored from state_dict goes on exactly; two ranks take disjoint batches."""
     shards = prepare_shards(shard_config(toy_data, tmp_path), workers=1)
-    straight = ShardSource(shards, [1.0], 1024, seed=3)
+    straight = ShardBatches(shards, [1.0], 1024, seed=3)
     taken = [straight.next().ids for _ in range(60)]  # crosses into epoch 1
-    first = ShardSource(shards, [1.0], 1024, seed=3)
+    first = ShardBatches(shards, [1.0], 1024, seed=3)
     head = [first.next().ids for _ in range(50)]
-    resumed = ShardSource(shards, [1.0], 1024, seed=3)
+    resumed = ShardBatches(shards, [1.0], 1024, seed=3)
     resumed.load_state_dict(first.state_dict())
     assert head + [resumed.next().ids for _ in range(10)] == taken
-    ranks = [ShardSource(shards, [1.0], 1024, 3, World(rank, rank, 2)) for rank in range(2)]
+    ranks = [ShardBatches(shards, [1.0], 1024, 3, World(rank, rank, 2)) for rank in range(2)]
     shares = [[rank.next().ids for _ in range(len(rank.batches))] for rank in ranks]
     rows = [i for share in shares for ids in share for i in ids]
     assert len(rows) == len(set(rows)) and len(shares[0]) == len(shares[1])
     assert shares[0] == taken[0 : 2 * len(shares[0]) : 2]
-    one = ShardSource(shards, [1.0], 1024, seed=3)  # a 2-process position in one process
+    one = ShardBatches(shards, [1.0], 1024, seed=3)  # a 2-process position in one process
     one.load_state_dict({**ranks[0].state_dict(), "index": 5})
     assert one.index == 10 and one.next().ids == taken[10]
 

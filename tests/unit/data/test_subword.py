@@ -20,7 +20,7 @@ from helpers.toy import (
 
 from attn_mt.config import Config
 from attn_mt.configfile import config_from_dict
-from attn_mt.data.batching import ShardSource
+from attn_mt.data.batching import ShardBatches
 from attn_mt.data.prepare import plan, prepare_shards
 from attn_mt.distributed import World
 from attn_mt.errors import ConfigError
@@ -37,7 +37,7 @@ def sampling_config(toy_data: dict[str, Path], tmp_path: Path, alpha: float, **t
 
 
 def batches(cfg: Config, count: int, state: dict | None = None) -> list:
-    source = ShardSource.from_config(cfg, prepare_shards(cfg, workers=1), World())
+    source = ShardBatches.from_config(cfg, prepare_shards(cfg, workers=1), World())
     if state:
         source.load_state_dict(state)
     return [source.next() for _ in range(count)]
@@ -86,9 +86,9 @@ def test_sampled_batches_hold_the_same_sentences_in_other_pieces(toy_data, tmp_p
 def test_alpha_zero_is_todays_batches(toy_data, tmp_path):
     cfg = sampling_config(toy_data, tmp_path, 0.0)
     shards = prepare_shards(cfg, workers=1)
-    source = ShardSource.from_config(cfg, shards, World())
+    source = ShardBatches.from_config(cfg, shards, World())
     assert source.resampler is None
-    plain = ShardSource(shards, [1.0], cfg.train.batch_tokens, cfg.train.seed)
+    plain = ShardBatches(shards, [1.0], cfg.train.batch_tokens, cfg.train.seed)
     for _ in range(len(plain.batches) + 3):  # into the second epoch
         a, b = source.next(), plain.next()
         assert a.ids == b.ids and same_tensors(a, b)
@@ -115,7 +115,7 @@ def test_samples_depend_on_the_batch_place_only(toy_data, tmp_path):
     resumed = batches(cfg, 3, {"epoch": 0, "index": 2, "world_size": 1})
     for a, b in zip(straight[2:], resumed, strict=True):
         assert a.ids == b.ids and same_tensors(a, b)
-    source = ShardSource.from_config(cfg, prepare_shards(cfg, workers=1), World())
+    source = ShardBatches.from_config(cfg, prepare_shards(cfg, workers=1), World())
     per_epoch = len(source.batches)
     first_again = batches(cfg, 1, {"epoch": 1, "index": 0, "world_size": 1})[0]
     epoch0 = {tuple(b.ids): b for b in straight}

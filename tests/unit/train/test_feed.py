@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_mt.data.batching import Batch, ShardSource
+from attn_mt.data.batching import Batch, ShardBatches
 from attn_mt.model.vocab import PAD_ID
 from attn_mt.train.loop import Trainer
 
@@ -21,8 +21,8 @@ def marked(batch: Batch) -> Batch:
 def test_prepared_batches_are_the_ones_next_would_make(toy_config) -> None:
     trainer = Trainer(toy_config(batch_tokens=20000, max_steps=1))
 
-    def source() -> ShardSource:
-        return ShardSource.from_config(trainer.cfg, trainer.corpus.shards, trainer.world)
+    def source() -> ShardBatches:
+        return ShardBatches.from_config(trainer.cfg, trainer.corpus.shards, trainer.world)
 
     plain, ahead = source(), source()
     taken = []

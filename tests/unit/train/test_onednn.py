@@ -16,8 +16,8 @@ from helpers.toy import assert_identical, load_raw, make_config, resumable_state
 from torch import nn
 
 import attn_mt.train.onednn as onednn
-from attn_mt.decode.inference import packing_available
 from attn_mt.errors import UserError
+from attn_mt.kernels import packing_available
 from attn_mt.model.transformer import Transformer
 
 pytestmark = pytest.mark.skipif(
@@ -156,8 +156,8 @@ def straight_onednn(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPath
 
 
 def products(last: dict) -> str:
-    """What a run's last.pt records its float32 products went through."""
-    return last["train_state"]["progress"]["products"]
+    """What a run's last.pt records its float32 linear layers multiplied through."""
+    return last["train_state"]["progress"]["matmul_backend"]
 
 
 def test_a_run_through_onednn_says_so_and_resumes_through_it_exactly(
@@ -176,6 +176,26 @@ def test_a_run_through_onednn_says_so_and_resumes_through_it_exactly(
     resumed = load_raw(out / "checkpoints" / "last.pt")
     assert products(resumed) == "onednn"
     assert_identical(resumable_state(resumed), resumable_state(straight))
+
+
+def test_a_last_pt_naming_the_backend_products_resumes_through_it_exactly(
+    toy_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, straight_onednn
+) -> None:
+    """A last.pt written before `matmul_backend` had its name (it was `products`) resumes as
+    it began, bit for bit."""
+    out = tmp_path / "run"
+    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, "onednn")
+    run(make_config(toy_data, out, RESUME_MODEL, **{**RESUME_TRAIN, "max_steps": 3}))
+    last = out / "checkpoints" / "last.pt"
+    old = load_raw(last)
+    progress = old["train_state"]["progress"]
+    progress["products"] = progress.pop("matmul_backend")
+    torch.save(old, last)
+    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, "mkl")
+    run(make_config(toy_data, out, RESUME_MODEL, **RESUME_TRAIN), resume=True)
+    resumed = load_raw(last)
+    assert products(resumed) == "onednn"
+    assert_identical(resumable_state(resumed), resumable_state(straight_onednn[0]))
 
 
 def test_onednn_and_mkl_runs_differ_only_by_rounding(

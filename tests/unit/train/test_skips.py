@@ -12,6 +12,7 @@ import torch
 from helpers.toy import load_raw, run
 
 import attn_mt.train.loop as train_module
+import attn_mt.train.state as state_module
 from attn_mt.train.loop import Trainer
 from attn_mt.train.loss import label_smoothed_loss
 from attn_mt.train.schedule import learning_rate
@@ -34,7 +35,7 @@ def overflow_on(monkeypatch: pytest.MonkeyPatch, bad: set[int] | None, init_scal
     """A CPU GradScaler starting at `init_scale`; the gradients of training updates `bad`
     (1-based attempts; None: all) are infinite while the loss stays finite."""
     monkeypatch.setattr(
-        train_module,
+        state_module,  # the training state is built there
         "make_scaler",
         lambda precision, device: torch.amp.GradScaler("cpu", init_scale=init_scale),
     )
