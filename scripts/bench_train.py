@@ -13,6 +13,15 @@ what training picks where it pays) beside the same model through MKL.
     python scripts/bench_train.py --quick    # a smaller sample, under a minute on 2 cores
     python scripts/bench_train.py --device cuda --size base   # transformer-base sizes
 
+With `--vocab N`, the WMT workload instead: attn-mt alone at `--size` over an N-id vocabulary,
+on synthetic pairs of WMT's sentence lengths (scripts/wmt_shape.py) in attn-mt's own length
+buckets of each `--batch-tokens`; after `--warmup` updates, each `--loss` (the full logits
+and `projected_loss`, in turns) timed on one batch shape repeated (the ceiling) and on
+bucketed batches of varied shapes (the real figure): tokens/s, step time, peak memory, MFU
+against the measured and the data-sheet peak.
+
+    python scripts/bench_train.py --size base --vocab 32000 --batch-tokens 12500 25000
+
 The last line is one JSON object with every figure.
 """
 
@@ -21,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import itertools
 import json
 import math
 import os
@@ -29,11 +39,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `attn-mt` sets it
+
+from wmt_shape import RandomSentences, wmt_lengths  # noqa: E402
 
 from attn_mt import distributed  # noqa: E402
 from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
@@ -43,10 +56,11 @@ from attn_mt.model.transformer import Transformer, build_model, sinusoidal_table
 from attn_mt.model.vocab import PAD_ID  # noqa: E402
 from attn_mt.precision import configure_kernels  # noqa: E402
 from attn_mt.train.corpus import training_data  # noqa: E402
-from attn_mt.train.loss import label_smoothed_loss  # noqa: E402
+from attn_mt.train.loss import label_smoothed_loss, projected_loss  # noqa: E402
 from attn_mt.train.onednn import route_through_onednn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ONEDNN = "attn-mt oneDNN"  # the fp32 CPU row of attn-mt with its products through oneDNN
 SIZES = {  # --size: model keys over the config's (Vaswani et al.'s transformer-base and -big)
     "config": {},
@@ -126,20 +140,23 @@ def step_flops(model_cfg, vocab: int, batch: Batch) -> float:
 
 
 def matmul_peak(dtype: torch.dtype, device: torch.device, seconds: float) -> float:
-    """FLOP/s of large square matrix products in `dtype`: the peak MFU is measured against.
+    """FLOP/s of large square matrix products in `dtype`: the peak MFU is measured against,
+    the best over sizes a training step's products reach (a GPU is far from its peak at 2048).
     On the CPU in float32, the faster of MKL (`a @ b`, what nn.Linear runs) and oneDNN with a
     prepacked weight (what decoding uses where it pays): on some CPUs MKL reaches far less
     than oneDNN, so MKL alone would overstate the MFU (docs/performance.md)."""
-    n = 2048 if device.type == "cuda" else 1024
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    products = [lambda: a @ b]
-    if device.type == "cpu" and dtype == torch.float32 and packing_available():
-        layer = nn.Linear(n, n, bias=False)
-        layer.weight.data = b.t().contiguous()  # layer(a) = a @ b
-        products.append(functools.partial(PackedLinear(layer), a))
+    sizes = (4096, 8192) if device.type == "cuda" else (1024, 2048)
+    products = []
+    for n in sizes:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        products.append((n, functools.partial(torch.matmul, a, b)))
+        if device.type == "cpu" and dtype == torch.float32 and packing_available():
+            layer = nn.Linear(n, n, bias=False)
+            layer.weight.data = b.t().contiguous()  # layer(a) = a @ b
+            products.append((n, functools.partial(PackedLinear(layer), a)))
     best = 0.0
-    for product in products:
+    for n, product in products:
         stop = time.perf_counter() + seconds / len(products)
         while time.perf_counter() < stop:
             sync(device)
@@ -156,13 +173,47 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_steps(model: nn.Module, optimizer, batches: list[Batch], device, dtype) -> int:
-    """One update per batch, as attn-mt's trainer does it; returns target tokens seen."""
+def autocast(device: torch.device, dtype: torch.dtype):
+    """The trainer's autocast: on for bf16/fp16, off for fp32."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+
+def logits_loss(model: nn.Module, batch: Batch, dtype: torch.dtype) -> torch.Tensor:
+    """The trainer's loss today: the full (B, T, V) logits, then the label-smoothed loss."""
+    with autocast(batch.src.device, dtype):
+        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+    return label_smoothed_loss(logits, batch.tgt_out, 0.1)[0]
+
+
+def projected_loss_of(model: Transformer, batch: Batch, dtype: torch.dtype) -> torch.Tensor:
+    """`projected_loss` on the decoder's final states: no (B, T, V) logits are kept."""
+    with autocast(batch.src.device, dtype):
+        hidden = features(model, batch.src, batch.tgt_in)  # (B, T, D)
+        return projected_loss(hidden, model.output.weight, batch.tgt_out, 0.1,
+                              tokens=batch.num_tgt_tokens)[0]  # fmt: skip
+
+
+def features(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+    """The decoder's final normed states (B, T, D): `Transformer.forward` and `decode` without
+    the output layer (until the model has a method for them)."""
+    src_mask = (src != PAD_ID)[:, None, None, :]  # (B, 1, 1, S)
+    memory = model.encode(src, src_mask)  # (B, S, D)
+    y = model.tgt_embed(tgt_in)  # (B, T, D)
+    for layer in model.decoder:
+        y = model._run(layer, y, memory, None, src_mask, None, True)  # causal, no cache
+    return model.decoder_norm(y)
+
+
+LOSSES = {"logits": logits_loss, "projected": projected_loss_of}  # --loss
+
+
+def train_steps(model: nn.Module, optimizer, batches: list[Batch], device, dtype,
+                loss_of=logits_loss) -> int:  # fmt: skip
+    """One update per batch, as attn-mt's trainer does it; returns target tokens seen. The
+    device is synchronised once, at the end."""
     tokens = 0
     for batch in batches:
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            logits = model(batch.src, batch.tgt_in)
-        loss, _ = label_smoothed_loss(logits, batch.tgt_out, 0.1)
+        loss = loss_of(model, batch, dtype)
         tokens += batch.num_tgt_tokens
         (loss / batch.num_tgt_tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -172,21 +223,22 @@ def train_steps(model: nn.Module, optimizer, batches: list[Batch], device, dtype
     return tokens
 
 
-def peak_memory(run, device: torch.device) -> float | None:
-    """MiB one call of `run` adds at its peak: CUDA's allocator counter, or on Linux the
-    process's high-water mark (VmHWM, reset through /proc/self/clear_refs)."""
+def peak_memory(run, device: torch.device) -> tuple[object, float | None]:
+    """`run()`'s result and the MiB it adds at its peak: CUDA's allocator counter (read on
+    the host: no synchronisation), or on Linux the process's high-water mark (VmHWM, reset
+    through /proc/self/clear_refs)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        run()
-        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+        result = run()
+        return result, (torch.cuda.max_memory_allocated(device) - base) / 2**20
     try:
         Path("/proc/self/clear_refs").write_text("5")
         base = _status_kib("VmRSS")
-        run()
-        return (_status_kib("VmHWM") - base) / 1024
+        result = run()
+        return result, (_status_kib("VmHWM") - base) / 1024
     except OSError:
-        return None
+        return run(), None
 
 
 def _status_kib(field: str) -> int:
@@ -211,10 +263,21 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--batches", type=int, default=None, help="timed batches per turn")
     parser.add_argument("--rounds", type=int, default=None, help="turns per model")
-    parser.add_argument("--batch-tokens", type=int, default=None)
+    parser.add_argument("--batch-tokens", type=int, nargs="+", default=None,
+                        help="tokens per batch; with --vocab several sizes, in turn")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.add_argument("--size", choices=tuple(SIZES), default="config",
                         help="Vaswani et al.: base d=512, big d=1024")  # fmt: skip
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="the WMT workload: synthetic pairs of WMT's lengths over this "
+                        "many ids (e.g. 32000) instead of Multi30k")  # fmt: skip
+    parser.add_argument("--pairs", type=int, default=4_500_000,
+                        help="synthetic pairs bucketed (WMT14 en-de: 4.5M)")  # fmt: skip
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="warm-up updates per loss with --vocab (default and least 20; "
+                        "--quick on the CPU: 1)")  # fmt: skip
+    parser.add_argument("--loss", choices=("both", *LOSSES), default="both",
+                        help="with --vocab: the full logits, projected_loss, or both")  # fmt: skip
     args = parser.parse_args()
 
     if args.threads:
@@ -224,12 +287,30 @@ def main() -> None:
     cfg = load_config(args.config)
     raw = cfg.to_dict()
     raw["model"].update(SIZES[args.size])
-    if args.batch_tokens:
-        raw["train"]["batch_tokens"] = args.batch_tokens
+    if args.vocab:
+        raw["model"]["dropout"] = 0.1  # Vaswani et al.'s base (big en-de used 0.3)
+    elif args.batch_tokens:
+        if len(args.batch_tokens) > 1:
+            parser.error("several --batch-tokens only with --vocab")
+        raw["train"]["batch_tokens"] = args.batch_tokens[0]
     cfg = config_from_dict(raw)
     configure_kernels(deterministic=False, tf32=cfg.train.tf32)  # as the trainer sets them
-    m = cfg.model
     precisions = (args.precisions or "fp32,bf16").split(",")
+    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    print(f"{hardware}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    if args.vocab:
+        quick_cpu = args.quick and device.type == "cpu"
+        warmup = args.warmup if args.warmup is not None else (1 if quick_cpu else 20)
+        if warmup < 20 and not quick_cpu:
+            parser.error("fewer than 20 warm-up updates only with --quick on the CPU")
+        bench_wmt(args, cfg, device, hardware, precisions, warmup)
+    else:
+        bench_multi30k(args, cfg, device, hardware, precisions)
+
+
+def bench_multi30k(args, cfg, device: torch.device, hardware: str, precisions: list[str]) -> None:
+    """attn-mt against `nn.Transformer` on real Multi30k batches, in turns."""
+    m = cfg.model
     per_turn = args.batches or (2 if args.quick else 4)
     rounds = args.rounds or (2 if args.quick else 4)
 
@@ -253,15 +334,13 @@ def main() -> None:
             module.dropout = m.attention_dropout
     models = {"attn-mt": ours, "nn.Transformer": ref}
     flops = sum(step_flops(m, vocab, b) for b in timed)
-    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
-    print(f"{hardware}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"model d={m.d_model} {m.encoder_layers}+{m.decoder_layers} layers d_ff={m.d_ff}, "
           f"vocab {vocab}, batches of {cfg.train.batch_tokens} tokens, "
           f"padding {100 * padding:.1f}%")  # fmt: skip
 
     results = []
     for name in precisions:
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+        dtype = DTYPES[name]
         peak = matmul_peak(dtype, device, 1.0 if args.quick else 3.0)
         timed_models = dict(models)
         if name == "fp32" and device.type == "cpu" and packing_available():
@@ -277,7 +356,7 @@ def main() -> None:
             train_steps(model, optimizers[key], warm[:1] + timed, device, dtype)
         for key, model in timed_models.items():  # peak memory of a few steps
             run = functools.partial(train_steps, model, optimizers[key], warm, device, dtype)
-            memory[key] = peak_memory(run, device)
+            memory[key] = peak_memory(run, device)[1]
         for _ in range(rounds):  # interleaved turns: noise hits every model alike
             for key, model in timed_models.items():
                 start = time.perf_counter()
@@ -319,6 +398,123 @@ def main() -> None:
         "batch_tokens": cfg.train.batch_tokens, "padding": padding,
         "results": results,
     }))  # fmt: skip
+
+
+def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[str],
+              warmup: int) -> None:  # fmt: skip
+    """The WMT workload: the model over a `--vocab` vocabulary on synthetic pairs of WMT's
+    lengths (scripts/wmt_shape.py) in attn-mt's length buckets. Per batch size and precision,
+    each loss is timed on one batch shape repeated (the ceiling) and on bucketed batches of
+    varied shapes (the real figure), all in turns; each window synchronises at its edges only."""
+    m, vocab = cfg.model, args.vocab
+    per_window = args.batches or (1 if args.quick and device.type == "cpu" else 40)
+    rounds = args.rounds or (1 if args.quick else 3)
+    losses = list(LOSSES) if args.loss == "both" else [args.loss]
+    lengths = wmt_lengths(args.pairs)
+    src_ids = RandomSentences(lengths[:, 0], vocab, seed=1)
+    tgt_ids = RandomSentences(lengths[:, 1], vocab, seed=2)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg, vocab, vocab).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    print(f"model d={m.d_model} {m.encoder_layers}+{m.decoder_layers} layers d_ff={m.d_ff}, "
+          f"vocab {vocab}; {args.pairs:,} synthetic pairs, source mean "
+          f"{lengths[:, 0].mean():.1f} tokens (99.9th pct {np.quantile(lengths[:, 0], 0.999):.0f}),"
+          f" target mean {lengths[:, 1].mean():.1f}")  # fmt: skip
+    print(f"{warmup} warm-up updates per loss, {rounds} round(s) of {per_window}-update windows")
+
+    results, peaks = [], {}
+    for batch_tokens in args.batch_tokens or [25000]:
+        rows = length_batches(lengths, batch_tokens)
+        pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0))
+        bucketed = [collate(src_ids, tgt_ids, rows[i]).to(device) for i in pick[:per_window]]
+        middle = collate(src_ids, tgt_ids, rows[len(rows) // 2]).to(device)  # a typical shape
+        shapes = {"fixed": [middle] * per_window, "bucketed": bucketed}
+        # Every timed shape once, then more until `warmup`: a new shape's first step can cost
+        # far more than a step (kernel choice, allocator growth).
+        warm = list(itertools.islice(itertools.cycle([middle, *bucketed]),
+                                     max(warmup, 1 + len(bucketed))))  # fmt: skip
+        flops = {kind: sum(step_flops(m, vocab, b) for b in batches)
+                 for kind, batches in shapes.items()}  # fmt: skip
+        for name in precisions:
+            dtype = DTYPES[name]
+            if name not in peaks:
+                peaks[name] = matmul_peak(dtype, device, 1.0 if args.quick else 3.0)
+            spec = spec_peak(hardware, name) if device.type == "cuda" else None
+            for loss in losses:
+                train_steps(model, optimizer, warm, device, dtype, LOSSES[loss])
+            runs = {(loss, kind): [] for loss in losses for kind in shapes}
+            for _ in range(rounds):  # in turns: noise hits every loss and shape alike
+                for (loss, kind), done in runs.items():
+                    window = functools.partial(timed_window, model, optimizer, shapes[kind],
+                                               device, dtype, LOSSES[loss])  # fmt: skip
+                    done.append(peak_memory(window, device))
+            for (loss, kind), done in runs.items():
+                seconds = sum(s for (s, _), _ in done)
+                mib = [x for _, x in done if x is not None]
+                achieved = rounds * flops[kind] / seconds
+                results.append({
+                    "batch_tokens": batch_tokens, "precision": name, "loss": loss,
+                    "shapes": kind, "padding": padding_share(shapes[kind]),
+                    "tokens_per_s": sum(t for (_, t), _ in done) / seconds,
+                    "step_ms": 1e3 * seconds / (rounds * per_window),
+                    "mfu": achieved / peaks[name], "mfu_spec": achieved / spec if spec else None,
+                    "peak_mib": max(mib) if mib else None,
+                    "matmul_peak_tflops": peaks[name] / 1e12,
+                    "spec_peak_tflops": spec / 1e12 if spec else None,
+                })  # fmt: skip
+
+    print(f"\n{'tokens':>7} {'prec':<5}{'loss':<10}{'shapes':<9}{'pad':>6}{'tgt tok/s':>10}"
+          f"{'ms/step':>9}{'MFU':>7}{'MFU spec':>9}{'peak MiB':>9}")  # fmt: skip
+    for r in results:
+        mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "n/a"
+        spec = f"{100 * r['mfu_spec']:.1f}%" if r["mfu_spec"] is not None else "n/a"
+        print(f"{r['batch_tokens']:>7} {r['precision']:<5}{r['loss']:<10}{r['shapes']:<9}"
+              f"{100 * r['padding']:>5.1f}%{r['tokens_per_s']:>10.0f}{r['step_ms']:>9.0f}"
+              f"{100 * r['mfu']:>6.1f}%{spec:>9}{mem:>9}")  # fmt: skip
+    for name in peaks:
+        spec = spec_peak(hardware, name) if device.type == "cuda" else None
+        print(
+            f"{name} peaks: measured matmul {peaks[name] / 1e9:,.0f} GFLOP/s, data sheet "
+            + (f"{spec / 1e9:,.0f} GFLOP/s" if spec else "n/a")
+        )
+    ratios = loss_ratios(results)
+    for key, ratio in ratios.items():
+        print(
+            f"projected / logits, {key}: speed x{ratio['speed']:.2f}, peak memory "
+            + (f"x{ratio['memory']:.2f}" if ratio["memory"] is not None else "n/a")
+        )
+    print(json.dumps({
+        "bench": "train", "workload": "wmt", "hardware": hardware, "device": device.type,
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "size": args.size,
+        "d_model": m.d_model, "layers": [m.encoder_layers, m.decoder_layers], "vocab": vocab,
+        "pairs": args.pairs, "warmup": warmup, "rounds": rounds, "window": per_window,
+        "results": results, "projected_over_logits": ratios,
+    }))  # fmt: skip
+
+
+def timed_window(model, optimizer, batches, device, dtype, loss_of) -> tuple[float, int]:
+    """Seconds and non-pad target tokens of one update per batch, the device synchronised only
+    before and after."""
+    sync(device)
+    start = time.perf_counter()
+    tokens = train_steps(model, optimizer, batches, device, dtype, loss_of)  # syncs at its end
+    return time.perf_counter() - start, tokens
+
+
+def loss_ratios(results: list[dict]) -> dict[str, dict]:
+    """projected over logits, per batch size, precision and shapes: speed and peak memory."""
+    by_key = {(r["batch_tokens"], r["precision"], r["shapes"], r["loss"]): r for r in results}
+    ratios = {}
+    for (tokens, name, kind, loss), r in by_key.items():
+        base = by_key.get((tokens, name, kind, "logits"))
+        if loss != "projected" or base is None:
+            continue
+        mem = r["peak_mib"] / base["peak_mib"] if r["peak_mib"] and base["peak_mib"] else None
+        ratios[f"{tokens} {name} {kind}"] = {
+            "speed": r["tokens_per_s"] / base["tokens_per_s"],
+            "memory": mem,
+        }
+    return ratios
 
 
 def _cpu_name() -> str:
