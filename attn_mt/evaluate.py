@@ -1,17 +1,16 @@
-"""Corpus scoring with sacreBLEU (BLEU and chrF on detokenized text, with their signatures),
-and `evaluate_split`: a split or a pair of files -> translate -> score -> hypotheses file."""
+"""`evaluate_split`: a split or a pair of files -> translate -> score (`attn_mt.scores`) ->
+hypotheses file."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sacrebleu.metrics import BLEU, CHRF
-
 from attn_mt.errors import UserError
+from attn_mt.scores import Scores, score
 
 if TYPE_CHECKING:
     from attn_mt.decode.translator import Translator
@@ -19,45 +18,6 @@ if TYPE_CHECKING:
 SPLITS = ("valid", "test")
 # Given the number of sentences, a context that yields the callback of each finished batch.
 Progress = Callable[[int], AbstractContextManager[Callable[[int], None]]]
-
-
-@dataclass
-class Scores:
-    """Corpus-level figures and the sacreBLEU signatures that make them reproducible."""
-
-    bleu: float
-    chrf: float
-    bleu_signature: str
-    chrf_signature: str
-    sentences: int
-
-    def to_dict(self) -> dict:
-        """Plain dict, for `--json` and metrics.jsonl."""
-        return asdict(self)
-
-    def __str__(self) -> str:
-        return (
-            f"BLEU {self.bleu:.2f}  chrF {self.chrf:.2f}  ({self.sentences} sentences)\n"
-            f"BLEU signature: {self.bleu_signature}\nchrF signature: {self.chrf_signature}"
-        )
-
-
-def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
-    """sacreBLEU BLEU (13a tokenizer, cased) and chrF of detokenized hypotheses."""
-    if len(hypotheses) != len(references):
-        raise UserError(
-            f"{len(hypotheses)} hypotheses but {len(references)} references; they must align"
-        )
-    bleu, chrf = BLEU(), CHRF()
-    bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
-    chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
-    return Scores(
-        bleu=bleu_score.score,
-        chrf=chrf_score.score,
-        bleu_signature=str(bleu.get_signature()),
-        chrf_signature=str(chrf.get_signature()),
-        sentences=len(hypotheses),
-    )
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Which CPU kernels multiply a float32 linear layer: MKL (`nn.Linear`) or oneDNN
 (`torch.ops.mkldnn._linear_pointwise`). Training (`train/onednn.py`) and decoding
-(`decode/inference.py`) each ask once per process, by timing both on this CPU, and both ask
+(`decode/packed.py`) each ask once per process, by timing both on this CPU, and both ask
 the one rule here, so they agree on what "oneDNN pays" means.
 """
 

@@ -46,10 +46,10 @@ import torch  # noqa: E402
 import attn_mt
 from attn_mt.data.corpora import split_files
 from attn_mt.data.text import read_lines
-from attn_mt.decode.export import export_ctranslate2
+from attn_mt.decode.export_ct2 import export_ctranslate2
 from attn_mt.errors import UserError
-from attn_mt.evaluate import score
 from attn_mt.precision import resolve_precision
+from attn_mt.scores import score
 
 QUICK_SENTENCES = 100
 WARMUP_SENTENCES = 8

@@ -51,7 +51,7 @@ from wmt_shape import RandomSentences, wmt_lengths  # noqa: E402
 from attn_mt import distributed  # noqa: E402
 from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
 from attn_mt.data.batching import Batch, collate, length_batches  # noqa: E402
-from attn_mt.decode.inference import PackedLinear, packing_available  # noqa: E402
+from attn_mt.decode.packed import PackedLinear, packing_available  # noqa: E402
 from attn_mt.model.transformer import Transformer, build_model, sinusoidal_table  # noqa: E402
 from attn_mt.model.vocab import PAD_ID  # noqa: E402
 from attn_mt.precision import configure_kernels  # noqa: E402

@@ -21,7 +21,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 import attn_mt
 from attn_mt.data.corpora import split_files
 from attn_mt.data.text import read_lines
-from attn_mt.evaluate import score
+from attn_mt.scores import score
 
 
 def hf_translate(model, tokenizer, lines: list[str], beam: int, alpha: float | None) -> list[str]:

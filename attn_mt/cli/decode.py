@@ -371,7 +371,7 @@ def export(
         parity = export_hf(model, out, force=force, decode=decode)
         print(f"parity with attn-mt: {parity}", file=sys.stderr)
     else:
-        from attn_mt.decode.export import export_ctranslate2  # torch
+        from attn_mt.decode.export_ct2 import export_ctranslate2  # torch
 
         export_ctranslate2(model, out, quantization=quantization, force=force, decode=decode)
     print(f"exported to {out}", file=sys.stderr)

@@ -35,7 +35,7 @@ from torch import nn
 from attn_mt.checkpoint import resolve_checkpoint
 from attn_mt.config import Config
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decode.export import (
+from attn_mt.decode.export_ct2 import (
     SINUSOIDAL_ROWS,
     check_exportable,
     check_out_dir,
@@ -280,7 +280,7 @@ def model_card(
     translator: Translator, checkpoint: Path, hf_model, out: Path, parity: Parity
 ) -> str:
     """README.md: what the model is, how it was trained, its scores, how to run it from `out`."""
-    from attn_mt.evaluate import score
+    from attn_mt.scores import score
 
     cfg, d = translator.config, translator.config.decode
     data = training_data_line(cfg.data)

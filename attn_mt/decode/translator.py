@@ -26,8 +26,8 @@ from attn_mt.data.batching import length_batches, source_batch
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decode.alignment import Alignment, cross_attention, word_alignment
 from attn_mt.decode.constraints import Controls, line_controls, steered_beam_search
-from attn_mt.decode.inference import pack, packing_pays
-from attn_mt.decode.inference import quantize as quantize_model
+from attn_mt.decode.packed import pack, packing_pays
+from attn_mt.decode.packed import quantize as quantize_model
 from attn_mt.decode.request import Request
 from attn_mt.decode.search import (
     Models,

@@ -15,8 +15,8 @@ import torch
 from attn_mt.config import TrainConfig
 from attn_mt.data.batching import collate, length_batches
 from attn_mt.decode.translator import Translator
-from attn_mt.evaluate import score
 from attn_mt.precision import autocast_context
+from attn_mt.scores import score
 from attn_mt.train.corpus import Corpus
 from attn_mt.train.loss import label_smoothed_loss, perplexity
 

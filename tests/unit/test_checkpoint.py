@@ -22,7 +22,7 @@ from attn_mt.checkpoint import (
     save_checkpoint,
 )
 from attn_mt.config import Config
-from attn_mt.decode.export import export_ctranslate2
+from attn_mt.decode.export_ct2 import export_ctranslate2
 from attn_mt.errors import CheckpointError
 from attn_mt.train.loop import Trainer
 

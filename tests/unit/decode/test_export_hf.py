@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 import attn_mt
 from attn_mt.cli import app
-from attn_mt.decode.export import longest_output
+from attn_mt.decode.export_ct2 import longest_output
 from attn_mt.decode.export_hf import export_hf, model_permutation
 from attn_mt.decode.hf_parity import LOGPROB_TOLERANCE
 from attn_mt.errors import UserError

@@ -14,9 +14,9 @@ from helpers.toy import invoke
 import attn_mt
 from attn_mt.data.text import read_lines
 from attn_mt.decode import search
-from attn_mt.decode.inference import split_in_proj
+from attn_mt.decode.packed import split_in_proj
 from attn_mt.decode.search import beam_search, max_output_lengths
-from attn_mt.evaluate import score
+from attn_mt.scores import score
 
 INT8_BLEU_TOLERANCE = 2.0  # BLEU points below float32 that int8 may lose on the toy test set
 

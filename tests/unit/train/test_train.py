@@ -31,7 +31,7 @@ from attn_mt.configfile import config_from_dict
 from attn_mt.data.corpora import split_files
 from attn_mt.data.text import read_parallel
 from attn_mt.errors import UserError
-from attn_mt.evaluate import score
+from attn_mt.scores import score
 from attn_mt.train.loop import Trainer, Validation
 from attn_mt.train.loss import label_smoothed_loss
 from attn_mt.train.skips import TrainingDiverged

@@ -39,7 +39,7 @@ from attn_mt.model.transformer import Transformer
 class InProj(nn.Module):
     """`in_proj` split by use: `all` (self-attention: Q, K, V from one input), `q` and `kv`
     (cross-attention), each a plain `nn.Linear` copy of those rows that `pack` or
-    `attn_mt.quantize` may then replace."""
+    `quantize` may then replace."""
 
     def __init__(self, in_proj: nn.Linear):
         super().__init__()
