@@ -78,7 +78,8 @@ def evaluate_split(
         checkpoint, name = translator.checkpoints[0], split or src.name
         out = checkpoint.with_name(f"{checkpoint.stem}.{name}.beam{beam}.hyp.txt")
     out = Path(out)
-    check_output_file(out)
+    inputs = [("--model", path) for path in translator.checkpoints]
+    check_output_file(out, inputs=[*inputs, ("--src", src), ("--ref", ref)])
     sources, references = read_parallel(src, ref)
     if not sources:
         raise UserError(f"{src}: no lines; there is nothing to evaluate")

@@ -19,6 +19,7 @@ from attn_mt.checkpoint import load_checkpoint, model_from
 from attn_mt.data.batching import source_batch
 from attn_mt.decode.translator import Translator, load
 from attn_mt.errors import UserError
+from attn_mt.fileio import atomic_write
 from attn_mt.model.attention import record_attention
 from attn_mt.model.transformer import POSITIONS
 from attn_mt.model.vocab import BOS_ID, EOS_ID
@@ -213,11 +214,11 @@ def plot_positional_encoding_file(
 
 
 def save_png(figure: Figure, out: str | Path) -> None:
-    """Write `figure` as a PNG of exactly figsize x dpi pixels (folders are created)."""
+    """Write `figure` as a PNG of exactly figsize x dpi pixels (through `atomic_write`)."""
     out = Path(out)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(out, format="png", dpi=figure.dpi)
+        with atomic_write(out) as handle:
+            figure.savefig(handle, format="png", dpi=figure.dpi)
     except OSError as err:
         raise UserError(f"{out}: cannot write the image ({err.strerror or err})") from None
 

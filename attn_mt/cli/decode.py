@@ -137,7 +137,7 @@ def translate(
     for path in model:
         resolve_checkpoint(path)
     io.check_input(input_)
-    io.check_output(output)
+    io.check_output(output, input_)
     if not sample and (top_k, top_p, temperature) != (0, 1.0, 1.0):
         raise UserError("--top-k, --top-p and --temperature shape sampling; add --sample")
     decode = decode_settings(set_, beam, length_penalty)
@@ -232,7 +232,8 @@ def evaluate(
         resolve_checkpoint(path)
     check_evaluation_files(split and split.value, src, ref)  # before loading the models
     if out is not None:
-        check_output_file(out)
+        inputs = [("--model", resolve_checkpoint(path)) for path in model]
+        check_output_file(out, inputs=[*inputs, ("--src", src), ("--ref", ref)])
     decode = decode_settings(set_, beam, length_penalty)
     from attn_mt.cli import progress
 
@@ -265,7 +266,7 @@ def average(
     for path in checkpoints:
         resolve_checkpoint(path)
     check_output_file(out)
-    if out.exists() and not force:
+    if out.is_file() and not force:  # a device or FIFO is written in place, nothing lost
         raise UserError(f"--out {out}: file exists; add --force to replace it")
     from attn_mt.checkpoint import average_checkpoints, save_checkpoint  # torch
 
@@ -347,6 +348,15 @@ def export(
     force: Annotated[
         bool, typer.Option("--force", help="Replace an existing --out folder.")
     ] = False,
+    license_: Annotated[
+        str,
+        typer.Option(
+            "--license",
+            metavar="SPDX",
+            help="The model's license (an SPDX identifier: MIT, Apache-2.0, cc-by-4.0), "
+            "written into the folder's README and the model card's front matter.",
+        ),
+    ] = "unknown",
     beam: BeamOption = None,
     length_penalty: LengthPenaltyOption = None,
     set_: DecodeSetOption = None,
@@ -368,12 +378,14 @@ def export(
     if format_ is ExportFormat.hf:
         from attn_mt.decode.export_hf import export_hf  # torch
 
-        parity = export_hf(model, out, force=force, decode=decode)
+        parity = export_hf(model, out, force=force, decode=decode, license=license_)
         print(f"parity with attn-mt: {parity}", file=sys.stderr)
     else:
         from attn_mt.decode.export_ct2 import export_ctranslate2  # torch
 
-        export_ctranslate2(model, out, quantization=quantization, force=force, decode=decode)
+        export_ctranslate2(
+            model, out, quantization=quantization, force=force, decode=decode, license=license_
+        )
     print(f"exported to {out}", file=sys.stderr)
 
 

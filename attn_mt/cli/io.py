@@ -1,9 +1,10 @@
-"""Line input and output of `translate`: stdin or a file in, stdout or an atomic file out,
-lines read in chunks as they arrive, n-best entries formatted.
+"""Line input and output of `translate`: stdin or a file in, stdout or a file out (through
+`fileio.atomic_write`), lines read in chunks as they arrive, n-best entries formatted.
 
 Streams are streams, as a Unix tool treats them: `--input` may be a FIFO, /dev/stdin or a
 process substitution (read once, as it comes; gzip data is decompressed), `--output` a device
-such as /dev/null (written in place; only a regular file is replaced atomically).
+such as /dev/null (written in place; only a regular file is replaced atomically), or a link
+(the file it names is written).
 """
 
 from __future__ import annotations
@@ -67,15 +68,16 @@ def check_input(path: Path | None) -> None:
         raise UserError(f"--input {path}: permission denied; the file is not readable")
 
 
-def check_output(path: Path | None) -> None:
-    """Refuse, before any work, an output that cannot be written (stdout: closed)."""
+def check_output(path: Path | None, input_: Path | None = None) -> None:
+    """Refuse, before any work, an output that cannot be written (stdout: closed) or that is
+    the --input file."""
     from attn_mt.fileio import check_output_file
 
     if path is None:
         if sys.stdout is None:  # the shell closed it (>&-)
             raise UserError("stdout: cannot write (it is closed); give --output FILE")
     elif not path.exists() or path.is_file() or path.is_dir():
-        check_output_file(path, "--output")
+        check_output_file(path, "--output", [("--input", input_)])
     elif not os.access(path, os.W_OK):  # a device or FIFO, written in place
         raise UserError(f"--output {path}: permission denied; it is not writable")
 
@@ -121,20 +123,13 @@ def _stdin_reader() -> BinaryIO:
 
 @contextlib.contextmanager
 def output_file(path: Path | None) -> Iterator[TextIO]:
-    """stdout, or `path` written atomically: it appears only once every line is written."""
+    """stdout, or `path` written by `fileio.atomic_write`: a file appears only once every line
+    is written; a device or FIFO is written in place; a link's file is written, the link kept."""
     from attn_mt.fileio import atomic_write, os_reason
 
-    if path is None:
-        check_output(path)
-        yield sys.stdout
-        return
     check_output(path)
-    if path.exists() and not path.is_file():  # a device or FIFO: written in place
-        try:
-            with path.open("w", encoding="utf-8", newline="") as handle:
-                yield handle
-        except OSError as err:
-            raise UserError(f"--output {path}: cannot write ({os_reason(err)})") from None
+    if path is None:
+        yield sys.stdout
         return
     try:
         with atomic_write(path) as raw:

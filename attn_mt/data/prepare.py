@@ -53,7 +53,7 @@ from attn_mt.data.text import (
 )
 from attn_mt.data.tokenizer import Tokenizer, build_tokenizers
 from attn_mt.errors import DataError, UserError
-from attn_mt.fileio import os_reason
+from attn_mt.fileio import os_reason, sigterm_unwinds
 
 log = logging.getLogger("attn_mt")
 
@@ -163,7 +163,7 @@ def _build_lock(folder: Path) -> Iterator[bool]:
             f"{folder.parent}: cannot use the prepared-data cache ({os_reason(err)}); make it "
             "writable or set data.prepared_dir or ATTN_MT_CACHE to another folder"
         ) from None
-    with handle:
+    with handle, sigterm_unwinds():  # SIGTERM: write_shards removes its temp folder
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             waited = False

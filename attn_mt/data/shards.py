@@ -251,6 +251,9 @@ def _init_pool_worker(*init_args: Any) -> None:
     # Ctrl-C is the parent's to handle (it ends the pool); a worker that took it too would
     # print a traceback and could leave the pool waiting on it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGTERM (the pool's own terminate()) ends a worker at once: the parent's handler, which
+    # unwinds to remove its temp folder, would print a traceback per worker.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _init_worker(*init_args)
 
 

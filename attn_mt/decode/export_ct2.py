@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -38,7 +39,14 @@ from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decode.search import max_output_lengths
 from attn_mt.decode.translator import load
 from attn_mt.errors import UserError
-from attn_mt.fileio import check_output_dir, resolve_checkpoint, umask
+from attn_mt.fileio import (
+    check_output_dir,
+    remove_stale_temps,
+    resolve_checkpoint,
+    sigterm_unwinds,
+    temp_prefix,
+    umask,
+)
 from attn_mt.model.attention import MultiHeadAttention
 from attn_mt.model.transformer import Embedder, FeedForward, Transformer
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID
@@ -165,11 +173,13 @@ def export_ctranslate2(
     quantization: str = "none",
     force: bool = False,
     decode: dict[str, Any] | None = None,
+    license: str = "unknown",
 ) -> Path:
     """Write checkpoint `model` as a CTranslate2 model folder `out`; returns `out`.
 
     The checkpoint's decode settings, with the decode.* settings in `decode` over them (as
-    `attn_mt.load` takes them), become the folder's decode.json.
+    `attn_mt.load` takes them), become the folder's decode.json; `license` (an SPDX
+    identifier) goes into its README.txt.
     """
     if ctranslate2 is None:
         raise UserError(f"export needs the ctranslate2 package: {INSTALL_HINT}")
@@ -177,6 +187,7 @@ def export_ctranslate2(
         raise UserError(
             f"--quantization {quantization}: unknown; use one of {', '.join(QUANTIZATIONS)}"
         )
+    check_license(license)
     out = Path(out)
     checkpoint = resolve_checkpoint(model)
     check_out_dir(out, checkpoint, force)
@@ -188,33 +199,66 @@ def export_ctranslate2(
         (staging / "target.model").write_bytes(converter.tgt_tokenizer.model_bytes)
         options = decode_options(converter.config.decode, converter.model.max_positions)
         (staging / "decode.json").write_text(json.dumps(options, indent=2) + "\n")
-        (staging / "README.txt").write_text(_readme(converter, out, quantization, options))
+        (staging / "README.txt").write_text(_readme(converter, out, quantization, options, license))
     return out
 
 
 @contextmanager
 def staged_folder(out: Path) -> Iterator[Path]:
     """A staging folder beside `out`, moved into place whole when the block succeeds: a failed
-    export leaves neither a half-written folder nor a damaged earlier one."""
+    export leaves neither a half-written folder nor a damaged earlier one.
+
+    A link `out` is followed: the folder it names is replaced, the link kept. The staging
+    folder is named for this process (`fileio.temp_prefix`): a SIGTERM removes it, and one
+    that a SIGKILL left is removed by the next export to `out`.
+    """
+    out = Path(os.path.realpath(out))
     created = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # deepest first
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    remove_stale_temps(out)
     done = False
-    try:
-        staging.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide the model from the team
-        yield staging
-        for path in staging.rglob("*"):  # some writers (safetensors) make their files 0600
-            if path.is_file():
-                path.chmod(0o666 & ~umask())
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-        done = True
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        for folder in created if not done else ():  # a refused export leaves no empty parents
-            with suppress(OSError):
-                folder.rmdir()
+    with sigterm_unwinds():
+        staging = Path(tempfile.mkdtemp(prefix=temp_prefix(out), suffix=".staging", dir=out.parent))
+        try:
+            staging.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide the model from the team
+            yield staging
+            for path in staging.rglob("*"):  # some writers (safetensors) make their files 0600
+                if path.is_file():
+                    path.chmod(0o666 & ~umask())
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(staging, out)
+            done = True
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            for folder in created if not done else ():  # a refused export leaves no empty parents
+                with suppress(OSError):
+                    folder.rmdir()
+
+
+LICENSE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]*")
+
+
+def check_license(license: str) -> None:
+    """An SPDX identifier (`MIT`, `Apache-2.0`, `cc-by-4.0`) or `unknown`: one word, as the
+    card's YAML front matter takes it."""
+    if not LICENSE_PATTERN.fullmatch(license):
+        raise UserError(
+            f"--license {license!r}: not an SPDX license identifier (e.g. MIT, Apache-2.0, "
+            "cc-by-4.0), or unknown"
+        )
+
+
+def license_note(license: str) -> str:
+    """What the exported folder says of its license."""
+    if license == "unknown":
+        return (
+            "No license was given at export (`attn-mt export --license SPDX-ID`): ask the "
+            "model's owner before using it. The training data's own licenses apply as well."
+        )
+    return (
+        f"`{license}` (SPDX), as given at export. The training data's own licenses apply as well."
+    )
 
 
 def check_out_dir(out: Path, checkpoint: Path, force: bool) -> None:
@@ -287,11 +331,14 @@ def _layer_norm_epsilon(model: Transformer) -> float:
     return next(m.eps for m in model.modules() if isinstance(m, nn.LayerNorm))
 
 
-def _readme(converter: AttnMTConverter, out: Path, quantization: str, options: dict) -> str:
-    """How to translate with the exported folder."""
+def _readme(
+    converter: AttnMTConverter, out: Path, quantization: str, options: dict, license: str
+) -> str:
+    """How to translate with the exported folder. It leaves the machine: the checkpoint and
+    the folder are named by their file names, never by the training machine's paths."""
     cfg = converter.config
     return f"""\
-CTranslate2 model exported by attn-mt from {converter.path}
+CTranslate2 model exported by attn-mt from {converter.path.name}
 ({cfg.data.src_lang} -> {cfg.data.tgt_lang}, quantization {quantization}).
 Files: model.bin and the vocabularies (CTranslate2), source.model and target.model
 (SentencePiece), decode.json (attn-mt's search settings as translate_batch keywords:
@@ -300,7 +347,7 @@ Install: pip install ctranslate2 sentencepiece
 
     import json, ctranslate2, sentencepiece as spm
 
-    model = "{out}"
+    model = "{out.name}"
     translator = ctranslate2.Translator(model, device="cpu")
     source = spm.SentencePieceProcessor(model_file=f"{{model}}/source.model")
     target = spm.SentencePieceProcessor(model_file=f"{{model}}/target.model")
@@ -316,4 +363,6 @@ With beam_size 1 this is greedy search, as `attn-mt translate --beam 1`
 max_decoding_length per call ({options["max_decoding_length"]} here); beam search ranks by
 score / length^length_penalty in CTranslate2 and by GNMT's score / ((5 + length) / 6)^alpha in
 attn-mt, so beam outputs may differ slightly.
+
+License: {license_note(license)}
 """

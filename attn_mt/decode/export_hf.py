@@ -38,7 +38,9 @@ from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decode.export_ct2 import (
     SINUSOIDAL_ROWS,
     check_exportable,
+    check_license,
     check_out_dir,
+    license_note,
     longest_output,
     staged_folder,
 )
@@ -91,13 +93,16 @@ def export_hf(
     out: str | Path,
     force: bool = False,
     decode: dict[str, Any] | None = None,
+    license: str = "unknown",
 ) -> Parity:
     """Write checkpoint `model` as a transformers folder `out`, checked against attn-mt.
 
-    The checkpoint's decode settings, with `decode` over them, become generation_config.json.
-    Returns the parity found; a folder that disagrees is refused and nothing is written.
+    The checkpoint's decode settings, with `decode` over them, become generation_config.json;
+    `license` (an SPDX identifier) goes into the model card. Returns the parity found; a
+    folder that disagrees is refused and nothing is written.
     """
     transformers_module()
+    check_license(license)
     out = Path(out)
     checkpoint = resolve_checkpoint(model)
     check_out_dir(out, checkpoint, force)
@@ -113,7 +118,7 @@ def export_hf(
                 f"export --format hf: the transformers model disagrees with attn-mt ({parity}); "
                 "nothing written"
             )
-        card = model_card(translator, checkpoint, hf_model, out, parity)
+        card = model_card(translator, checkpoint, hf_model, out, parity, license)
         (staging / "README.md").write_text(card)
     return parity
 
@@ -277,9 +282,16 @@ def _write_vocab(tokenizer: Tokenizer, path: Path) -> None:
 
 
 def model_card(
-    translator: Translator, checkpoint: Path, hf_model, out: Path, parity: Parity
+    translator: Translator,
+    checkpoint: Path,
+    hf_model,
+    out: Path,
+    parity: Parity,
+    license: str = "unknown",
 ) -> str:
-    """README.md: what the model is, how it was trained, its scores, how to run it from `out`."""
+    """README.md: what the model is, how it was trained, its scores, how to run it from `out`,
+    its license and limitations. It leaves the machine: files are named, never the training
+    machine's paths (`without_local_paths`)."""
     from attn_mt.scores import score
 
     cfg, d = translator.config, translator.config.decode
@@ -295,16 +307,18 @@ def model_card(
         if scores
         else "The run folder holds no validation scores for this checkpoint."
     )
+    license_text = license_note(license)
     return f"""\
 ---
 library_name: transformers
 pipeline_tag: translation
 language: [{cfg.data.src_lang}, {cfg.data.tgt_lang}]
+license: {license}
 tags: [attn-mt, translation]
 ---
 # {cfg.data.src_lang} -> {cfg.data.tgt_lang} translation model, trained with attn-mt
 
-A {type(hf_model).__name__} exported by `attn-mt export --format hf` from `{checkpoint}`
+A {type(hf_model).__name__} exported by `attn-mt export --format hf` from `{checkpoint.name}`
 (training data: {data}, {cfg.data.src_lang} -> {cfg.data.tgt_lang}). The export checked that
 `generate()` gives attn-mt's greedy and beam outputs token for token on a fixed sample of
 {parity.sentences} sources: {parity}.
@@ -314,8 +328,8 @@ A {type(hf_model).__name__} exported by `attn-mt export --format hf` from `{chec
 ```python
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-tokenizer = AutoTokenizer.from_pretrained("{out}")
-model = AutoModelForSeq2SeqLM.from_pretrained("{out}")
+tokenizer = AutoTokenizer.from_pretrained("{out.name}")
+model = AutoModelForSeq2SeqLM.from_pretrained("{out.name}")
 batch = tokenizer(["your sentence here"], return_tensors="pt", padding=True)
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
@@ -325,12 +339,38 @@ by length ** penalty; attn-mt by ((5 + length) / 6) ** penalty, so long beam out
 unless the penalty is 0), at most {d.max_len_a} x source + {d.max_len_b} tokens in attn-mt,
 one max_length for every sentence in transformers.
 
+## License
+
+{license_text}
+
+## Limitations
+
+- Trained only on {data}: text of another domain, register or language variety may be
+  translated poorly, and the model's quality is what the scores above say, no more.
+- It can produce fluent output that is wrong: omissions, additions and mistranslated names or
+  numbers. Have a speaker check anything that matters.
+- It translates one sentence at a time, {cfg.data.src_lang} -> {cfg.data.tgt_lang} only;
+  a source longer than {d.max_input_len} tokens is cut there.
+- It reproduces what its training data hold, biases included.
+
 ## The attn-mt config
 
 ```yaml
-{yaml.safe_dump(cfg.to_dict(), sort_keys=False).strip()}
+{yaml.safe_dump(without_local_paths(cfg.to_dict()), sort_keys=False).strip()}
 ```
 """
+
+
+def without_local_paths(value: Any) -> Any:
+    """`value` (a config as a dict) with every absolute path replaced by its file name: the
+    card leaves the machine, the training machine's folders do not."""
+    if isinstance(value, dict):
+        return {key: without_local_paths(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [without_local_paths(item) for item in value]
+    if isinstance(value, str) and (value.startswith(("/", "~")) or value[1:3] == ":\\"):
+        return Path(value).name
+    return value
 
 
 def training_data_line(data) -> str:

@@ -122,7 +122,12 @@ def test_trained_model_round_trip_offline(trained_run: Path, tmp_path: Path, toy
     code = code.replace('["your sentence here"]', repr(lines))
     env = child_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,  # the card names the folder, not this machine's path to it
     )
     assert done.returncode == 0, done.stderr
     # transformers has one max_length for every sentence (generation_config.json), attn-mt a

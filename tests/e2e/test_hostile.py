@@ -1277,3 +1277,68 @@ def test_the_table_is_large_and_covers_every_class() -> None:
     } <= prefixes
     assert len({case.id for case in CASES}) == len(CASES)
     assert sum(case.user for case in CASES) >= 10
+
+
+# -- an output that is one of the command's inputs: refused before any work (round four) -------
+
+
+def linked(ws: Workspace, name: str, target: Path) -> Path:
+    """./NAME, a symbolic link to `target`."""
+    (ws.dir / name).symlink_to(target)
+    return ws.dir / name
+
+
+def own_valid(ws: Workspace) -> tuple[Path, Path]:
+    """Copies of the world's valid split in the case's folder (watched with it)."""
+    return (
+        Path(shutil.copy(ws.world.corpus["valid.src"], ws.dir / "v.src")),
+        Path(shutil.copy(ws.world.corpus["valid.tgt"], ws.dir / "v.ref")),
+    )
+
+
+OUTPUT_PATH_CASES = [
+    Case(
+        "evaluate-out-is-the-model",
+        lambda ws: evaluate_args(best(ws), "--out", ws.dir / "model.pt"),
+        ["--out", "model.pt: is the --model file being read; give another file"],
+    ),
+    Case(
+        "evaluate-out-links-to-the-model",
+        lambda ws: evaluate_args(best(ws), "--out", linked(ws, "hyp.txt", ws.dir / "model.pt")),
+        ["--out", "hyp.txt: is the --model file being read"],
+    ),
+    Case(
+        "evaluate-out-is-the-ref",
+        lambda ws: (
+            (files := own_valid(ws)),
+            ["evaluate", "--model", best(ws), "--device", "cpu", "--src", files[0]]
+            + ["--ref", files[1], "--out", files[1]],
+        )[1],
+        ["--out", "v.ref: is the --ref file being read"],
+    ),
+    Case(
+        "translate-output-is-the-input",
+        lambda ws: translate_args(
+            best(ws), "--input", ws.file("in.txt", "qb\n"), "--output", ws.dir / "in.txt"
+        ),
+        ["--output", "in.txt: is the --input file being read"],
+    ),
+    Case(
+        "translate-output-links-to-the-input",
+        lambda ws: translate_args(
+            best(ws),
+            "--input",
+            ws.file("in.txt", "qb\n"),
+            "--output",
+            linked(ws, "out.txt", ws.dir / "in.txt"),
+        ),
+        ["--output", "out.txt: is the --input file being read"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=c.marks, id=c.id) for c in OUTPUT_PATH_CASES]
+)
+def test_output_path_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
+    test_case(case, world, request)

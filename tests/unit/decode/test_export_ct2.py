@@ -161,7 +161,7 @@ def test_quantizations_come_from_ctranslate2() -> None:
 
 
 def test_readme_example_with_exported_defaults_is_translate_beam_1(
-    trained_run: Path, toy_data, tmp_path: Path, capsys
+    trained_run: Path, toy_data, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The folder's README example, as written (decode.json from `export --beam 1`), prints
     what `attn-mt translate --beam 1` writes."""
@@ -182,6 +182,7 @@ def test_readme_example_with_exported_defaults_is_translate_beam_1(
     readme = (folder / "README.txt").read_text()
     code = "\n".join(line[4:] for line in readme.splitlines() if line.startswith("    "))
     capsys.readouterr()
+    monkeypatch.chdir(tmp_path)  # the README names the folder, not this machine's path to it
     exec(code.replace('["your sentence here"]', repr(lines)), {})
     printed = eval(capsys.readouterr().out)  # the example prints a list of str
     assert printed == read_lines(hyps)
