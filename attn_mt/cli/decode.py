@@ -145,7 +145,7 @@ def translate(
     from attn_mt.cli import progress
     from attn_mt.decode.request import Request
 
-    translator = _load_translator(model, device, precision, quantize, prepack, decode)
+    translator = load_translator(model, device, precision, quantize, prepack, decode)
     request = Request(
         beam=beam,  # None: the decode.beam, widened to --nbest
         nbest=nbest,
@@ -238,7 +238,7 @@ def evaluate(
     from attn_mt.cli import progress
 
     # torch: only once the arguments are known to be good
-    translator = _load_translator(model, device, precision, quantize, prepack, decode)
+    translator = load_translator(model, device, precision, quantize, prepack, decode)
     result = evaluate_split(
         translator,
         split and split.value,
@@ -389,7 +389,7 @@ def export(
     print(f"exported to {out}", file=sys.stderr)
 
 
-def _load_translator(
+def load_translator(
     model: list[Path],
     device: str,
     precision: Precision,

@@ -88,18 +88,11 @@ def serve(
     _check_extra()
     api_key = _read_key(api_key_file)
     decode = decode_settings(set_)
-    import attn_mt  # torch: only once the arguments are known to be good
+    from attn_mt.cli.decode import load_translator  # torch: once the arguments are good
     from attn_mt.serve.app import create_app
     from attn_mt.serve.service import Limits, Service
 
-    translator = attn_mt.load(
-        model,
-        device=device,
-        precision=precision.value,
-        quantize=quantize,
-        prepack=prepack.value_for_load,
-        decode=decode,
-    )
+    translator = load_translator(model, device, precision, quantize, prepack, decode)
     translator.translate_nbest(["a"])  # the beam against the vocabulary; warms the kernels
     limits = Limits(max_lines, max_chars, max_body_bytes, max_beam)
     budget = max_batch_tokens or translator.config.decode.batch_tokens
