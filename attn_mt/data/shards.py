@@ -353,30 +353,7 @@ def write_shards(
         np.save(tmp / "corpus.npy", np.concatenate(corpus_of))
         (tmp / "src.model").write_bytes(src_tok.model_bytes)
         (tmp / "tgt.model").write_bytes(tgt_tok.model_bytes)
-        manifest = {
-            "format": FORMAT,
-            "corpora": [
-                {
-                    **ident,
-                    "src_path": c.src,
-                    "tgt_path": c.tgt,
-                    **dataclasses.asdict(s),
-                    "pairs": s.pairs,
-                }
-                for ident, c, s in zip(
-                    target.identity["corpora"], target.corpora, stats, strict=True
-                )
-            ],
-            "identity": target.identity,
-            "dtype": dtype,
-            "pairs": int(len(all_lengths)),
-            "tokens": [int(n) for n in offsets[-1]],
-            "tokenizer_sha256": _hashes(tokenizers),
-            "files": {
-                name: {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
-                for name in SHARD_FILES
-            },
-        }
+        manifest = _manifest(tmp, target, stats, dtype, offsets, tokenizers)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         _move_into_place(tmp, target.folder)
     finally:
@@ -392,6 +369,35 @@ def write_shards(
             cfg.data.max_len,
             s.bad_ratio,
         )
+
+
+def _manifest(
+    folder: Path,
+    target: Plan,
+    stats: list[FilterStats],
+    dtype: str,
+    offsets: np.ndarray,
+    tokenizers: tuple[Tokenizer, Tokenizer],
+) -> dict[str, Any]:
+    """What a prepared folder holds: its corpora and their filter counts, what it was made
+    from (`target.identity`), its sizes, and every file's size and sha256."""
+    corpora = [
+        {**ident, "src_path": c.src, "tgt_path": c.tgt, **dataclasses.asdict(s), "pairs": s.pairs}
+        for ident, c, s in zip(target.identity["corpora"], target.corpora, stats, strict=True)
+    ]
+    return {
+        "format": FORMAT,
+        "corpora": corpora,
+        "identity": target.identity,
+        "dtype": dtype,
+        "pairs": len(offsets) - 1,
+        "tokens": [int(n) for n in offsets[-1]],
+        "tokenizer_sha256": _hashes(tokenizers),
+        "files": {
+            name: {"bytes": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)}
+            for name in SHARD_FILES
+        },
+    }
 
 
 def _check_kept(cfg: Config, stats: list[FilterStats]) -> None:
