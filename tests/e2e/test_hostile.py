@@ -1330,6 +1330,18 @@ CLI_CASES = [
         lambda ws: ["data", "fecth", "multi30k"],
         ["data: unknown command fecth; did you mean fetch?"],
     ),
+    Case(  # every typo in one go, the file's and --set's, not one a run
+        "config-every-unknown-key-at-once",
+        lambda ws: train_args(
+            ws.config(model={"d_modle": 32}, train={"lrr": 0.1}), "--set", "train.batch_tokns=8"
+        ),
+        [
+            "3 unknown keys: ",
+            "model.d_modle: unknown key; did you mean model.d_model?",
+            "train.lrr: unknown key; did you mean train.lr?",
+            "train.batch_tokns: unknown key; did you mean train.batch_tokens?",
+        ],
+    ),
 ]
 
 
