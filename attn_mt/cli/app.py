@@ -18,8 +18,22 @@ from typing import Annotated, TextIO
 
 import typer
 from typer._click import exceptions as click  # Typer's own copy of Click's errors
+from typer.core import TyperArgument
 
 from attn_mt.errors import UserError
+
+
+def _argument_usage(self: TyperArgument) -> str:
+    """`NAME`, `[NAME]`, `NAME...`: an argument in the usage line as Click writes it (Typer
+    writes `{NAME}`)."""
+    name = self.display_name_raw
+    return (name if self.required else f"[{name}]") + ("..." if self.nargs != 1 else "")
+
+
+# Typer shows an argument's Python type beside its name in the help (`<list[Path]>`, `<str>`):
+# the metavar each argument declares says it for a user.
+TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
+TyperArgument._usage_display_name = _argument_usage  # type: ignore[method-assign]
 
 app = typer.Typer(
     help="attn-mt: train Transformer translation models from one YAML file, then translate.",
