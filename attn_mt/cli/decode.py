@@ -258,7 +258,7 @@ def evaluate(
         print(f"hypotheses: {result.hypotheses}", file=sys.stderr)
 
 
-@app.command(epilog="Example: attn-mt average -o avg.pt run/checkpoints/a.pt run/checkpoints/b.pt")
+@app.command(epilog="Example: attn-mt average -o avg.pt runs/multi30k/checkpoints/step_*.pt")
 def average(
     out: Annotated[
         Path, typer.Option("--out", "-o", metavar="FILE", help="The averaged checkpoint to write.")
