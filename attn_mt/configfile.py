@@ -117,8 +117,16 @@ def load_config(
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, not {_kind(raw)}")
     _resolve_data_paths(raw, path.parent)
+    unknown = _unknown_keys(Config, raw, "")  # every typo at once, the file's and --set's
     for item in overrides:
-        apply_override(raw, item)
+        try:
+            apply_override(raw, item)
+        except _UnknownKey as err:
+            unknown.append(str(err))
+    if len(unknown) == 1:
+        raise ConfigError(unknown[0])
+    if unknown:
+        raise ConfigError(f"{len(unknown)} unknown keys: " + "; ".join(unknown))
     _resolve_data_paths(raw, Path.cwd())  # paths given with --set are relative to the shell
     _expand_home(raw)
     config = config_from_dict(raw)
@@ -237,6 +245,32 @@ def _field_type(parts: list[str]) -> Any:
     return cls
 
 
+class _UnknownKey(ConfigError):
+    """A key the schema does not have (`load_config` collects them all into one error)."""
+
+
+def _unknown_keys(cls: type, raw: Any, prefix: str) -> list[str]:
+    """The message of every unknown key in `raw`, a section of dataclass `cls`, and below."""
+    if not isinstance(raw, dict):
+        return []  # the wrong kind of value: `_build` says so
+    hints = typing.get_type_hints(cls)
+    found = []
+    for key, value in raw.items():
+        if key not in hints:
+            try:
+                _unknown(prefix.rstrip("."), key, list(hints))
+            except _UnknownKey as err:
+                found.append(str(err))
+            continue
+        item = _list_item(hints[key])
+        if item is not None and isinstance(value, list):
+            for i, entry in enumerate(value):
+                found += _unknown_keys(item, entry, f"{prefix}{key}[{i}].")
+        elif dataclasses.is_dataclass(mapping_shape(hints[key])):
+            found += _unknown_keys(mapping_shape(hints[key]), value, f"{prefix}{key}.")
+    return found
+
+
 def _unknown(prefix: str, key: str, valid: list[str]) -> typing.NoReturn:
     path = f"{prefix}.{key}" if prefix else str(key)
     close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
@@ -245,7 +279,7 @@ def _unknown(prefix: str, key: str, valid: list[str]) -> typing.NoReturn:
         if close
         else (f"valid keys: {', '.join(valid)}")
     )
-    raise ConfigError(f"{path}: unknown key; {hint}")
+    raise _UnknownKey(f"{path}: unknown key; {hint}")
 
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:

@@ -8,16 +8,33 @@ They import torch inside their bodies: `attn-mt --help` must stay fast.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+import re
 import sys
 import warnings
 from typing import Annotated, TextIO
 
 import typer
+from typer._click import exceptions as click  # Typer's own copy of Click's errors
+from typer.core import TyperArgument
 
 from attn_mt.errors import UserError
 from attn_mt.world import is_main_process
+
+
+def _argument_usage(self: TyperArgument) -> str:
+    """`NAME`, `[NAME]`, `NAME...`: an argument in the usage line as Click writes it (Typer
+    writes `{NAME}`)."""
+    name = self.display_name_raw
+    return (name if self.required else f"[{name}]") + ("..." if self.nargs != 1 else "")
+
+
+# Typer shows an argument's Python type beside its name in the help (`<list[Path]>`, `<str>`):
+# the metavar each argument declares says it for a user.
+TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
+TyperArgument._usage_display_name = _argument_usage  # type: ignore[method-assign]
 
 app = typer.Typer(
     help="attn-mt: train Transformer translation models from one YAML file, then translate.",
@@ -90,10 +107,59 @@ def main() -> None:
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     _setup_logging()
     try:
-        app()
+        code = app(standalone_mode=False)  # Click's own errors come here, to be one line
+    except click.NoArgsIsHelpError as err:  # `attn-mt`, `attn-mt data`: the help
+        err.show()
+        sys.exit(err.exit_code)
+    except click.ClickException as err:
+        print(f"attn-mt: error: {usage_error(err, sys.argv[1:])}", file=sys.stderr)
+        sys.exit(2 if isinstance(err, click.UsageError) else err.exit_code)
+    except typer.Abort:
+        print("attn-mt: interrupted", file=sys.stderr)
+        sys.exit(130)
     except UserError as err:
         print(f"attn-mt: error: {err}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("attn-mt: interrupted", file=sys.stderr)
         sys.exit(130)
+    if isinstance(code, int) and code:  # typer.Exit(N) returns its code here
+        sys.exit(code)
+
+
+def usage_error(err: click.ClickException, argv: list[str]) -> str:
+    """Click's error as our one line: the command, what is wrong, the closest option or choice,
+    and where the help is (Click prints a usage box over several lines)."""
+    ctx = getattr(err, "ctx", None)
+    names: list[str] = []  # the command's words below the program's own (`data fetch`)
+    while ctx is not None and ctx.parent is not None:
+        names, ctx = [ctx.info_name or "", *names], ctx.parent
+    ctx = getattr(err, "ctx", None)
+    command = " ".join(names)
+    where = f"{command}: " if command else ""
+    see = f"see `attn-mt {command + ' ' if command else ''}--help`"
+    if isinstance(err, click.NoSuchOption) and ctx is not None:
+        known = [opt for p in ctx.command.get_params(ctx) for opt in p.opts + p.secondary_opts]
+        close = difflib.get_close_matches(err.option_name, known, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]}?" if close else see
+        return f"{where}unknown option {err.option_name}; {hint}"
+    message = " ".join(err.format_message().split()).replace("Value error, ", "")
+    unknown = _NO_SUCH_COMMAND.match(message)
+    if unknown and ctx is not None and hasattr(ctx.command, "list_commands"):
+        known = ctx.command.list_commands(ctx)
+        close = difflib.get_close_matches(unknown["name"], known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else f"the commands: {', '.join(known)}"
+        return f"{where}unknown command {unknown['name']}; {hint}"
+    choice = _NOT_ONE_OF.search(message)
+    param = getattr(err, "param", None)
+    if choice and param is not None and param.opts:  # a bad choice: the closest one
+        given, choices = choice["given"], re.findall(r"'([^']*)'", choice["choices"])
+        close = difflib.get_close_matches(given, choices, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        return f"{where}{param.opts[0]} {given}: must be one of {', '.join(choices)}{hint}"
+    return f"{where}{message[:1].lower()}{message[1:].rstrip('.')} ({see})"
+
+
+_NO_SUCH_COMMAND = re.compile(r"No such command '(?P<name>[^']*)'")
+# Click's message for a value outside an option's choices.
+_NOT_ONE_OF = re.compile(r"'(?P<given>[^']*)' is not one of (?P<choices>'.*')")

@@ -42,17 +42,18 @@ if TYPE_CHECKING:
     from attn_mt.decode.translator import Translator
 
 
-@app.command()
+@app.command(epilog="Example: attn-mt translate -m runs/multi30k -i news.de -o news.en -b 5")
 def translate(
     model: ModelsOption,
     input_: Annotated[
         Path | None,
-        typer.Option("--input", metavar="FILE", help="Translate FILE instead of stdin."),
+        typer.Option("--input", "-i", metavar="FILE", help="Translate FILE instead of stdin."),
     ] = None,
     output: Annotated[
         Path | None,
         typer.Option(
             "--output",
+            "-o",
             metavar="FILE",
             help="Write FILE instead of stdout (whole or not at all: no half file on error).",
         ),
@@ -70,6 +71,7 @@ def translate(
         NbestFormat,
         typer.Option(
             "--nbest-format",
+            metavar="tsv|marian",
             help="tsv: 'score<TAB>text' lines, a blank line after each input line; "
             "marian: 'id ||| text ||| score' lines, id counted from 0.",
         ),
@@ -186,17 +188,19 @@ def translate(
         raise UserError(f"stdout: cannot write ({os_reason(err)})") from None
 
 
-@app.command()
+@app.command(epilog="Example: attn-mt evaluate -m runs/multi30k --split test -b 5")
 def evaluate(
     model: ModelsOption,
     split: Annotated[
         Split | None,
-        typer.Option("--split", help="A split of the run's corpus (default test)."),
+        typer.Option(
+            "--split", metavar="valid|test", help="A split of the run's corpus (default test)."
+        ),
     ] = None,
     src: Annotated[
         Path | None,
         typer.Option(
-            "--src", "--input", metavar="FILE", help="Source file to translate (with --ref)."
+            "--src", "--input", "-i", metavar="FILE", help="Source file to translate (with --ref)."
         ),
     ] = None,
     ref: Annotated[
@@ -208,6 +212,7 @@ def evaluate(
         typer.Option(
             "--out",
             "--output",
+            "-o",
             metavar="FILE",
             help="Write hypotheses here (default: beside the checkpoint, named after the split "
             "and beam, e.g. best.test.beam5.hyp.txt).",
@@ -254,10 +259,15 @@ def evaluate(
         print(f"hypotheses: {result.hypotheses}", file=sys.stderr)
 
 
-@app.command()
+@app.command(epilog="Example: attn-mt average -o avg.pt runs/multi30k/checkpoints/step_*.pt")
 def average(
-    out: Annotated[Path, typer.Option("--out", help="The averaged checkpoint to write.")],
-    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints of one run to average.")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", metavar="FILE", help="The averaged checkpoint to write.")
+    ],
+    checkpoints: Annotated[
+        list[Path],
+        typer.Argument(metavar="CHECKPOINT", help="Checkpoints of one run to average."),
+    ],
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
 ) -> None:
     """Average the parameters of several checkpoints of one run into one checkpoint."""
@@ -274,30 +284,43 @@ def average(
     print(f"averaged {len(checkpoints)} checkpoints into {out}", file=sys.stderr)
 
 
-@app.command()
+@app.command(
+    epilog="Example: attn-mt attention -m runs/multi30k --text 'Ein Hund läuft.' -o attn.png"
+)
 def attention(
-    out: Annotated[Path, typer.Option("--out", help="The PNG file to write.")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", metavar="FILE", help="The PNG file to write.")
+    ],
     model: Annotated[
-        Path | None, typer.Option("--model", help="A run folder or .pt checkpoint.")
+        Path | None,
+        typer.Option("--model", "-m", metavar="PATH", help="A run folder or .pt checkpoint."),
     ] = None,
     text: Annotated[
-        str | None, typer.Option("--text", help="The sentence to translate and plot.")
+        str | None,
+        typer.Option("--text", metavar="TEXT", help="The sentence to translate and plot."),
     ] = None,
     kind: Annotated[
-        AttentionKind, typer.Option("--kind", help="Which attention: cross, encoder or decoder.")
+        AttentionKind,
+        typer.Option(
+            "--kind",
+            metavar="cross|encoder|decoder",
+            help="Which attention: cross, encoder or decoder.",
+        ),
     ] = AttentionKind.cross,
     layer: Annotated[
-        int | None, typer.Option("--layer", help="Plot only this layer (0-based).")
+        int | None, typer.Option("--layer", metavar="N", help="Plot only this layer (0-based).")
     ] = None,
     head: Annotated[
-        int | None, typer.Option("--head", help="Plot only this head (0-based).")
+        int | None, typer.Option("--head", metavar="N", help="Plot only this head (0-based).")
     ] = None,
     pe: Annotated[
         bool, typer.Option("--pe", help="Plot the sinusoidal positional-encoding matrix instead.")
     ] = False,
-    positions: Annotated[int, typer.Option("--positions", help="Positions shown by --pe.")] = 100,
+    positions: Annotated[
+        int, typer.Option("--positions", metavar="N", help="Positions shown by --pe.")
+    ] = 100,
     d_model: Annotated[
-        int | None, typer.Option("--d-model", help="Width for --pe without --model.")
+        int | None, typer.Option("--d-model", metavar="N", help="Width for --pe without --model.")
     ] = None,
     device: DeviceOption = "auto",
 ) -> None:
@@ -321,17 +344,18 @@ def attention(
     print(f"wrote {out}", file=sys.stderr)
 
 
-@app.command()
+@app.command(epilog="Example: attn-mt export -m runs/multi30k -o model-ct2 --quantization int8")
 def export(
     model: ModelOption,
     out: Annotated[
         Path,
-        typer.Option("--out", metavar="DIR", help="The model folder to create."),
+        typer.Option("--out", "-o", metavar="DIR", help="The model folder to create."),
     ],
     format_: Annotated[
         ExportFormat,
         typer.Option(
             "--format",
+            metavar="ct2|hf",
             help="ct2: a CTranslate2 folder (needs `pip install attn-mt[ct2]`); hf: a Hugging "
             "Face transformers folder (needs `pip install attn-mt[hf]`).",
         ),

@@ -14,6 +14,7 @@ import gzip
 import io
 import os
 import queue
+import stat
 import sys
 import threading
 import warnings
@@ -88,7 +89,8 @@ def input_file(path: Path | None) -> Iterator[tuple[BinaryIO, int | None]]:
     when FILE is a regular file (None for a stream: it can be read only once)."""
     if path is None:
         check_input(path)
-        yield _stdin_reader(), None
+        reader = _stdin_reader()
+        yield reader, _lines_ahead(reader) if sys.stderr.isatty() else None
         return
     with contextlib.ExitStack() as stack:
         try:
@@ -104,6 +106,20 @@ def input_file(path: Path | None) -> Iterator[tuple[BinaryIO, int | None]]:
             reason = getattr(err, "strerror", None) or err
             raise UserError(f"--input {path}: cannot read ({reason})") from None
         yield handle, total
+
+
+def _lines_ahead(reader: BinaryIO) -> int | None:
+    """The lines left in stdin when it is a regular file (`< FILE`: the progress bar's total),
+    counted and read again from where they start; None for a pipe or a terminal."""
+    try:
+        if not stat.S_ISREG(os.fstat(reader.fileno()).st_mode):
+            return None
+        start = reader.tell()
+        total = sum(1 for _ in reader)
+        reader.seek(start)
+    except (OSError, ValueError):  # not seekable after all
+        return None
+    return total
 
 
 def _stdin_reader() -> BinaryIO:

@@ -71,6 +71,7 @@ ModelOption = Annotated[
     Path,
     typer.Option(
         "--model",
+        "-m",
         metavar="PATH",
         help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint.",
     ),
@@ -79,6 +80,7 @@ ModelsOption = Annotated[
     list[Path],
     typer.Option(
         "--model",
+        "-m",
         metavar="PATH",
         help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint; give it more than "
         "once to decode with the ensemble (models of one vocabulary, log-probabilities averaged).",
@@ -88,6 +90,7 @@ PrecisionOption = Annotated[
     Precision,
     typer.Option(
         "--precision",
+        metavar="fp32|bf16|fp16|auto",
         help="fp32; bf16 or fp16 autocast; auto = bf16 where the device runs it natively.",
     ),
 ]
@@ -118,6 +121,7 @@ PrepackOption = Annotated[
     Prepack,
     typer.Option(
         "--prepack",
+        metavar="auto|on|off",
         help="float32 on the CPU: prepack the linear layers for oneDNN (auto = where a "
         "product timed at load runs clearly faster packed; off saves the kernels' memory).",
     ),
@@ -128,6 +132,7 @@ BeamOption = Annotated[
     int | None,
     typer.Option(
         "--beam",
+        "-b",
         metavar="N",
         help="Beam size (default: the checkpoint's decode.beam; 1 = greedy).",
     ),

@@ -37,13 +37,18 @@ def _limit(option: str, help_: str):
     return typer.Option(option, metavar="N", min=1, help=help_)
 
 
-@app.command()
+@app.command(epilog="Example: attn-mt serve -m runs/multi30k --port 8000")
 def serve(
     model: ModelsOption,
     host: Annotated[
-        str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).")
+        str,
+        typer.Option(
+            "--host", metavar="ADDRESS", help="Address to listen on (127.0.0.1: this machine only)."
+        ),
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port (0: any free one).")] = 8000,
+    port: Annotated[
+        int, typer.Option("--port", metavar="N", help="TCP port (0: any free one).")
+    ] = 8000,
     set_: DecodeSetOption = None,
     device: DeviceOption = "auto",
     precision: PrecisionOption = Precision.fp32,
@@ -61,6 +66,7 @@ def serve(
         float,
         typer.Option(
             "--max-wait-ms",
+            metavar="MS",
             min=0,
             help="How long the oldest waiting request waits for others to batch with "
             "(0: batch only what is already queued).",

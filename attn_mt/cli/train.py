@@ -13,7 +13,9 @@ from attn_mt.cli.options import ConfigSetOption, DeviceOption
 from attn_mt.errors import UserError
 
 
-@app.command()
+@app.command(
+    epilog="Example: attn-mt train -c configs/multi30k_de_en.yaml --set train.max_minutes=30"
+)
 def train(
     run_dir: Annotated[
         Path | None,
@@ -25,7 +27,7 @@ def train(
     ] = None,
     config: Annotated[
         Path | None,
-        typer.Option("--config", metavar="FILE", help="The YAML config file."),
+        typer.Option("--config", "-c", metavar="FILE", help="The YAML config file."),
     ] = None,
     set_: ConfigSetOption = None,
     resume: Annotated[
@@ -40,6 +42,7 @@ def train(
         Path | None,
         typer.Option(
             "--init-from",
+            metavar="PATH",
             help="Start a new run from a run folder (its best.pt) or .pt file: its weights and "
             "SentencePiece models (sets train.init_from).",
         ),
@@ -96,14 +99,15 @@ def train(
         raise typer.Exit(128 + signal.Signals[result.stop_signal].value)
 
 
-@app.command()
+@app.command(epilog="Example: attn-mt prepare -c configs/multi30k_de_en.yaml --workers 4")
 def prepare(
     config: Annotated[
-        Path | None, typer.Option("--config", metavar="FILE", help="The YAML config file.")
+        Path | None, typer.Option("--config", "-c", metavar="FILE", help="The YAML config file.")
     ] = None,
     set_: ConfigSetOption = None,
     workers: Annotated[
-        int, typer.Option("--workers", help="Encoding processes (0 = every core).", min=0)
+        int,
+        typer.Option("--workers", metavar="N", help="Encoding processes (0 = every core).", min=0),
     ] = 0,
 ) -> None:
     """Encode the training corpora once into token shards (train does it too when needed)."""
@@ -119,8 +123,10 @@ def prepare(
         print(line)
 
 
-@data_app.command("fetch")
-def data_fetch(name: Annotated[str, typer.Argument(help="Corpus name: multi30k.")]) -> None:
+@data_app.command("fetch", epilog="Example: attn-mt data fetch multi30k")
+def data_fetch(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Corpus name: multi30k.")],
+) -> None:
     """Make a named corpus available locally ($ATTN_MT_DATA, the cache, or a download)."""
     from attn_mt.data.corpora import fetch_corpus
 
@@ -128,12 +134,14 @@ def data_fetch(name: Annotated[str, typer.Argument(help="Corpus name: multi30k."
         print(path)
 
 
-@data_app.command("info")
+@data_app.command("info", epilog="Example: attn-mt data info -c configs/multi30k_de_en.yaml")
 def data_info(
     config: Annotated[
         Path | None,
         typer.Option(
             "--config",
+            "-c",
+            metavar="FILE",
             help="Show this config's training corpora and shares instead (and the named "
             "corpus files only if it uses one).",
         ),

@@ -279,13 +279,13 @@ def test_python_api_still_loads_lazily():
 def test_fixed_sets_are_listed_in_help():
     export_help = CliRunner().invoke(app, ["export", "--help"]).output
     assert "--quantization none|int8|float16|..." in export_help  # export_ctranslate2 checks it
-    assert "--format <ct2|hf>" in export_help and "[default: ct2]" in export_help
+    assert "--format ct2|hf" in export_help and "[default: ct2]" in export_help
     assert "--quantize int8" in CliRunner().invoke(app, ["translate", "-h"]).output
-    assert "--kind <cross|encoder|decoder>" in CliRunner().invoke(app, ["attention", "-h"]).output
+    assert "--kind cross|encoder|decoder" in CliRunner().invoke(app, ["attention", "-h"]).output
     translate_help = CliRunner().invoke(app, ["translate", "-h"]).output
     assert "--device auto|cpu|cuda|cuda:N" in translate_help
-    assert "--nbest-format <tsv|marian>" in translate_help
-    assert "--split <valid|test>" in CliRunner().invoke(app, ["evaluate", "-h"]).output
+    assert "--nbest-format tsv|marian" in translate_help
+    assert "--split valid|test" in CliRunner().invoke(app, ["evaluate", "-h"]).output
 
 
 def test_a_value_outside_a_fixed_set_is_refused():

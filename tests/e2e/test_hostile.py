@@ -1342,3 +1342,74 @@ OUTPUT_PATH_CASES = [
 )
 def test_output_path_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
     test_case(case, world, request)
+
+
+# The command line's own mistakes (an unknown option or command, a bad choice, a missing value
+# or argument): Click's multi-line usage box becomes the one line, with the closest name.
+CLI_CASES = [
+    Case(
+        "cli-unknown-option",
+        lambda ws: ["translate", "--model", best(ws), "--bem", "4"],
+        ["translate: unknown option --bem; did you mean --beam?"],
+    ),
+    Case(
+        "cli-unknown-option-far-from-any",
+        lambda ws: ["evaluate", "--model", best(ws), "--zzzzzz"],
+        ["evaluate: unknown option --zzzzzz", "attn-mt evaluate --help"],
+    ),
+    Case(
+        "cli-bad-choice",
+        lambda ws: ["translate", "--model", best(ws), "--precision", "bf61"],
+        [
+            "translate: --precision bf61: must be one of fp32, bf16, fp16, auto",
+            "did you mean bf16?",
+        ],
+    ),
+    Case(
+        "cli-bad-choice-with-equals",
+        lambda ws: ["export", "--model", best(ws), "--out", ws.dir / "x", "--format=ct3"],
+        ["export: --format ct3: must be one of ct2, hf; did you mean ct2?"],
+    ),
+    Case(
+        "cli-missing-value",
+        lambda ws: ["translate", "--model"],
+        ["--model", "requires an argument"],
+    ),
+    Case(
+        "cli-not-a-number",
+        lambda ws: ["translate", "--model", best(ws), "--beam", "five"],
+        ["translate: invalid value for '--beam'", "integer"],
+    ),
+    Case(
+        "cli-missing-argument",
+        lambda ws: ["average", "--out", ws.dir / "avg.pt"],
+        ["average: missing argument", "attn-mt average --help"],
+    ),
+    Case(
+        "cli-unknown-command",
+        lambda ws: ["transalte", "--model", best(ws)],
+        ["unknown command transalte; did you mean translate?"],
+    ),
+    Case(
+        "cli-unknown-subcommand",
+        lambda ws: ["data", "fecth", "multi30k"],
+        ["data: unknown command fecth; did you mean fetch?"],
+    ),
+    Case(  # every typo in one go, the file's and --set's, not one a run
+        "config-every-unknown-key-at-once",
+        lambda ws: train_args(
+            ws.config(model={"d_modle": 32}, train={"lrr": 0.1}), "--set", "train.batch_tokns=8"
+        ),
+        [
+            "3 unknown keys: ",
+            "model.d_modle: unknown key; did you mean model.d_model?",
+            "train.lrr: unknown key; did you mean train.lr?",
+            "train.batch_tokns: unknown key; did you mean train.batch_tokens?",
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=c.marks, id=c.id) for c in CLI_CASES])
+def test_cli_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
+    test_case(case, world, request)

@@ -1,0 +1,150 @@
+"""`score` (forced decoding, as marian-scorer and fairseq's --score-reference) and `info` (what a
+run folder or checkpoint holds, and the command that continues it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from attn_mt.cli.app import app
+from attn_mt.cli.options import DeviceOption, ModelOption, Precision, PrecisionOption
+from attn_mt.errors import UserError
+
+
+@app.command(epilog="Example: attn-mt score -m runs/multi30k --src test.de --ref test.en")
+def score(
+    model: ModelOption,
+    src: Annotated[Path, typer.Option("--src", metavar="FILE", help="The source sentences.")],
+    ref: Annotated[
+        Path, typer.Option("--ref", metavar="FILE", help="Their translations to score.")
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", metavar="FILE", help="Write FILE instead of stdout."),
+    ] = None,
+    normalize: Annotated[
+        bool,
+        typer.Option("--normalize", help="Print the mean per token instead of the sum."),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help='One JSON object a line: {"score", "pieces", "tokens"}.'),
+    ] = False,
+    batch_tokens: Annotated[
+        int, typer.Option("--batch-tokens", metavar="N", min=1, help="Tokens per batch.")
+    ] = 4096,
+    device: DeviceOption = "auto",
+    precision: PrecisionOption = Precision.fp32,
+) -> None:
+    """Forced decoding: log P(ref | src) of every pair, one line per pair in input order:
+    the total, a tab, then each reference piece's and </s>'s log-probability."""
+    from attn_mt.cli import io
+    from attn_mt.fileio import resolve_checkpoint
+
+    resolve_checkpoint(model)
+    sources, references = _read_lines(src, "--src"), _read_lines(ref, "--ref")
+    if len(sources) != len(references):
+        raise UserError(
+            f"--src {src} has {len(sources)} lines but --ref {ref} has {len(references)}"
+        )
+    io.check_output(output)
+    import attn_mt  # torch: only once the arguments are known to be good
+    from attn_mt.score import score_lines
+
+    translator = attn_mt.load(model, device=device, precision=precision.value, prepack=False)
+    scores = score_lines(translator, sources, references, batch_tokens)
+    with io.output_file(output) as out:
+        for pair in scores:
+            total = pair.normalized if normalize else pair.total
+            if as_json:
+                record = {"score": total, "pieces": pair.pieces, "tokens": pair.tokens}
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            else:
+                out.write(f"{total:.6f}\t{' '.join(f'{t:.4f}' for t in pair.tokens)}\n")
+
+
+def _read_lines(path: Path, option: str) -> list[str]:
+    from attn_mt.fileio import os_reason
+
+    if not path.is_file():
+        raise UserError(f"{option} {path}: {'is a folder' if path.is_dir() else 'file not found'}")
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as err:
+        raise UserError(f"{option} {path}: cannot read ({os_reason(err)})") from None
+
+
+@app.command(epilog="Example: attn-mt info runs/multi30k")
+def info(
+    run: Annotated[Path, typer.Argument(metavar="RUN", help="A run folder or a .pt checkpoint.")],
+) -> None:
+    """Show a run's languages, model size, steps, best validation and checkpoints, and the
+    command that continues it."""
+    if not run.exists():
+        raise UserError(f"{run}: no such run folder or checkpoint")
+    folder = run if run.is_dir() else None
+    if folder is not None and not (folder / "config.yaml").is_file():
+        raise UserError(f"{run}: not a run folder (no config.yaml); give a train.out_dir")
+    if folder is None and run.suffix != ".pt":
+        raise UserError(f"{run}: not a run folder or a .pt checkpoint")
+    from attn_mt.checkpoint import checkpoint_config, load_checkpoint  # torch
+
+    checkpoints = sorted((folder / "checkpoints").glob("*.pt")) if folder else [run]
+    main = next((p for p in checkpoints if p.name == "last.pt"), None) or next(
+        (p for p in checkpoints if p.name == "best.pt"), checkpoints[0] if checkpoints else None
+    )
+    if main is None:
+        assert folder is not None
+        raise UserError(f"{run}: no checkpoints yet (nothing under {folder / 'checkpoints'})")
+    state = load_checkpoint(main)
+    cfg = checkpoint_config(state, main)
+    m = cfg.model
+    parameters = sum(t.numel() for t in state["model"].values())
+    print(f"{'run' if folder else 'checkpoint'}: {run}")
+    print(f"languages: {cfg.data.src_lang} -> {cfg.data.tgt_lang}")
+    print(
+        f"model: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, "
+        f"{m.heads} heads, d_ff {m.d_ff}; {parameters:,} parameters"
+    )
+    print(f"steps: {state['step']:,} (epoch {state.get('epoch', 0)})")
+    print(f"best: {_best(folder, checkpoints, cfg.train.select_metric)}")
+    for path in checkpoints:
+        print(f"checkpoint: {path.name}  {path.stat().st_size / 1e6:.1f} MB")
+    if folder is not None:
+        from attn_mt.train.loglines import continue_command
+
+        t = cfg.train
+        stopped = "max_steps" if 0 < t.max_steps <= state["step"] else "signal"
+        print(continue_command(t.__class__(**{**vars(t), "out_dir": str(folder)}), stopped))
+
+
+def _best(folder: Path | None, checkpoints: list[Path], metric: str) -> str:
+    """The best validation record of the run's metrics.jsonl, or the checkpoint's own."""
+    records: list[dict[str, Any]] = []
+    metrics = folder / "metrics.jsonl" if folder else None
+    if metrics is not None and metrics.is_file():
+        for line in metrics.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a crash
+            if isinstance(record, dict) and record.get("split") == "valid" and metric in record:
+                records.append(record)
+    if not records:
+        from attn_mt.checkpoint import load_checkpoint
+
+        state = load_checkpoint(checkpoints[0])
+        found = state.get("metrics") or {}
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in found.items() if isinstance(v, float))
+        return f"{shown} at step {state['step']}" if shown else "no validation yet"
+    pick = min if metric == "loss" else max
+    best = pick(records, key=lambda r: r[metric])
+    shown = ", ".join(
+        f"{k} {v:.2f}"
+        for k, v in best.items()
+        if k not in ("step", "split") and isinstance(v, float)
+    )
+    return f"valid {shown} at step {best['step']:,}"
