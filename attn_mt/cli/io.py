@@ -29,15 +29,16 @@ if TYPE_CHECKING:  # imported inside the commands: `attn-mt --help` must not loa
 
 
 def format_entries(index: int, entries: list[Translation], nbest: int, style: NbestFormat) -> str:
-    """The output lines of input line `index` (from 0): its best text, or its n-best block;
-    an entry's alignment, if any, follows its text after ` ||| `."""
+    """The output lines of input line `index` (from 0): its n-best block in marian's format
+    (asked for by name, so even of one entry), else its best text or its tsv n-best block; an
+    entry's alignment, if any, follows its text after ` ||| `."""
     texts = [_with_alignment(e) for e in entries]
-    if nbest == 1:
-        return texts[0] + "\n"
     if style is NbestFormat.marian:
         return "".join(
             f"{index} ||| {t} ||| {e.score:.4f}\n" for t, e in zip(texts, entries, strict=True)
         )
+    if nbest == 1:
+        return texts[0] + "\n"
     return "".join(f"{e.score:.4f}\t{t}\n" for t, e in zip(texts, entries, strict=True)) + "\n"
 
 

@@ -1277,3 +1277,36 @@ def test_the_table_is_large_and_covers_every_class() -> None:
     } <= prefixes
     assert len({case.id for case in CASES}) == len(CASES)
     assert sum(case.user for case in CASES) >= 10
+
+
+# -- round four: decode options, messages and bounds that a hostile user still hit ------------
+
+DECODE_MESSAGE_CASES = [
+    Case(  # 0 once meant "the default width" and drew 256 columns
+        "attention-pe-d-model-zero",
+        lambda ws: ["attention", "--pe", "--d-model", "0", "--out", ws.dir / "pe.png"],
+        ["--d-model 0: must be an even number of at least 2"],
+    ),
+    Case(  # a second --model was silently the only one exported
+        "export-two-models",
+        lambda ws: ["export", "--model", best(ws), "--model", best(ws), "--out", ws.dir / "ct2"],
+        ["export: --model given 2 times", "attn-mt average"],
+    ),
+    Case(
+        "config-min-lr-above-lr",
+        lambda ws: train_args(ws.config(train={"lr": 1e-4, "min_lr": 1e-3})),
+        ["train.min_lr: 0.001 is invalid; must not exceed train.lr (0.0001)"],
+    ),
+    Case(  # 1e308 minutes are inf seconds: the ETA clock raised OverflowError mid-run
+        "config-max-minutes-beyond-the-clock",
+        lambda ws: train_args(ws.config(), "--set", "train.max_minutes=1e308"),
+        ["train.max_minutes: 1e+308 is invalid; must be at most 1e+09"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=c.marks, id=c.id) for c in DECODE_MESSAGE_CASES]
+)
+def test_decode_message_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
+    test_case(case, world, request)
