@@ -208,6 +208,18 @@ def line_fields(
     (None where the option is off; a line without the fields has none)."""
     if not (prefix or constraints):
         return lines, None, None
+    if any("\t" not in line and line.strip() for line in lines):
+        # One message, whatever the line: Python's warning filter then shows it once a run.
+        option, fields_wanted = (
+            ("--constraints", "source<TAB>term<TAB>...")
+            if constraints
+            else ("--prefix", "source<TAB>prefix")
+        )
+        warnings.warn(
+            f"{option}: a line without a TAB is a source alone (give {fields_wanted}); "
+            "such lines are translated without it",
+            stacklevel=1,
+        )
     fields = [line.split("\t") for line in lines]
     sources = [f[0] for f in fields]
     tail = 2 if constraints else None  # without terms, a prefix holding a TAB is refused

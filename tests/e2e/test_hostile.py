@@ -1310,3 +1310,32 @@ DECODE_MESSAGE_CASES = [
 )
 def test_decode_message_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
     test_case(case, world, request)
+
+
+def warned_once(words: str) -> Callable[[subprocess.CompletedProcess[bytes]], None]:
+    """A check: exit 0, and exactly one stderr line holding `words`."""
+
+    def check(result: subprocess.CompletedProcess[bytes]) -> None:
+        stderr = result.stderr.decode("utf-8", "replace")
+        assert result.returncode == 0, stderr
+        assert sum(words in line for line in stderr.splitlines()) == 1, stderr
+
+    return check
+
+
+DECODE_PROCESS_CASES = [
+    Case(  # three lines without terms: most likely terms separated by spaces, not TABs
+        "translate-constraints-without-tab-warns-once",
+        lambda ws: streams(ws, "--constraints"),
+        None,
+        warned_once("--constraints: a line without a TAB is a source alone"),
+        process=True,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=c.marks, id=c.id) for c in DECODE_PROCESS_CASES]
+)
+def test_decode_process_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
+    test_case(case, world, request)
