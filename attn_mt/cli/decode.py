@@ -160,7 +160,7 @@ def translate(
         ):
             first_line = 1
             for chunk in io.line_chunks(stream, str(input_) if input_ else "stdin"):
-                sources, prefixes, terms = io.line_fields(chunk, prefix, constraints)
+                sources, prefixes, terms = io.line_fields(chunk, prefix, constraints, first_line)
                 found = translator.translate_nbest(
                     sources,
                     replace(

@@ -202,10 +202,12 @@ def line_chunks(stream: BinaryIO, name: str, max_lines: int = 1000) -> Iterator[
 
 
 def line_fields(
-    lines: list[str], prefix: bool, constraints: bool
+    lines: list[str], prefix: bool, constraints: bool, first_line: int = 1
 ) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
-    """Split `source<TAB>[prefix<TAB>]term<TAB>...` lines into sources, prefixes and terms
-    (None where the option is off; a line without the fields has none)."""
+    """Split `source<TAB>[prefix<TAB>]term<TAB>...` lines (the first numbered `first_line`)
+    into sources, prefixes and terms (None where the option is off; a line without the fields
+    has none). A blank source with a prefix or terms is refused: it would translate to a
+    silent blank line."""
     if not (prefix or constraints):
         return lines, None, None
     if any("\t" not in line and line.strip() for line in lines):
@@ -221,6 +223,12 @@ def line_fields(
             stacklevel=1,
         )
     fields = [line.split("\t") for line in lines]
+    for number, f in enumerate(fields, start=first_line):
+        if not f[0].strip() and any(part.strip() for part in f[1:]):
+            raise UserError(
+                f"line {number}: the source is blank but has a prefix or terms; "
+                "give a source, or no prefix and no terms"
+            )
     sources = [f[0] for f in fields]
     tail = 2 if constraints else None  # without terms, a prefix holding a TAB is refused
     prefixes = ["\t".join(f[1:tail]) for f in fields] if prefix else None

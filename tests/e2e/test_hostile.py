@@ -1323,12 +1323,39 @@ def warned_once(words: str) -> Callable[[subprocess.CompletedProcess[bytes]], No
     return check
 
 
-DECODE_PROCESS_CASES = [
+DECODE_PROCESS_CASES: list[Case] = [
     Case(  # three lines without terms: most likely terms separated by spaces, not TABs
         "translate-constraints-without-tab-warns-once",
         lambda ws: streams(ws, "--constraints"),
         None,
         warned_once("--constraints: a line without a TAB is a source alone"),
+        process=True,
+    ),
+]
+
+
+def steered(ws: Workspace, stdin: bytes) -> list[Any]:
+    """The tiny run with a prefix and terms on every line, no room beyond what they need, and
+    'qb qd' avoided."""
+    ws.stdin = Stdin(stdin)
+    return translate_args(
+        ws.world.run / "checkpoints",
+        *["--prefix", "--constraints", "--avoid", ws.file("avoid.txt", "qb qd\n")],
+        *["--set", "decode.max_len_a=0", "--set", "decode.max_len_b=1"],
+    )
+
+
+DECODE_PROCESS_CASES += [
+    Case(  # the prefix must be followed at once by the term, which the avoided words forbid
+        "translate-prefix-term-avoid-unsatisfiable",
+        lambda ws: steered(ws, b"qb qc\tqb\tqd\n"),
+        ["line 1: no output of at most", "starts with its prefix, holds every term"],
+        process=True,
+    ),
+    Case(  # was a silent blank output line
+        "translate-blank-source-with-prefix",
+        lambda ws: steered(ws, b"qb\tqc\tqd\n\tqc\tqd\n"),
+        ["line 2: the source is blank but has a prefix or terms"],
         process=True,
     ),
 ]
