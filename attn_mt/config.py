@@ -212,6 +212,11 @@ class ModelConfig:
             reject("model.d_model", self.d_model, "must be even for sinusoidal positions")
 
 
+# train.max_minutes' ceiling (about 1,900 years): far larger budgets overflow the clock's
+# arithmetic in seconds (1e308 minutes is inf seconds).
+MAX_MINUTES = 1e9
+
+
 @dataclass
 class TrainConfig:
     """The training loop: budget, optimiser, schedule, precision, validation, checkpoints."""
@@ -285,7 +290,13 @@ class TrainConfig:
     )
 
     def validate(self) -> None:
-        """A decaying schedule needs its length: max_steps, else the max_minutes budget."""
+        """A decaying schedule needs its length: max_steps, else the max_minutes budget; the
+        budget must fit the run's clock (in seconds, as floats); the floor must not be above
+        the peak."""
+        if self.max_minutes > MAX_MINUTES:
+            reject("train.max_minutes", self.max_minutes, f"must be at most {MAX_MINUTES:g}")
+        if self.min_lr > self.lr:
+            reject("train.min_lr", self.min_lr, f"must not exceed train.lr ({self.lr:g})")
         if self.schedule in ("linear", "cosine") and self.max_steps <= 0 and not self.max_minutes:
             reject(
                 "train.schedule",

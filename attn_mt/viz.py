@@ -198,7 +198,8 @@ def plot_positional_encoding_file(
     `model` when given (sinusoidal or learned, as the model adds it), else the sinusoidal
     table of width `d_model` (default 256)."""
     if model is None:
-        figure = positional_encoding_figure(positions, d_model or DEFAULT_PE_WIDTH)
+        width = DEFAULT_PE_WIDTH if d_model is None else d_model  # 0 is refused, not 256
+        figure = positional_encoding_figure(positions, width)
     else:
         _check_positions(positions)
         network, cfg = model_from(load_checkpoint(model), model)

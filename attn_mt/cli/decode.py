@@ -25,7 +25,6 @@ from attn_mt.cli.options import (
     DeviceOption,
     ExportFormat,
     LengthPenaltyOption,
-    ModelOption,
     ModelsOption,
     NbestFormat,
     Precision,
@@ -163,7 +162,7 @@ def translate(
         ):
             first_line = 1
             for chunk in io.line_chunks(stream, str(input_) if input_ else "stdin"):
-                sources, prefixes, terms = io.line_fields(chunk, prefix, constraints)
+                sources, prefixes, terms = io.line_fields(chunk, prefix, constraints, first_line)
                 found = translator.translate_nbest(
                     sources,
                     replace(
@@ -346,7 +345,14 @@ def attention(
 
 @app.command(epilog="Example: attn-mt export -m runs/multi30k -o model-ct2 --quantization int8")
 def export(
-    model: ModelOption,
+    models: Annotated[  # a list, so that a second --model is refused, not silently taken
+        list[Path],
+        typer.Option(
+            "--model",
+            metavar="PATH",
+            help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint.",
+        ),
+    ],
     out: Annotated[
         Path,
         typer.Option("--out", "-o", metavar="DIR", help="The model folder to create."),
@@ -394,6 +400,12 @@ def export(
     """
     from attn_mt.fileio import check_output_dir, resolve_checkpoint
 
+    if len(models) > 1:
+        raise UserError(
+            f"export: --model given {len(models)} times; an export holds one model "
+            "(average checkpoints first with `attn-mt average`)"
+        )
+    model = models[0]
     resolve_checkpoint(model)
     check_output_dir(out)
     if format_ is ExportFormat.hf and quantization != "none":

@@ -31,15 +31,16 @@ if TYPE_CHECKING:  # imported inside the commands: `attn-mt --help` must not loa
 
 
 def format_entries(index: int, entries: list[Translation], nbest: int, style: NbestFormat) -> str:
-    """The output lines of input line `index` (from 0): its best text, or its n-best block;
-    an entry's alignment, if any, follows its text after ` ||| `."""
+    """The output lines of input line `index` (from 0): its n-best block in marian's format
+    (asked for by name, so even of one entry), else its best text or its tsv n-best block; an
+    entry's alignment, if any, follows its text after ` ||| `."""
     texts = [_with_alignment(e) for e in entries]
-    if nbest == 1:
-        return texts[0] + "\n"
     if style is NbestFormat.marian:
         return "".join(
             f"{index} ||| {t} ||| {e.score:.4f}\n" for t, e in zip(texts, entries, strict=True)
         )
+    if nbest == 1:
+        return texts[0] + "\n"
     return "".join(f"{e.score:.4f}\t{t}\n" for t, e in zip(texts, entries, strict=True)) + "\n"
 
 
@@ -212,13 +213,33 @@ def line_chunks(stream: BinaryIO, name: str, max_lines: int = 1000) -> Iterator[
 
 
 def line_fields(
-    lines: list[str], prefix: bool, constraints: bool
+    lines: list[str], prefix: bool, constraints: bool, first_line: int = 1
 ) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
-    """Split `source<TAB>[prefix<TAB>]term<TAB>...` lines into sources, prefixes and terms
-    (None where the option is off; a line without the fields has none)."""
+    """Split `source<TAB>[prefix<TAB>]term<TAB>...` lines (the first numbered `first_line`)
+    into sources, prefixes and terms (None where the option is off; a line without the fields
+    has none). A blank source with a prefix or terms is refused: it would translate to a
+    silent blank line."""
     if not (prefix or constraints):
         return lines, None, None
+    if any("\t" not in line and line.strip() for line in lines):
+        # One message, whatever the line: Python's warning filter then shows it once a run.
+        option, fields_wanted = (
+            ("--constraints", "source<TAB>term<TAB>...")
+            if constraints
+            else ("--prefix", "source<TAB>prefix")
+        )
+        warnings.warn(
+            f"{option}: a line without a TAB is a source alone (give {fields_wanted}); "
+            "such lines are translated without it",
+            stacklevel=1,
+        )
     fields = [line.split("\t") for line in lines]
+    for number, f in enumerate(fields, start=first_line):
+        if not f[0].strip() and any(part.strip() for part in f[1:]):
+            raise UserError(
+                f"line {number}: the source is blank but has a prefix or terms; "
+                "give a source, or no prefix and no terms"
+            )
     sources = [f[0] for f in fields]
     tail = 2 if constraints else None  # without terms, a prefix holding a TAB is refused
     prefixes = ["\t".join(f[1:tail]) for f in fields] if prefix else None

@@ -387,14 +387,28 @@ def training_data_line(data) -> str:
 
 def _validation_scores(checkpoint: Path) -> dict | None:
     """The last validation record (BLEU, chrF) of the checkpoint's step in its run folder's
-    metrics.jsonl, if any."""
+    metrics.jsonl, if any. The scores only annotate the model card, so a damaged log (a cut
+    last line, bytes that are not UTF-8, a line that is not a JSON object) costs only its
+    damaged lines, and an unreadable one its scores."""
     from attn_mt.checkpoint import load_checkpoint
 
     step = load_checkpoint(checkpoint)["step"]
     for folder in (checkpoint.parent, checkpoint.parent.parent):
         metrics = folder / "metrics.jsonl"
         if metrics.is_file():
-            records = [json.loads(line) for line in metrics.read_text().splitlines() if line]
-            found = [r for r in records if r.get("step") == step and "bleu" in r]
+            try:
+                lines = metrics.read_bytes().decode("utf-8", "replace").splitlines()
+            except OSError:
+                return None
+            found = []
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                except ValueError:  # a cut or garbled line
+                    continue
+                if not isinstance(record, dict) or record.get("step") != step:
+                    continue
+                if all(isinstance(record.get(key), (int, float)) for key in ("bleu", "chrf")):
+                    found.append(record)  # a validation record: the card formats both
             return found[-1] if found else None
     return None

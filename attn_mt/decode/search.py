@@ -186,10 +186,11 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Beam search; returns the `nbest` best hypotheses of every source row, best first.
 
-    At each step the 2K best continuations of each sentence's K beams are ranked; an <eos>
-    among the first K ends a hypothesis, scored logprob / lp(length), and the best K others
-    go on. A sentence is done once it holds K finished hypotheses and the best open beam,
-    scored logprob / lp(its length so far), does not beat the K-th of them (`_sentence_done`).
+    At each step the 2K best continuations (all, if fewer) of each sentence's K beams are
+    ranked; an <eos> among the first K ends a hypothesis, scored logprob / lp(length), and the
+    best K others go on. A sentence is done once it holds K finished hypotheses and the best
+    open beam, scored logprob / lp(its length so far), does not beat the K-th of them
+    (`_sentence_done`).
     """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest ({nbest}) must be between 1 and the beam size ({beam_size})")
@@ -208,8 +209,12 @@ class Beam(Strategy):
         on. One read: which of the first K end, their beams, and the best open score."""
         n, width, vocab = log_probs.shape
         k, device = self.beam_size, log_probs.device
-        top_scores, top_index = top_candidates(log_probs, scores, 2 * k)  # (G, 2K)
-        top_beam, top_token = top_index // vocab, top_index % vocab  # (G, 2K)
+        # 2K candidates, or all W * V where there are fewer (a beam wider than half the
+        # vocabulary, at its first step): at least K, as K <= V; any beams short of K open
+        # candidates score -inf and never end a hypothesis.
+        count = min(2 * k, width * vocab)
+        top_scores, top_index = top_candidates(log_probs, scores, count)  # (G, count)
+        top_beam, top_token = top_index // vocab, top_index % vocab  # (G, count)
         is_eos = top_token == EOS_ID
         # The best K non-<eos> candidates become the next beams.
         open_scores = top_scores.masked_fill(is_eos, float("-inf"))

@@ -190,6 +190,12 @@ class Translator:
                 hyps = [[h] for h in greedy_search(models, src, limits, alpha, cache)]
             else:
                 hyps = beam_search(models, src, limits, beam, alpha, nbest, cache)
+        for row, row_hyps, limit in zip(rows, hyps, limits.tolist(), strict=True):
+            if not row_hyps:  # only steering can leave a line without any output
+                raise UserError(
+                    f"line {request.first_line + row}: no output of at most {limit - 1} tokens "
+                    "starts with its prefix, holds every term and none of the avoided words"
+                )
         entries = []
         for row_hyps in hyps:
             texts = self.tgt_tokenizer.decode([h.tokens for h in row_hyps])

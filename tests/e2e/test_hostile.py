@@ -1413,3 +1413,92 @@ CLI_CASES = [
 @pytest.mark.parametrize("case", [pytest.param(c, marks=c.marks, id=c.id) for c in CLI_CASES])
 def test_cli_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
     test_case(case, world, request)
+
+
+# -- round four: decode options, messages and bounds that a hostile user still hit ------------
+
+DECODE_MESSAGE_CASES = [
+    Case(  # 0 once meant "the default width" and drew 256 columns
+        "attention-pe-d-model-zero",
+        lambda ws: ["attention", "--pe", "--d-model", "0", "--out", ws.dir / "pe.png"],
+        ["--d-model 0: must be an even number of at least 2"],
+    ),
+    Case(  # a second --model was silently the only one exported
+        "export-two-models",
+        lambda ws: ["export", "--model", best(ws), "--model", best(ws), "--out", ws.dir / "ct2"],
+        ["export: --model given 2 times", "attn-mt average"],
+    ),
+    Case(
+        "config-min-lr-above-lr",
+        lambda ws: train_args(ws.config(train={"lr": 1e-4, "min_lr": 1e-3})),
+        ["train.min_lr: 0.001 is invalid; must not exceed train.lr (0.0001)"],
+    ),
+    Case(  # 1e308 minutes are inf seconds: the ETA clock raised OverflowError mid-run
+        "config-max-minutes-beyond-the-clock",
+        lambda ws: train_args(ws.config(), "--set", "train.max_minutes=1e308"),
+        ["train.max_minutes: 1e+308 is invalid; must be at most 1e+09"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=c.marks, id=c.id) for c in DECODE_MESSAGE_CASES]
+)
+def test_decode_message_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
+    test_case(case, world, request)
+
+
+def warned_once(words: str) -> Callable[[subprocess.CompletedProcess[bytes]], None]:
+    """A check: exit 0, and exactly one stderr line holding `words`."""
+
+    def check(result: subprocess.CompletedProcess[bytes]) -> None:
+        stderr = result.stderr.decode("utf-8", "replace")
+        assert result.returncode == 0, stderr
+        assert sum(words in line for line in stderr.splitlines()) == 1, stderr
+
+    return check
+
+
+DECODE_PROCESS_CASES: list[Case] = [
+    Case(  # three lines without terms: most likely terms separated by spaces, not TABs
+        "translate-constraints-without-tab-warns-once",
+        lambda ws: streams(ws, "--constraints"),
+        None,
+        warned_once("--constraints: a line without a TAB is a source alone"),
+        process=True,
+    ),
+]
+
+
+def steered(ws: Workspace, stdin: bytes) -> list[Any]:
+    """The tiny run with a prefix and terms on every line, no room beyond what they need, and
+    'qb qd' avoided."""
+    ws.stdin = Stdin(stdin)
+    return translate_args(
+        ws.world.run / "checkpoints",
+        *["--prefix", "--constraints", "--avoid", ws.file("avoid.txt", "qb qd\n")],
+        *["--set", "decode.max_len_a=0", "--set", "decode.max_len_b=1"],
+    )
+
+
+DECODE_PROCESS_CASES += [
+    Case(  # the prefix must be followed at once by the term, which the avoided words forbid
+        "translate-prefix-term-avoid-unsatisfiable",
+        lambda ws: steered(ws, b"qb qc\tqb\tqd\n"),
+        ["line 1: no output of at most", "starts with its prefix, holds every term"],
+        process=True,
+    ),
+    Case(  # was a silent blank output line
+        "translate-blank-source-with-prefix",
+        lambda ws: steered(ws, b"qb\tqc\tqd\n\tqc\tqd\n"),
+        ["line 2: the source is blank but has a prefix or terms"],
+        process=True,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=c.marks, id=c.id) for c in DECODE_PROCESS_CASES]
+)
+def test_decode_process_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
+    test_case(case, world, request)
