@@ -14,7 +14,7 @@ from torch import nn
 
 import attn_mt
 from attn_mt.data.text import read_lines
-from attn_mt.decode import inference as packed
+from attn_mt.decode import packed
 from attn_mt.decode import translator as translator_module
 from attn_mt.decode.search import beam_search, greedy_search, max_output_lengths
 from attn_mt.errors import UserError
