@@ -2,12 +2,18 @@
 
     python scripts/bench_serve.py --model runs/multi30k_de_en [--clients 32] [--seconds 20]
     python scripts/bench_serve.py --url http://127.0.0.1:8000          # a server already up
+    python scripts/bench_serve.py --model runs/multi30k_de_en --soak 10   # 10 minutes, checked
 
 With --model it starts two servers in turn on 127.0.0.1 (free ports): one batching across
 requests (--max-wait-ms, --max-batch-tokens as given), one serving requests one at a time
 (--max-wait-ms 0 --max-batch-tokens 1). Each gets --clients threads that send one sentence a
 request (Multi30k test sentences, or --src FILE) for --seconds, after --warmup seconds.
 Prints a table, then one JSON line of the figures. Only 127.0.0.1 is ever contacted.
+
+--soak MINUTES runs the batching server alone for that long under the same clients, each
+request holding 1-3 sentences: every reply must hold one line per sentence, each equal to what
+the server first answered for that sentence (nothing lost, reordered or mixed up between
+requests), and the server's resident memory is read every minute (it should stay flat).
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ def main() -> None:
     args = _parser().parse_args()
     sentences = _sentences(args.src)
     passes = {}
+    if args.soak:
+        with _server(args.model, ["--max-wait-ms", str(args.max_wait_ms)] + args.serve_arg) as url:
+            _soak(url, sentences, args, _server.pid)
+        return
     if args.url:
         passes["given"] = _measure(args.url, sentences, args)
     else:
@@ -63,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--serve-arg", action="append", default=[], help="More `serve` options (repeatable)."
     )
+    parser.add_argument("--soak", type=float, default=0, help="Minutes of checked load.")
     return parser
 
 
@@ -79,6 +90,8 @@ def _sentences(path: Path | None) -> list[str]:
 class _server:
     """`attn-mt serve --model MODEL EXTRA` on a free port of 127.0.0.1, stopped by SIGTERM."""
 
+    pid = 0  # the latest server's process id
+
     def __init__(self, model: str, extra: list[str]):
         self.command = [sys.executable, "-m", "attn_mt", "serve", "--model", model]
         self.command += ["--host", "127.0.0.1", "--port", "0", *extra]
@@ -87,6 +100,7 @@ class _server:
         self.log = open(f"/tmp/bench_serve.{os.getpid()}.log", "w+b")  # noqa: SIM115
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(self.command, stderr=self.log, env=env)
+        _server.pid = self.proc.pid
         while self.proc.poll() is None:
             self.log.seek(0)
             if found := re.search(rb"serving on (http://\S+) ", self.log.read()):
@@ -138,6 +152,61 @@ def _measure(url: str, sentences: list[str], args: argparse.Namespace) -> dict[s
         "p99_ms": 1000 * cuts[98],
         "errors": errors[0],
     }
+
+
+def _soak(url: str, sentences: list[str], args: argparse.Namespace, pid: int) -> None:
+    """--soak: checked load for args.soak minutes, the server's RSS read every minute."""
+    target = urlparse(url)
+    if target.hostname not in ("127.0.0.1", "localhost"):
+        raise SystemExit(f"{url}: this benchmark talks to 127.0.0.1 only")
+    stop_at = time.monotonic() + 60 * args.soak
+    first: dict[str, str] = {}  # sentence -> the first translation the server gave it
+    counts = {"requests": 0, "lines": 0, "errors": 0, "lost": 0, "changed": 0}
+    lock = threading.Lock()
+
+    def client(number: int) -> None:
+        conn = http.client.HTTPConnection(target.hostname, target.port, timeout=120)
+        i = number
+        while time.monotonic() < stop_at:
+            lines = [sentences[(i + k) % len(sentences)] for k in range(1 + i % 3)]
+            body = json.dumps({"text": lines})
+            conn.request("POST", "/v1/translate", body, {"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            data = reply.read()
+            with lock:
+                counts["requests"] += 1
+                if reply.status != 200:
+                    counts["errors"] += 1
+                    continue
+                got = json.loads(data)["translations"]
+                counts["lost"] += len(got) != len(lines)
+                for line, text in zip(lines, got, strict=False):
+                    counts["lines"] += 1
+                    counts["changed"] += first.setdefault(line, text) != text
+            i += args.clients
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(args.clients)]
+    for thread in threads:
+        thread.start()
+    rss = []
+    while any(t.is_alive() for t in threads):
+        rss.append(_rss_mib(pid))
+        print(f"minute {len(rss) - 1}: server RSS {rss[-1]:.0f} MiB, {counts}", flush=True)
+        minute_end = time.monotonic() + 60
+        while time.monotonic() < minute_end and any(t.is_alive() for t in threads):
+            time.sleep(1)
+    rss.append(_rss_mib(pid))
+    print(f"soak {args.soak:g} min, {args.clients} clients: {counts}; RSS MiB {rss}")
+    figures = {"soak_minutes": args.soak, "clients": args.clients, **counts, "rss_mib": rss}
+    print(json.dumps(figures))
+
+
+def _rss_mib(pid: int) -> float:
+    """The resident memory of process `pid` in MiB (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _print(passes: dict[str, dict[str, float]], args: argparse.Namespace) -> None:

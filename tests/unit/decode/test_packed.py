@@ -1,4 +1,4 @@
-"""Prepacked float32 inference (`attn_mt.packed`): the same function as the model it was made
+"""Prepacked float32 inference (`attn_mt.decode.packed`): the same function as the model it was made
 from, the same hypotheses, the original left untouched, and the plain model where torch cannot
 pack."""
 
