@@ -20,15 +20,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from attn_mt.config import (
-    Config,
-    TrainConfig,
-    base_type,
-    mapping_shape,
-    reject,
-    shown,
-    type_name,
-)
+from attn_mt.config import Config, TrainConfig
+from attn_mt.configkeys import base_type, mapping_shape, reject, shown, type_name
 from attn_mt.errors import ConfigError
 from attn_mt.fileio import os_reason
 

@@ -52,7 +52,7 @@ def score(
         )
     io.check_output(output)
     import attn_mt  # torch: only once the arguments are known to be good
-    from attn_mt.score import score_lines
+    from attn_mt.decode.forced import score_lines
 
     translator = attn_mt.load(model, device=device, precision=precision.value, prepack=False)
     scores = score_lines(translator, sources, references, batch_tokens)

@@ -14,9 +14,9 @@ from helpers.workspace import World
 
 import attn_mt as library
 from attn_mt.data.batching import source_batch
+from attn_mt.decode.forced import score_ids
 from attn_mt.decode.search import greedy_search
 from attn_mt.model.vocab import BOS_ID, EOS_ID
-from attn_mt.score import score_ids
 
 
 def best(world: World) -> Path:

@@ -17,6 +17,7 @@ PACKAGE = Path(attn_mt.__file__).parent
 LAYERS = [
     "errors",
     "world",  # who this process is, without torch
+    "configkeys",  # how a config key is declared and checked
     "config",
     "fileio",
     "precision",
