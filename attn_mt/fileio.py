@@ -52,11 +52,12 @@ def atomic_write(path: str | Path) -> Iterator[IO[bytes]]:
     killed writer left (its pid gone) are removed. A SIGTERM while the block runs unwinds it,
     so no temp file is left.
     """
-    target = Path(os.path.realpath(path))
-    if target.exists() and not target.is_file() and not target.is_dir():
-        with sigterm_unwinds(), open(target, "wb") as handle:
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        # Opened through the link itself: /dev/stdout's chain ends in a pipe with no path.
+        with sigterm_unwinds(), open(path, "wb") as handle:
             yield handle
         return
+    target = Path(os.path.realpath(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(target)
     with sigterm_unwinds():

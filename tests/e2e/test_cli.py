@@ -437,4 +437,4 @@ def test_prepack_option_reaches_load(
     args = [command, "--model", str(trained_run), "--device", "cpu", *option]
     result = CliRunner().invoke(app, args, input="ein Test\n")
     assert result.exit_code == 0 and asked == [expected], result.output
-    assert "--prepack <auto|on|off>" in CliRunner().invoke(app, [command, "-h"]).output
+    assert "--prepack auto|on|off" in CliRunner().invoke(app, [command, "-h"]).output
