@@ -129,7 +129,12 @@ class TokenizerConfig:
         1.0, "share of characters covered by the vocabulary", ge=0.9, le=1
     )
     byte_fallback: bool = key(True, "unknown characters become UTF-8 byte pieces instead of <unk>")
-    max_sentences: int = key(2_000_000, "cap on sentences SentencePiece reads when training", ge=1)
+    max_sentences: int = key(
+        2_000_000,
+        "cap on sentences SentencePiece reads when training",
+        ge=101,
+        why="SentencePiece refuses to train on 100 sentences or fewer",
+    )
     # Subword regularization: each training pair is cut into pieces anew each time it is used;
     # for unigram the smoothing alpha (smaller splits more), for bpe the BPE-dropout rate.
     sampling_alpha: float = key(0.0, "subword regularization of training pairs (0 = off; e.g. 0.3)")

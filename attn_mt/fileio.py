@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from attn_mt.errors import CheckpointError, UserError
+from attn_mt.errors import CheckpointError, UserError, named
 
 # Check access as the effective user (what opening the file will be checked against).
 _EFFECTIVE = os.access in os.supports_effective_ids
@@ -147,7 +147,7 @@ def write_output(path: str | Path, text: str, option: str = "--out") -> None:
         with atomic_write(path) as handle:
             handle.write(text.encode("utf-8"))
     except OSError as err:
-        raise UserError(f"{option} {path}: cannot write ({os_reason(err)})") from None
+        raise UserError(f"{option} {named(path)}: cannot write ({os_reason(err)})") from None
 
 
 def os_reason(err: OSError) -> str:
@@ -173,12 +173,14 @@ def check_output_file(
     through any link: writing it would destroy what is being read)."""
     path = Path(path)
     if path.is_dir():
-        raise UserError(f"{option} {path}: is a folder; give a file name")
+        raise UserError(f"{option} {named(path)}: is a folder; give a file name")
     for name, source in inputs:
         if source is not None and _same_file(path, source):
-            raise UserError(f"{option} {path}: is the {name} file being read; give another file")
+            raise UserError(
+                f"{option} {named(path)}: is the {name} file being read; give another file"
+            )
     if path.exists() and not writable(path):
-        raise UserError(f"{option} {path}: permission denied; the file is not writable")
+        raise UserError(f"{option} {named(path)}: permission denied; the file is not writable")
     _check_parent(path, option)
 
 
@@ -194,7 +196,7 @@ def check_output_dir(path: str | Path, option: str = "--out") -> None:
     """Refuse, before any work, a folder path that cannot be created or written."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise UserError(f"{option} {path}: exists and is not a folder")
+        raise UserError(f"{option} {named(path)}: exists and is not a folder")
     _check_parent(path, option)
 
 
@@ -204,9 +206,11 @@ def _check_parent(path: Path, option: str) -> None:
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise UserError(f"{option} {path}: {parent} is a file, not a folder")
+        raise UserError(f"{option} {named(path)}: {named(parent)} is a file, not a folder")
     if not writable_dir(parent):
-        raise UserError(f"{option} {path}: permission denied; cannot write in {parent}")
+        raise UserError(
+            f"{option} {named(path)}: permission denied; cannot write in {named(parent)}"
+        )
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -222,8 +226,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
                 if (folder / "last.pt").is_file()
                 else "is it a run folder (train.out_dir)?"
             )
-            raise CheckpointError(f"{path}: no {best.relative_to(path)} in this folder; {hint}")
+            raise CheckpointError(
+                f"{named(path)}: no {best.relative_to(path)} in this folder; {hint}"
+            )
         return best
     if not path.is_file():
-        raise CheckpointError(f"{path}: checkpoint not found")
+        raise CheckpointError(f"{named(path)}: checkpoint not found")
     return path

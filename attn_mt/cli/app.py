@@ -20,7 +20,7 @@ import typer
 from typer._click import exceptions as click  # Typer's own copy of Click's errors
 from typer.core import TyperArgument
 
-from attn_mt.errors import UserError
+from attn_mt.errors import UserError, one_line
 from attn_mt.world import is_main_process
 
 
@@ -118,7 +118,7 @@ def main() -> None:
         print("attn-mt: interrupted", file=sys.stderr)
         sys.exit(130)
     except UserError as err:
-        print(f"attn-mt: error: {err}", file=sys.stderr)
+        print(f"attn-mt: error: {one_line(str(err))}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("attn-mt: interrupted", file=sys.stderr)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, TextIO, cast
 
 from attn_mt.cli.options import NbestFormat
-from attn_mt.errors import UserError
+from attn_mt.errors import UserError, named
 
 if TYPE_CHECKING:  # imported inside the commands: `attn-mt --help` must not load torch
     from attn_mt.decode.translator import Translation
@@ -63,11 +63,11 @@ def check_input(path: Path | None) -> None:
         if sys.stdin is None:  # the shell closed it (<&-)
             raise UserError("stdin: cannot read text (it is closed)")
     elif not path.exists():
-        raise UserError(f"--input {path}: file not found")
+        raise UserError(f"--input {named(path)}: file not found")
     elif path.is_dir():
-        raise UserError(f"--input {path}: is a folder; give a text file")
+        raise UserError(f"--input {named(path)}: is a folder; give a text file")
     elif not os.access(path, os.R_OK):
-        raise UserError(f"--input {path}: permission denied; the file is not readable")
+        raise UserError(f"--input {named(path)}: permission denied; the file is not readable")
 
 
 def check_output(path: Path | None, input_: Path | None = None) -> None:
@@ -81,7 +81,7 @@ def check_output(path: Path | None, input_: Path | None = None) -> None:
     elif not path.exists() or path.is_file() or path.is_dir():
         check_output_file(path, "--output", [("--input", input_)])
     elif not os.access(path, os.W_OK):  # a device or FIFO, written in place
-        raise UserError(f"--output {path}: permission denied; it is not writable")
+        raise UserError(f"--output {named(path)}: permission denied; it is not writable")
 
 
 @contextlib.contextmanager
@@ -105,7 +105,7 @@ def input_file(path: Path | None) -> Iterator[tuple[BinaryIO, int | None]]:
                 handle.seek(0)
         except READ_ERRORS as err:
             reason = getattr(err, "strerror", None) or err
-            raise UserError(f"--input {path}: cannot read ({reason})") from None
+            raise UserError(f"--input {named(path)}: cannot read ({reason})") from None
         yield handle, total
 
 
@@ -155,7 +155,7 @@ def output_file(path: Path | None) -> Iterator[TextIO]:
             handle.flush()
             handle.detach()  # atomic_write closes the file itself
     except OSError as err:
-        raise UserError(f"--output {path}: cannot write ({os_reason(err)})") from None
+        raise UserError(f"--output {named(path)}: cannot write ({os_reason(err)})") from None
 
 
 def line_chunks(stream: BinaryIO, name: str, max_lines: int = 1000) -> Iterator[list[str]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from attn_mt.config import DataConfig, TrainCorpus
 from attn_mt.data.text import read_lines
-from attn_mt.errors import DataError
+from attn_mt.errors import DataError, named
 from attn_mt.fileio import atomic_write
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
@@ -109,7 +109,7 @@ def _download(url: str, target: Path, sha256: str) -> None:
 def fetch_corpus(name: str) -> list[Path]:
     """Make every file of a named corpus available locally; return their paths."""
     if name != "multi30k":
-        raise DataError(f"{name}: unknown corpus; known: multi30k")
+        raise DataError(f"{named(name)}: unknown corpus; known: multi30k")
     return [corpus_file(name, filename) for filename in MULTI30K_SHA256]
 
 

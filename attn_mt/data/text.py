@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from attn_mt.errors import DataError
+from attn_mt.errors import DataError, named
 from attn_mt.fileio import os_reason
 
 
@@ -25,11 +25,12 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 def check_text_file(path: Path) -> None:
-    """A DataError unless `path` names a file (not a folder, not missing)."""
+    """A DataError unless `path` names a file or a stream (a FIFO such as bash's `<(...)`, a
+    device such as /dev/stdin): not a folder, not missing."""
     if path.is_dir():
-        raise DataError(f"{path}: is a folder, not a text file")
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
+        raise DataError(f"{named(path)}: is a folder, not a text file")
+    if not path.exists():
+        raise DataError(f"{named(path)}: file not found")
 
 
 def iter_lines(path: str | Path) -> Iterator[str]:
@@ -38,10 +39,10 @@ def iter_lines(path: str | Path) -> Iterator[str]:
     check_text_file(path)
     number = 0
     try:
-        with open(path, "rb") as handle:
-            gzipped = handle.read(2) == b"\x1f\x8b"
-        opener = gzip.open if gzipped else open
-        with opener(path, "rb") as handle:
+        # Opened once and peeked at: a stream (a FIFO) can be read only once.
+        with open(path, "rb") as raw_handle:
+            gzipped = raw_handle.peek(2)[:2] == b"\x1f\x8b"
+            handle = gzip.GzipFile(fileobj=raw_handle) if gzipped else raw_handle
             for number, raw in enumerate(handle, start=1):  # noqa: B007 (used after the loop)
                 yield raw.removesuffix(b"\n").decode("utf-8").removesuffix("\r")
     except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # before OSError: BadGzipFile is one

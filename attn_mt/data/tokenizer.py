@@ -130,7 +130,14 @@ def train_tokenizer(
     except RuntimeError as err:
         reason = str(err).splitlines()[-1] if str(err) else "unknown"
         hint = ""
-        if cfg.byte_fallback and cfg.vocab_size < 300:
+        if "input_sentence_size" in reason or (
+            "ocabulary size" in reason and cfg.max_sentences < len(lines)
+        ):  # the cap left too few sentences for the vocabulary
+            hint = (
+                f"; tokenizer.max_sentences {cfg.max_sentences} leaves too few sentences for it: "
+                "raise tokenizer.max_sentences or lower tokenizer.vocab_size"
+            )
+        elif cfg.byte_fallback and cfg.vocab_size < 300:
             hint = (
                 "; byte_fallback takes 256 byte pieces plus one per character: raise "
                 "tokenizer.vocab_size or set tokenizer.byte_fallback: false"

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from attn_mt.data.batching import pad_sequences
+from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import UserError
 from attn_mt.model.attention import padding_mask, record_attention
 from attn_mt.model.transformer import Transformer
@@ -74,21 +75,43 @@ def word_starts(pieces: Sequence[str]) -> list[int]:
     return numbers
 
 
+def source_words(tokenizer: Tokenizer, line: str, ids: Sequence[int]) -> list[int]:
+    """The word of `line` (split at whitespace, as a reader counts words) that each of its
+    piece ids comes from. Pieces never cross whitespace, so each word is segmented alone; a
+    U+2581 the user typed inside a word splits its pieces but not the word."""
+    words = line.split()
+    per_word = tokenizer.encode(words)
+    numbers = [w for w, word_ids in enumerate(per_word) for _ in word_ids]
+    if len(numbers) != len(ids):  # a segmentation that differs in context: count by the marks
+        last = max(len(words) - 1, 0)
+        return [min(w, last) for w in word_starts(tokenizer.pieces(ids))]
+    return numbers
+
+
+def output_words(tokenizer: Tokenizer, ids: Sequence[int]) -> list[int]:
+    """The word of the decoded output (split at whitespace) that each piece id ends in: the
+    words of the text decoded up to and including it, less one. A piece of whitespace alone
+    (as sampling may draw) belongs to the word before it; an unknown piece, decoded " ⁇ ",
+    is a word of its own, as the text shows it."""
+    total = len(tokenizer.decode([ids])[0].split())
+    prefixes = tokenizer.decode([ids[: k + 1] for k in range(len(ids))])
+    return [min(max(len(text.split()) - 1, 0), max(total - 1, 0)) for text in prefixes]
+
+
 def word_alignment(
-    attention: torch.Tensor, src_pieces: list[str], out_pieces: list[str]
+    attention: torch.Tensor, src_words: list[int], out_words: list[int]
 ) -> Alignment:
     """Pharaoh pairs from one output's piece attention (T, S) (the source's <eos> column and
-    padding included, then dropped)."""
-    if not src_pieces or not out_pieces:
+    padding included, then dropped), given each source and output piece's word number."""
+    if not src_words or not out_words:
         return []
-    src_words, out_words = word_starts(src_pieces), word_starts(out_pieces)
-    piece_att = attention[: len(out_pieces), : len(src_pieces)]  # (T, S) without <eos>, padding
-    to_src = torch.zeros(len(src_pieces), src_words[-1] + 1).index_put_(
-        (torch.arange(len(src_pieces)), torch.tensor(src_words)), torch.tensor(1.0)
+    piece_att = attention[: len(out_words), : len(src_words)]  # (T, S) without <eos>, padding
+    to_src = torch.zeros(len(src_words), max(src_words) + 1).index_put_(
+        (torch.arange(len(src_words)), torch.tensor(src_words)), torch.tensor(1.0)
     )  # (S, source words): sums a source word's pieces
-    to_out = torch.zeros(out_words[-1] + 1, len(out_pieces)).index_put_(
-        (torch.tensor(out_words), torch.arange(len(out_pieces))), torch.tensor(1.0)
+    to_out = torch.zeros(max(out_words) + 1, len(out_words)).index_put_(
+        (torch.tensor(out_words), torch.arange(len(out_words))), torch.tensor(1.0)
     )  # (output words, T)
-    to_out /= to_out.sum(dim=1, keepdim=True)  # a mean over a word's pieces
+    to_out /= to_out.sum(dim=1, keepdim=True).clamp(min=1)  # a mean over a word's pieces
     word_att = to_out @ piece_att.cpu() @ to_src  # (output words, source words)
     return [(int(i), j) for j, i in enumerate(word_att.argmax(dim=1).tolist())]

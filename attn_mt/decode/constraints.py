@@ -19,6 +19,7 @@ Shape legend: B sentences still searching, K beam size, N = B * K rows, V vocabu
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -76,6 +77,11 @@ def line_controls(
             continue
         term_ids = tokenizer.encode(terms)
         controls = Controls(term_ids, tokenizer.encode([prefix])[0] if prefix else [], avoid_ids)
+        for what, text, ids in [
+            *(("a term", t, i) for t, i in zip(terms, term_ids, strict=True)),
+            *([("the prefix", prefix, controls.prefix)] if prefix else []),
+        ]:
+            _written_as_given(tokenizer, f"line {number}: {what}", text, ids)
         for what, ids in [*zip(terms, term_ids, strict=True), (prefix, controls.prefix)]:
             if any(_contains(ids, bad) for bad in avoid_ids):
                 raise UserError(f"line {number}: {what!r} holds an avoided word")
@@ -88,15 +94,50 @@ def line_controls(
     return result
 
 
+def character(char: str) -> str:
+    """`char` as U+XXXX and its Unicode name, for a message (controls have no name)."""
+    name = unicodedata.name(char, "")
+    return f"U+{ord(char):04X} {name}".rstrip()
+
+
 def _checked(text: object, what: str) -> str:
     """`text` stripped, or a UserError if it is not a non-empty one-line str."""
     if not isinstance(text, str):
         raise UserError(f"{what}: {text!r} is not a str")
     if "\t" in text or "\n" in text or "\r" in text:
         raise UserError(f"{what} {text!r} holds a TAB or line break")
+    breaks = [c for c in text if c in _OTHER_BREAKS]
+    if breaks:
+        raise UserError(f"{what} {text!r} holds a line break ({character(breaks[0])})")
     if not text.strip():
         raise UserError(f"{what} is empty")
     return text.strip()
+
+
+# What str.splitlines() also ends a line at, beyond \n and \r: an output holding one would
+# not be one line, and the output writer turns them into spaces.
+_OTHER_BREAKS = frozenset("\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+def _written_as_given(tokenizer: Tokenizer, what: str, text: str, ids: Sequence[int]) -> None:
+    """A UserError naming the first character of `text` that its pieces `ids` do not write back
+    (SentencePiece's NFKC normalisation turns fullwidth forms into ASCII and composes combining
+    marks; a character outside the vocabulary becomes <unk>), so no term is met only as a
+    different string."""
+    written = tokenizer.decode([ids])[0]
+    given = " ".join(text.split())  # runs of spaces are one space in any output
+    if written == given:
+        return
+    at = next(
+        (i for i, (a, b) in enumerate(zip(given, written, strict=False)) if a != b), len(written)
+    )
+    at = min(at, len(given) - 1)
+    if at + 1 < len(given) and unicodedata.combining(given[at + 1]):
+        at += 1  # the mark that composed with its base, not the base
+    raise UserError(
+        f"{what} {text!r} holds {character(given[at])}, which the target vocabulary does not "
+        f"write as given (it writes {written!r}); give the text as the output would hold it"
+    )
 
 
 def _contains(seq: Sequence[int], part: Sequence[int]) -> bool:

@@ -24,7 +24,13 @@ from attn_mt.config import Config
 from attn_mt.configfile import config_from_dict
 from attn_mt.data.batching import length_batches, source_batch
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decode.alignment import Alignment, cross_attention, word_alignment
+from attn_mt.decode.alignment import (
+    Alignment,
+    cross_attention,
+    output_words,
+    source_words,
+    word_alignment,
+)
 from attn_mt.decode.constraints import Controls, line_controls, steered_beam_search
 from attn_mt.decode.packed import pack, packing_pays
 from attn_mt.decode.packed import quantize as quantize_model
@@ -135,7 +141,7 @@ class Translator:
             steered = [row for row in batch if controls[row] is not None]
             for rows in (plain, steered):
                 if rows:
-                    found = self._search(ids, rows, [controls[r] for r in rows], request)
+                    found = self._search(lines, ids, rows, [controls[r] for r in rows], request)
                     for row, entries in zip(rows, found, strict=True):
                         results[row] = entries
             if request.on_batch is not None:
@@ -164,13 +170,14 @@ class Translator:
 
     def _search(
         self,
+        lines: list[str],
         ids: list[list[int]],
         rows: list[int],
         controls: list[Controls | None],
         request: Request,
     ) -> list[list[Translation]]:
-        """The entries of the lines `rows` (their source `ids`), searched as one batch: all
-        steered (`controls`) or all plain."""
+        """The entries of the lines `rows` (their text `lines`, source `ids`), searched as one
+        batch: all steered (`controls`) or all plain."""
         cfg, models, nbest = self.config.decode, self.models, request.nbest
         beam, cache = request.beam or 1, request.use_cache
         alpha = request.length_penalty
@@ -206,22 +213,28 @@ class Translator:
                 ]
             )
         if request.alignment:
-            self._align([ids[row] for row in rows], entries)
+            self._align([lines[row] for row in rows], [ids[row] for row in rows], entries)
         return entries
 
-    def _align(self, src: list[list[int]], entries: list[list[Translation]]) -> None:
-        """Fill the alignment of every entry of these lines (their source ids `src`)."""
-        flat = [(s, e) for s, line in zip(src, entries, strict=True) for e in line]
+    def _align(
+        self, lines: list[str], src: list[list[int]], entries: list[list[Translation]]
+    ) -> None:
+        """Fill the alignment of every entry of these lines (their text, source ids `src`):
+        word numbers count the words of the line as given and of the output as written."""
+        flat = [
+            (s, source_words(self.src_tokenizer, text.strip(), s), e)
+            for text, s, line in zip(lines, src, entries, strict=True)
+            for e in line
+        ]
         attention = cross_attention(
             self.models,
-            [s for s, _ in flat],
-            [e.tokens for _, e in flat],
+            [s for s, _, _ in flat],
+            [e.tokens for _, _, e in flat],
             self.config.decode.alignment_layer,
         )  # (outputs, T, S)
-        for (s, entry), weights in zip(flat, attention, strict=True):
-            src_pieces = self.src_tokenizer.pieces(s)
-            out_pieces = self.tgt_tokenizer.pieces(entry.tokens)
-            entry.alignment = word_alignment(weights, src_pieces, out_pieces)
+        for (_, src_words, entry), weights in zip(flat, attention, strict=True):
+            out_words = output_words(self.tgt_tokenizer, entry.tokens)
+            entry.alignment = word_alignment(weights, src_words, out_words)
 
     def _encode(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:
         """Piece ids per line; blank lines become []; over-long lines are cut, with a warning."""

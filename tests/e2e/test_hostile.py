@@ -1502,3 +1502,31 @@ DECODE_PROCESS_CASES += [
 )
 def test_decode_process_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
     test_case(case, world, request)
+
+
+# -- round four: unusual names and keys a newcomer meets -----------------------------------
+
+ROUND_FOUR_CASES = [
+    Case(  # SentencePiece stopped with an INTERNAL check naming its own input_sentence_size
+        "config-tokenizer-max-sentences-below-sentencepiece-minimum",
+        lambda ws: train_args(ws.config(tokenizer={"max_sentences": 50})),
+        ["tokenizer.max_sentences: 50 is invalid; must be >= 101", "SentencePiece refuses"],
+    ),
+    Case(  # the newline split the one error line in two
+        "translate-input-name-with-newline",
+        lambda ws: translate_args(best(ws), "--input", ws.dir / "in\nput.txt"),
+        ["--input '", "in\\nput.txt': file not found"],
+    ),
+    Case(
+        "translate-output-under-a-file-named-with-newline",
+        lambda ws: translate_args(best(ws), "--output", ws.file("a\u2028b", "x\n") / "out.txt"),
+        ["--output '", "a\\u2028b/out.txt':"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=c.marks, id=c.id) for c in ROUND_FOUR_CASES]
+)
+def test_round_four_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
+    test_case(case, world, request)

@@ -90,6 +90,28 @@ def test_alignments_link_every_output_word_to_a_source_word(translator) -> None:
     assert 1 - 2 * hits / (links + gold) < 0.2  # AER
 
 
+@pytest.mark.parametrize("sampling", [None, attn_mt.Sampling(temperature=5.0)])
+def test_alignment_pairs_stay_within_both_sentences_words(translator, sampling) -> None:
+    """A property, on odd sources (a U+2581 typed inside a word, which SentencePiece splits at)
+    and on sampled outputs (which may hold pieces of whitespace alone): every pair (i, j) has
+    i < the source's words and j < the output's words, and every output word has one pair."""
+    rng = random.Random(3)
+    sources = [
+        " ".join(
+            w + ("\u2581" + rng.choice(SRC_WORDS) if rng.random() < 0.5 else "") for w in s.split()
+        )
+        for s in SOURCES[:8]
+    ]
+    found = translator.translate_nbest(
+        sources, nbest=3 if sampling else 1, sampling=sampling, alignment=True
+    )
+    for line, entries in zip(sources, found, strict=True):
+        for entry in entries:
+            src_words, out_words = len(line.split()), len(entry.text.split())
+            assert all(0 <= i < src_words for i, _ in entry.alignment), (line, entry)
+            assert [j for _, j in entry.alignment] == list(range(out_words)), (line, entry)
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -101,6 +123,15 @@ def test_alignments_link_every_output_word_to_a_source_word(translator) -> None:
         ({"constraints": [["Ba"]], "sampling": attn_mt.Sampling()}, "--sample"),
         ({"constraints": [["Ba"], ["Ca"]]}, "constraints: give one entry per line"),
         ({"constraints": [["Ba Ca"]], "avoid": ["Ca"]}, "line 1: 'Ba Ca' holds an avoided word"),
+        # NFKC writes fullwidth forms as ASCII and composes marks: never met as given
+        ({"constraints": [["\uff22a"]]}, "line 1: a term .* U\\+FF22 FULLWIDTH LATIN CAPITAL"),
+        ({"constraints": [["Be\u0301"]]}, "line 1: a term .* U\\+0301 COMBINING ACUTE ACCENT"),
+        ({"prefixes": ["\uff22a"]}, "line 1: the prefix .* U\\+FF22 FULLWIDTH LATIN CAPITAL"),
+        (
+            {"constraints": [["Ba\u2028Ca"]]},
+            "line 1: a term .* line break \\(U\\+2028 LINE SEPARATOR",
+        ),
+        ({"prefixes": ["Ba\x85"]}, "line 1: the prefix .* line break \\(U\\+0085\\)"),
     ],
 )
 def test_bad_terms_and_prefixes_are_one_clear_error(translator, options, message) -> None:

@@ -297,3 +297,28 @@ def test_padding_is_low_on_multi30k(multi30k_root: Path, tmp_path: Path):
     budget = load_config(REPO / "configs" / "multi30k_de_en.yaml").train.batch_tokens
     batches = epoch_lists(lengths, budget, seed=1, epoch=0)
     assert padding_fraction([collate(src_ids, tgt_ids, rows) for rows in batches]) < 0.10
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_parallel_files_may_be_streams_read_once(tmp_path: Path, gzipped: bool) -> None:
+    """`evaluate --src <(...) --ref <(...)`: FIFOs are read as they come, once (they were
+    'file not found', and a peek at the gzip magic would have eaten the first bytes)."""
+    import threading
+
+    texts = {"src": "ein Hund\nzwei\n", "tgt": "a dog\ntwo\n"}
+    fifos = {name: tmp_path / name for name in texts}
+
+    def feed(name: str) -> None:
+        data = texts[name].encode()
+        with open(fifos[name], "wb") as handle:
+            handle.write(gzip.compress(data) if gzipped else data)
+
+    for path in fifos.values():
+        os.mkfifo(path)
+    feeders = [threading.Thread(target=feed, args=(name,), daemon=True) for name in texts]
+    for feeder in feeders:
+        feeder.start()
+    assert read_parallel(fifos["src"], fifos["tgt"]) == (["ein Hund", "zwei"], ["a dog", "two"])
+    for feeder in feeders:
+        feeder.join(timeout=5)
+    assert not any(feeder.is_alive() for feeder in feeders)
