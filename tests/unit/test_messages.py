@@ -14,7 +14,7 @@ import attn_mt.checkpoint
 from attn_mt.cli.io import format_entries
 from attn_mt.cli.options import NbestFormat
 from attn_mt.configfile import config_from_dict
-from attn_mt.decode.export_hf import _validation_scores
+from attn_mt.decode.hf_card import _validation_scores
 from attn_mt.decode.translator import Translation
 from attn_mt.errors import ConfigError
 
