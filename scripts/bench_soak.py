@@ -38,6 +38,7 @@ from bench_train import ROOT, Reference, _cpu_name, train_steps  # noqa: E402
 from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
 from attn_mt.precision import resolve_device  # noqa: E402
 from attn_mt.train.loop import Trainer  # noqa: E402
+from attn_mt.train.runlog import RunLog  # noqa: E402
 
 # Environment variables that change how memory and kernels behave; read at process start.
 KNOBS = ("THP_MEM_ALLOC_ENABLE", "MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_",
@@ -72,9 +73,9 @@ class Soak:
         sizes = (m.d_model, m.heads, m.encoder_layers, m.decoder_layers, m.d_ff, m.dropout)
         self.reference = Reference(vocab, *sizes, m.norm == "pre").to(trainer.device)
         self.ref_optimizer = torch.optim.AdamW(self.reference.parameters(), lr=1e-4, fused=True)
-        self.update, self.validate = trainer.update, trainer._validate_and_save
+        self.update, self.validate = trainer.update, trainer.validator.validate_and_save
         self.next_batch = trainer.source.next
-        trainer.update, trainer._validate_and_save = self._update, self._validate
+        trainer.update, trainer.validator.validate_and_save = self._update, self._validate
         trainer.source.next = self._next_batch
         self.batches: list[Any] = []  # this chunk's, on the CPU
         self.chunk = {"attn_s": 0.0, "attn_tok": 0, "ref_s": 0.0, "ref_tok": 0}
@@ -95,9 +96,9 @@ class Soak:
         self.batches.append(batch)
         return batch
 
-    def _validate(self) -> None:
+    def _validate(self, runlog: RunLog) -> None:
         began = time.perf_counter()
-        self.validate()
+        self.validate(runlog)
         self.valid_s += time.perf_counter() - began
 
     def _update(self):

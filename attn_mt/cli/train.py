@@ -77,6 +77,7 @@ def train(
             )
         # The folder is the run, wherever it was started from: its out_dir is RUN_DIR itself.
         config, set_ = run_dir / "config.yaml", [f"train.out_dir={run_dir}", *(set_ or [])]
+    assert config is not None  # one of --config and RUN_DIR, checked above
     overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
     cfg = load_config(config, overrides)
     from attn_mt.train.runfolder import check_run_start, is_locked

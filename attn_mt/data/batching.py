@@ -39,11 +39,11 @@ class Batch:
         """The same batch on `device`; to a GPU from pinned memory, so the copy is asynchronous
         (from pageable memory `non_blocking` copies synchronously)."""
         cuda = device.type == "cuda"
-        tensors = [
+        src, tgt_in, tgt_out = (
             (t.pin_memory() if cuda and t.device.type == "cpu" else t).to(device, non_blocking=cuda)
             for t in (self.src, self.tgt_in, self.tgt_out)
-        ]
-        return Batch(*tensors, self.ids, self.num_tgt_tokens)
+        )
+        return Batch(src, tgt_in, tgt_out, self.ids, self.num_tgt_tokens)
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
@@ -56,20 +56,22 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
 
 
 def collate(
-    src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], rows: Sequence[int]
+    src_ids: Sequence[Sequence[int]],
+    tgt_ids: Sequence[Sequence[int]],
+    rows: Sequence[int] | np.ndarray,
 ) -> Batch:
     """The `Batch` of pairs `rows` (lists of ids, or a shard's `TokenView`s): source + <eos>;
     <bos> + target; target + <eos>. Each tensor is gathered in one numpy step."""
-    rows = np.asarray(rows, dtype=np.int64)
-    src, src_rows = _view(src_ids, rows)
-    tgt, tgt_rows = _view(tgt_ids, rows)
+    picked = np.asarray(rows, dtype=np.int64)
+    src, src_rows = _view(src_ids, picked)
+    tgt, tgt_rows = _view(tgt_ids, picked)
     tgt_lengths = tgt.offsets[tgt_rows + 1] - tgt.offsets[tgt_rows]
     return Batch(
         _padded(src, src_rows, lead=None, tail=EOS_ID),
         _padded(tgt, tgt_rows, lead=BOS_ID, tail=None),
         _padded(tgt, tgt_rows, lead=None, tail=EOS_ID),
-        rows.tolist(),
-        int(tgt_lengths.sum()) + len(rows),  # each target + <eos>
+        picked.tolist(),
+        int(tgt_lengths.sum()) + len(picked),  # each target + <eos>
     )
 
 
@@ -108,7 +110,7 @@ def _padded(side: TokenView, rows: np.ndarray, lead: int | None, tail: int | Non
 
 
 def length_batches(
-    lengths: Sequence[tuple[int, int]] | np.ndarray,
+    lengths: Sequence[tuple[int, ...]] | np.ndarray,
     batch_tokens: int,
     order: Sequence[int] | np.ndarray | None = None,
 ) -> list[list[int]]:
@@ -117,7 +119,7 @@ def length_batches(
 
 
 def bucket_batches(
-    lengths: Sequence[tuple[int, int]] | np.ndarray,
+    lengths: Sequence[tuple[int, ...]] | np.ndarray,
     batch_tokens: int,
     order: Sequence[int] | np.ndarray | None = None,
 ) -> list[np.ndarray]:
@@ -216,7 +218,7 @@ class Resampler:
             sides.append(
                 [s if 0 < len(s) <= limit else b for s, b in zip(sampled, best, strict=True)]
             )
-        batch = collate(*sides, range(len(rows)))
+        batch = collate(sides[0], sides[1], range(len(rows)))
         batch.ids = rows.tolist()
         return batch
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,9 @@ from torch import nn
 from attn_mt.errors import UserError
 from attn_mt.kernels import onednn_wins, packing_available
 from attn_mt.model.attention import MultiHeadAttention
-from attn_mt.model.transformer import Transformer
+from attn_mt.model.transformer import FeedForward, Transformer
+
+Model = TypeVar("Model", bound=nn.Module)
 
 
 class InProj(nn.Module):
@@ -67,13 +70,13 @@ def _rows(linear: nn.Linear, first: int, last: int) -> nn.Linear:
     return part
 
 
-def split_in_proj(model: nn.Module) -> nn.Module:
+def split_in_proj(model: Model) -> Model:
     """`model`, for inference from now on, with an `InProj` in each attention layer (in place:
     a copy would double the memory at load time)."""
     model.eval()
     for module in model.modules():
         if isinstance(module, MultiHeadAttention) and isinstance(module.in_proj, nn.Linear):
-            module.in_proj = InProj(module.in_proj)
+            module.in_proj = InProj(module.in_proj)  # type: ignore[assignment]  # for inference
     return model
 
 
@@ -146,7 +149,7 @@ class PackedFeedForward(nn.Module):
     """`FeedForward` at inference: W_2 act(W_1 x + b_1) + b_2 with both products prepacked,
     the rows padded once for the two, and the activation fused into the first product."""
 
-    def __init__(self, ff: nn.Module):
+    def __init__(self, ff: FeedForward):
         super().__init__()
         self.w_1 = PackedLinear(ff.w_1, FUSED_ACTIVATIONS[ff.activation])
         self.w_2 = PackedLinear(ff.w_2)
@@ -188,7 +191,7 @@ def pack(model: Transformer) -> Transformer:
             if (owner := _submodule(layer, parent)) is not None:
                 setattr(owner, leaf, PackedLinear(getattr(owner, leaf)))
         layer.ff = PackedFeedForward(layer.ff)
-    model.output = PackedLinear(model.output)
+    model.output = PackedLinear(model.output)  # type: ignore[assignment]  # for inference
     return model
 
 
@@ -207,7 +210,7 @@ def _submodule(module: nn.Module, name: str) -> nn.Module | None:
 QUANTIZE_SCHEMES = ("int8",)
 
 
-def quantize(model: nn.Module, scheme: str, device: torch.device) -> nn.Module:
+def quantize(model: Model, scheme: str, device: torch.device) -> Model:
     """`model` with int8 linear layers, for inference on the CPU (in place)."""
     if scheme not in QUANTIZE_SCHEMES:
         choices = ", ".join(QUANTIZE_SCHEMES)
@@ -218,4 +221,5 @@ def quantize(model: nn.Module, scheme: str, device: torch.device) -> nn.Module:
         warnings.simplefilter("ignore")  # deprecation notices of torch.ao.quantization
         from torch.ao.quantization import quantize_dynamic
 
-        return quantize_dynamic(split_in_proj(model), {nn.Linear}, torch.qint8, inplace=True)
+        quantized = quantize_dynamic(split_in_proj(model), {nn.Linear}, torch.qint8, inplace=True)
+        return cast(Model, quantized)  # `model` itself, its layers replaced

@@ -339,7 +339,7 @@ class Transformer(nn.Module):
         src_mask: torch.Tensor,
         cache: DecoderCache | None = None,
     ) -> torch.Tensor:
-        """Target prefix ids (B, T) -> next-token logits (B, T, V).
+        """Target prefix ids (B, T) -> next-token logits (B, T, V): `output` of the final states.
 
         Without a cache, `tgt` is the whole prefix, padded on the right, and position t sees
         positions <= t (the pads after a row's last token are never among them; the logits at
@@ -347,6 +347,16 @@ class Transformer(nn.Module):
         padding): earlier keys and values come from the cache and positions continue where
         the cache ends.
         """
+        return self.output(self._decoder_states(tgt, memory, src_mask, cache))  # (B, T, V)
+
+    def _decoder_states(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        cache: DecoderCache | None = None,
+    ) -> torch.Tensor:
+        """`decode` short of the output projection: the decoder's final states (B, T, D)."""
         offset = cache[0][0].length if cache else 0
         y = self.tgt_embed(tgt, offset)  # (B, T, D)
         if cache is not None and tgt.size(1) > 1:
@@ -356,7 +366,7 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.decoder):
             layer_cache = cache[i] if cache else None
             y = self._run(layer, y, memory, self_mask, src_mask, layer_cache, cache is None)
-        return self.output(self.decoder_norm(y))  # (B, T, V)
+        return self.decoder_norm(y)  # (B, T, D)
 
     def _run(self, layer: nn.Module, *args) -> torch.Tensor:
         """layer(*args), through `torch.utils.checkpoint` when training with activation
@@ -367,8 +377,13 @@ class Transformer(nn.Module):
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: logits (B, T, V) for every position of `tgt_in` (B, T)."""
+        return self.output(self.features(src, tgt_in))  # (B, T, V)
+
+    def features(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing short of the output projection: the decoder's final states (B, T, D)
+        (the training loss projects them a chunk at a time: `train.loss.projected_loss`)."""
         src_mask = (src != PAD_ID)[:, None, None, :]  # (B, 1, 1, S)
-        return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
+        return self._decoder_states(tgt_in, self.encode(src, src_mask), src_mask)  # (B, T, D)
 
     def new_cache(self) -> DecoderCache:
         """An empty key/value cache for step-by-step decoding."""

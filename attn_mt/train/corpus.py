@@ -68,6 +68,8 @@ def training_data(
     whose models every process then uses (machines of a multi-node run need not share a cache).
     """
     valid_files = split_files(cfg.data, "valid")
+    if valid_files is None:
+        raise DataError("data.valid: no validation corpus; give data.valid.src and .tgt")
     with stage("reading the validation split"):  # checked before the training data's work
         valid_src, valid_ref = read_parallel(*valid_files)
     if not any(s.strip() and t.strip() for s, t in zip(valid_src, valid_ref, strict=True)):
@@ -92,10 +94,14 @@ def valid_subset(corpus: Corpus, size: int, seed: int) -> Corpus:
     if not size or size >= len(corpus.valid_src):
         return corpus
     rows = sorted(random.Random(seed).sample(range(len(corpus.valid_src)), size))
+
+    def chosen(lines: list) -> list:
+        return [lines[i] for i in rows]
+
     return dataclasses.replace(
         corpus,
-        **{
-            name: [getattr(corpus, name)[i] for i in rows]
-            for name in ("valid_src", "valid_ref", "valid_src_ids", "valid_tgt_ids")
-        },
+        valid_src=chosen(corpus.valid_src),
+        valid_ref=chosen(corpus.valid_ref),
+        valid_src_ids=chosen(corpus.valid_src_ids),
+        valid_tgt_ids=chosen(corpus.valid_tgt_ids),
     )

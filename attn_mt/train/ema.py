@@ -22,8 +22,8 @@ class WeightEMA:
         self.decay = decay
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
         # parameters() yields tied tensors once, in the same order in the model and its copy.
-        self._averages = list(self.model.parameters())
-        self._weights = list(model.parameters())
+        self._averages: list[torch.Tensor] = list(self.model.parameters())
+        self._weights: list[torch.Tensor] = list(model.parameters())
 
     @torch.no_grad()
     def update(self) -> None:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -45,16 +45,16 @@ from attn_mt.precision import (
 )
 from attn_mt.train.budget import RankAgreement, RunClock, stop_rules
 from attn_mt.train.corpus import training_data, valid_subset
-from attn_mt.train.loglines import TrainWindow, log_finish, log_start, valid_share, window_line
-from attn_mt.train.loss import label_smoothed_loss
+from attn_mt.train.loglines import TrainWindow, log_finish, log_start, window_line
+from attn_mt.train.loss import SmoothedObjective
 from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
 from attn_mt.train.onednn import choose_for_run
 from attn_mt.train.runfolder import lock_run_folder
-from attn_mt.train.runlog import Monitor, RunLog
+from attn_mt.train.runlog import Monitor, QuietMonitor, RunLog
 from attn_mt.train.schedule import learning_rate, time_driven
 from attn_mt.train.skips import SkipRule, Update
 from attn_mt.train.state import TrainProgress, build_state, starting_point
-from attn_mt.train.validate import HIGHER_IS_BETTER, Validation, validate
+from attn_mt.train.validate import Validator
 
 log = logging.getLogger("attn_mt")
 
@@ -98,7 +98,7 @@ class Trainer:
     ):
         self.cfg, self.world, self.device = cfg, world, device
         self.now = clock  # seconds; tests pass a fake one
-        self.monitor = monitor or Monitor()
+        self.monitor = monitor or QuietMonitor()
         self.out = Path(cfg.train.out_dir)
         self.began = self.now()  # the run's time counts its start-up
         self.setup(resume)
@@ -139,9 +139,14 @@ class Trainer:
         if world.is_main:  # created only once the config, data and last.pt are known to be good
             self.state.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
-        self.train_model = wrap_model(self.model, world, self.device, cfg.train.compile)
+        self.objective = SmoothedObjective(self.model, cfg.train.label_smoothing)
+        self.train_model = wrap_model(self.objective, world, self.device, cfg.train.compile)
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
+        self.validator = Validator(
+            state, self.corpus, self.valid_total, self._translator, self.dtype, self.monitor,
+            lambda: self.stop_signal,
+        )  # fmt: skip
         self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, self.state.ckpt_dir / "last.pt")
         self.agreement = RankAgreement(world, self.device)  # under torchrun: the ranks' stops
 
@@ -193,7 +198,7 @@ class Trainer:
                 if step % t.eval_every == 0:
                     began = self.now()
                     self.progress.elapsed = self.clock.elapsed()
-                    self._validate_and_save()
+                    self.validator.validate_and_save(self.runlog)
                     self.agreement.forget()  # rank 0 alone knows whether it improved
                     took = self.progress.validation_seconds = self.now() - began
                     self.clock.validated(took)
@@ -261,16 +266,16 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
-            sync = contextlib.nullcontext()
+            sync: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
             if self.world.distributed and i < len(batches) - 1:
-                sync = self.train_model.no_sync()  # gradients are reduced once, after the last
+                ddp = cast(DistributedDataParallel, self.train_model)  # or its compiled wrapper
+                sync = ddp.no_sync()  # gradients are reduced once, after the last batch
             with sync:
                 if t.compile:
                     vary_batch_shape(batch)
                 with autocast_context(self.device, self.dtype):
-                    logits = self.train_model(batch.src, batch.tgt_in)
-                loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
-                del logits  # (B, T, V): not alive through the backward beside its gradient
+                    self.objective.tokens = batch.num_tgt_tokens
+                    loss, nll = self.train_model(batch.src, batch.tgt_in, batch.tgt_out)
                 scaled = loss * loss_scale
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_sum += loss.detach()
@@ -312,80 +317,32 @@ class Trainer:
             if self.state.saved_step != step:  # not written already by an interrupted validation
                 self.state.save(best=False)
         elif self.progress.last_valid_step != step:
-            self._validate_and_save()
+            self.validator.validate_and_save(self.runlog)
         else:
             self.state.save(best=False)
         distributed.barrier(self.world)  # no rank leaves before rank 0 has written last.pt
-        best, share = self.progress.best_score, self._valid_share()
+        best, share = self.progress.best_score, self.validator.share()
         log_finish(stopped_by, self.stop_signal, step, self.cfg.train, best, share)
-
-    # -- validation -----------------------------------------------------------------------------
-
-    def validate(self) -> Validation:
-        """Validation loss/perplexity (teacher forcing) and BLEU/chrF of search output."""
-        result = validate(
-            self._translator(self.dtype), self.corpus, self.cfg.train, self._validating
-        )
-        self.model.train()
-        return result
-
-    def _validating(self, phase: str, done: int, total: int) -> None:
-        """Follow validation; a signal abandons it, so last.pt is written at once (torchrun
-        kills its workers 30 s after it forwards a SIGTERM)."""
-        if self.stop_signal:
-            raise _Interrupted
-        self.monitor.validating(phase, done, total)
-
-    def _validate_and_save(self) -> None:
-        """Validate on rank 0, log it, and write the checkpoints (best.pt if it improved)."""
-        step, metric = self.progress.step, self.cfg.train.select_metric
-        result: Validation | None = None
-        improved = False
-        if self.world.is_main:
-            try:
-                with torch.random.fork_rng(
-                    devices=[self.device] if self.device.type == "cuda" else []
-                ):
-                    result = self.validate()
-                    start = time.perf_counter()
-                    self.runlog.attention(step, self._translator, self.corpus.valid_src)
-                    result.seconds["plot"] = time.perf_counter() - start
-            except _Interrupted:
-                log.warning("%s: validation at step %d abandoned", self.stop_signal, step)
-            self.model.train()
-        if result is not None:
-            improved = self.progress.record(result.metrics[metric], HIGHER_IS_BETTER[metric])
-            best = (metric, self.progress.best_score)
-            self.runlog.validation(step, result, improved, best, self._valid_share())
-        self.progress.last_valid_step = step
-        self.state.save(best=improved, metrics=result.metrics if result else None)
-
-    def _valid_share(self) -> str:
-        return valid_share(len(self.corpus.valid_src), self.valid_total)
-
-
-class _Interrupted(Exception):
-    """A signal came during validation."""
 
 
 def wrap_model(
-    model: Transformer, world: distributed.World, device: torch.device, compile: bool
+    objective: SmoothedObjective, world: distributed.World, device: torch.device, compile: bool
 ) -> torch.nn.Module:
-    """The module the updates run: DDP across processes, compiled if asked."""
-    wrapped: torch.nn.Module = model
+    """The module the updates run: the objective, DDP across processes, compiled if asked."""
+    wrapped: torch.nn.Module = objective
     if world.distributed:
         ids = [device.index] if device.type == "cuda" else None
         # No buffer broadcasts: the only buffers are the fixed positional tables, equal on
         # every rank, and they grow on demand (a rank's longer batch would change the shape).
-        wrapped = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
-    return torch.compile(wrapped) if compile else wrapped
+        wrapped = DistributedDataParallel(objective, device_ids=ids, broadcast_buffers=False)
+    return cast(torch.nn.Module, torch.compile(wrapped)) if compile else wrapped
 
 
 def vary_batch_shape(batch: Batch) -> None:
-    """Tell torch.compile that rows and lengths (dims 0 and 1 of src and tgt_in) vary, so
+    """Tell torch.compile that rows and lengths (dims 0 and 1 of src, tgt_in and tgt_out) vary, so
     that one graph serves every batch shape. Left to itself it compiles the first shape as
     fixed, then again with those dims dynamic, and ties lengths that happened to be equal
     (duck sizing), a recompile when they differ. A dim of size 1 still gets its own graph."""
-    for tokens in (batch.src, batch.tgt_in):  # (B, S), (B, T)
+    for tokens in (batch.src, batch.tgt_in, batch.tgt_out):  # (B, S), (B, T), (B, T)
         torch._dynamo.maybe_mark_dynamic(tokens, 0)
         torch._dynamo.maybe_mark_dynamic(tokens, 1)

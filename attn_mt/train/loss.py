@@ -1,4 +1,5 @@
-"""The training loss: label-smoothed cross-entropy over the non-padding target tokens."""
+"""The training loss: label-smoothed cross-entropy over the non-padding target tokens, and
+`SmoothedObjective`, the module training runs (the model and its loss in one forward)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from attn_mt.model.transformer import Transformer
 from attn_mt.model.vocab import PAD_ID
 
 # Elements of the float32 gradient made at a time for lower-precision logits (64 MiB).
@@ -61,7 +64,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
 
 def _gradient(
-    log_probs: torch.Tensor, target: torch.Tensor, eps: float, grad_loss: torch.Tensor
+    log_probs: torch.Tensor, target: torch.Tensor, eps: float, grad_loss: torch.Tensor | float
 ) -> torch.Tensor:
     """d loss / d logits of rows (N, V), in the log-probs' dtype."""
     grad = log_probs.exp().sub_(eps / log_probs.size(-1))  # (N, V) softmax - eps / V
@@ -163,6 +166,36 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
         if grad_w is not None:
             grad_weight = (grad_w * grad_loss).to(ctx.weight_dtype)
         return grad_hidden, grad_weight, None, None, None
+
+
+class SmoothedObjective(nn.Module):
+    """The training objective as one module, which DDP and torch.compile wrap, so that their
+    hooks and graphs see the whole forward: the model's decoder states scored by
+    `projected_loss` against the output projection, no (B, T, V) logits made."""
+
+    def __init__(self, model: Transformer, epsilon: float):
+        super().__init__()
+        self.model, self.epsilon = model, epsilon
+        # The non-pad count of the next forward's `tgt_out`, when the caller knows it (then
+        # nothing waits for the device to pick the rows). An attribute, not an argument: it is
+        # read outside torch.compile's graph, which would be made again for each int value.
+        self.tokens: int | None = None
+
+    def forward(
+        self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed label-smoothed loss and NLL of `tgt_out` (B, T) under teacher forcing of
+        `src` (B, S) and `tgt_in` (B, T)."""
+        return self.score(self.model.features(src, tgt_in), tgt_out)  # (B, T, D) in
+
+    @torch.compiler.disable
+    def score(
+        self, hidden: torch.Tensor, tgt_out: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`projected_loss` of the states (B, T, D), run eagerly under torch.compile: its chunk
+        loop depends on the number of tokens."""
+        weight = self.model.output.weight
+        return projected_loss(hidden, weight, tgt_out, self.epsilon, self.tokens)
 
 
 def perplexity(nll: float, tokens: int) -> float:

@@ -19,7 +19,7 @@ from attn_mt.data.batching import Batch, ShardBatches, collate
 from attn_mt.errors import UserError
 from attn_mt.model.transformer import Transformer
 from attn_mt.precision import autocast_context
-from attn_mt.train.loss import label_smoothed_loss
+from attn_mt.train.loss import SmoothedObjective
 
 log = logging.getLogger("attn_mt")
 
@@ -46,8 +46,9 @@ def out_of_memory_hint(t: TrainConfig) -> Iterator[None]:
 
 def worst_rows(source: ShardBatches) -> np.ndarray:
     """The rows of this process's batch of the current epoch with the most padded target
-    positions, ties broken by padded source positions: its logits, gradient and log-probs
-    (B, T, V) are the largest tensors of an update."""
+    positions, ties broken by padded source positions: its activations, kept for the backward
+    over every layer, are the largest tensors of an update (the loss makes no (B, T, V)
+    logits: `loss.projected_loss`)."""
     lengths = source.shards.lengths  # (N, 2) source, target tokens without <eos>
 
     def padded(rows: np.ndarray) -> tuple[int, int]:
@@ -70,9 +71,9 @@ def probe(
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         with autocast_context(device, dtype):
-            logits = model(batch.src, batch.tgt_in)
-        loss, _ = label_smoothed_loss(logits, batch.tgt_out, label_smoothing)
-        del logits
+            objective = SmoothedObjective(model, label_smoothing)
+            objective.tokens = batch.num_tgt_tokens
+            loss, _ = objective(batch.src, batch.tgt_in, batch.tgt_out)
         loss.backward()
     model.zero_grad(set_to_none=True)
 

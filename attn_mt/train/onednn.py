@@ -37,6 +37,7 @@ from attn_mt import distributed
 from attn_mt.config import Config
 from attn_mt.errors import UserError
 from attn_mt.kernels import onednn_wins, packing_available
+from attn_mt.model.transformer import Transformer
 
 PRODUCTS = ("mkl", "onednn")  # what a run's float32 linear layers multiply through
 PRODUCTS_VARIABLE = "ATTN_MT_FP32_PRODUCTS"  # auto (time both), mkl or onednn
@@ -107,7 +108,7 @@ def route_through_onednn(model: nn.Module) -> nn.Module:
 
 
 def choose_for_run(
-    model: nn.Module,
+    model: Transformer,
     cfg: Config,
     recorded: str,
     device: torch.device,

@@ -12,14 +12,23 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from attn_mt.config import Config
 from attn_mt.decode.translator import Translator
-from attn_mt.train.validate import Validation
 
 log = logging.getLogger("attn_mt")
+
+
+@dataclass
+class Validation:
+    """What one validation measured (`validate.validate`), as the run log writes it."""
+
+    metrics: dict[str, float]  # loss, ppl, bleu, chrf, sentences
+    samples: list[tuple[str, str, str]]  # (source, hypothesis, reference) to show
+    seconds: dict[str, float] = field(default_factory=dict)  # per phase: loss, search, score
 
 
 class RunLog:
@@ -101,7 +110,7 @@ class RunLog:
             from torch.utils.tensorboard.summary import hparams
 
             for summary in hparams(flat, {f"valid/{cfg.train.select_metric}": 0.0}):
-                self.tb.file_writer.add_summary(summary)
+                self.tb._get_file_writer().add_summary(summary)
 
     def training(self, step: int, line: str, metrics: dict[str, float]) -> None:
         """The training line to the log, its figures to TensorBoard and metrics.jsonl."""
@@ -167,8 +176,8 @@ def _logged_step(line: str) -> int | None:
     return step if isinstance(step, int) else None
 
 
-class Monitor:
-    """Follows a run as it goes; does nothing here (the CLI draws it on a terminal)."""
+class Monitor(Protocol):
+    """Follows a run as it goes (the CLI's display draws it on a terminal)."""
 
     def training(self, line: str) -> None:
         """After each update: the training line, as the log writes it every log_every steps."""
@@ -176,3 +185,13 @@ class Monitor:
     def validating(self, phase: str, done: int, total: int) -> None:
         """Validation's `phase` ("loss" by teacher forcing, then "search") has done `done` of
         its `total` sentences."""
+
+
+class QuietMonitor:
+    """The `Monitor` of a run nothing follows: it shows nothing."""
+
+    def training(self, line: str) -> None:
+        """Shows nothing."""
+
+    def validating(self, phase: str, done: int, total: int) -> None:
+        """Shows nothing."""

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -106,7 +106,7 @@ class TrainState:
     @property
     def eval_model(self) -> Transformer:
         """The weights that validate, go into best.pt and translate: the EMA when kept."""
-        return self.ema.model if self.ema else self.model
+        return cast(Transformer, self.ema.model) if self.ema else self.model
 
     def save(self, best: bool, metrics: dict[str, float] | None = None) -> None:
         """Write last.pt, best.pt when `best`, and after a validation (`metrics` given) step_N.pt
@@ -235,9 +235,10 @@ def starting_point(
     last = checked[1] if checked else None
     # A new run may start from a checkpoint's weights; a resumed one keeps its own record.
     init = None if last else _checked_on_main(lambda: init_checkpoint(cfg), world)
-    if last or init:
-        started_from = init[0] if init else last["config"]["train"].get("init_from")
-        cfg = with_init_from(cfg, started_from)
+    if init:
+        cfg = with_init_from(cfg, init[0])
+    elif last:
+        cfg = with_init_from(cfg, last["config"]["train"].get("init_from"))
     return cfg, last, init
 
 

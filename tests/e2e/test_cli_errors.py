@@ -33,7 +33,7 @@ from attn_mt.fileio import write_output
 from attn_mt.train.runfolder import lock_run_folder
 
 # The private names this module patches, in one place to update when the package moves.
-LOSS = "attn_mt.train.loop.label_smoothed_loss"  # the training loss, as the loop calls it
+LOSS = "attn_mt.train.loss.projected_loss"  # the training loss, as the objective calls it
 SEARCHES = ("attn_mt.decode.translator.beam_search", "attn_mt.decode.translator.greedy_search")
 
 
@@ -86,8 +86,8 @@ def test_a_failure_before_the_first_checkpoint_leaves_nothing_behind(
     config.write_text(yaml.safe_dump(tiny_config(world.corpus, out)))
     env = world.env()
 
-    def nan_loss(logits: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        loss = logits.sum() * float("nan")
+    def nan_loss(hidden: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        loss = hidden.sum() * float("nan")
         return loss, loss.detach()
 
     with mock.patch(LOSS, nan_loss):

@@ -18,7 +18,8 @@ import torch
 from attn_mt.config import Config
 from attn_mt.configfile import config_from_dict
 from attn_mt.data.batching import epoch_order
-from attn_mt.train.loop import Trainer, TrainResult, Validation
+from attn_mt.train.loop import Trainer, TrainResult
+from attn_mt.train.validate import Validation, Validator
 
 SRC_WORDS = [f"q{w}" for w in "bcdfghjklmnprstvwz"]  # 18 source "words"
 
@@ -126,11 +127,11 @@ def script_validation(monkeypatch: pytest.MonkeyPatch, bleus: tuple[float, ...] 
     stopping. Module fixtures call it inside `pytest.MonkeyPatch.context()`."""
     sequence = iter(bleus)
 
-    def validate(self: Trainer) -> Validation:
+    def validate(self: Validator) -> Validation:
         bleu = next(sequence, 0.0)
         return Validation({"loss": 1.0, "ppl": math.e, "bleu": bleu, "chrf": 0.0}, [])
 
-    monkeypatch.setattr(Trainer, "validate", validate)
+    monkeypatch.setattr(Validator, "validate", validate)
 
 
 def make_config(toy_data: dict[str, Path], out: Path, model: dict | None = None, **train) -> Config:

@@ -47,11 +47,11 @@ def timed_run(cfg: Config, clock: FakeTime, resume: bool = False, stop_after: in
             trainer.stop_signal = "SIGTERM"
         return result
 
-    def slow_validation() -> None:
+    def slow_validation(runlog) -> None:
         trainer.progress.last_valid_step = trainer.progress.step
         clock.now += VALIDATION_SECONDS
 
-    trainer.update, trainer._validate_and_save = timed_update, slow_validation
+    trainer.update, trainer.validator.validate_and_save = timed_update, slow_validation
     return trainer, trainer.run()
 
 

@@ -16,6 +16,7 @@ import yaml
 from helpers.toy import toy_config_dict
 
 from attn_mt.train import loop
+from attn_mt.train import loss as loss_module
 
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -43,13 +44,13 @@ def test_compiled_training_compiles_once_over_batch_shapes(
 ) -> None:
     """Every batch has other rows and lengths; the compiled model is captured once for all."""
     shapes = set()
-    loss = loop.label_smoothed_loss
+    loss = loss_module.projected_loss
 
-    def noted(logits, *args, **kwargs):
-        shapes.add(tuple(logits.shape[:2]))  # (B, T)
-        return loss(logits, *args, **kwargs)
+    def noted(hidden, *args, **kwargs):
+        shapes.add(tuple(hidden.shape[:2]))  # (B, T)
+        return loss(hidden, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "label_smoothed_loss", noted)
+    monkeypatch.setattr(loss_module, "projected_loss", noted)
     scripted_validation()
     trainer = loop.Trainer(toy_config(compile=True, max_steps=6, batch_tokens=256, warmup=1))
     assert trainer.run().step == 6

@@ -11,10 +11,10 @@ import pytest
 import torch
 from helpers.toy import load_raw, run
 
-import attn_mt.train.loop as train_module
+import attn_mt.train.loss as loss_module
 import attn_mt.train.state as state_module
 from attn_mt.train.loop import Trainer
-from attn_mt.train.loss import label_smoothed_loss
+from attn_mt.train.loss import projected_loss
 from attn_mt.train.schedule import learning_rate
 from attn_mt.train.skips import TrainingDiverged
 
@@ -41,15 +41,15 @@ def overflow_on(monkeypatch: pytest.MonkeyPatch, bad: set[int] | None, init_scal
     )
     calls = []
 
-    def loss(logits, target, epsilon):
-        value, nll = label_smoothed_loss(logits, target, epsilon)
+    def loss(hidden, weight, target, epsilon, tokens=None):
+        value, nll = projected_loss(hidden, weight, target, epsilon, tokens)
         if torch.is_grad_enabled():
             calls.append(1)
             if bad is None or len(calls) in bad:
                 value = _InfiniteGradient.apply(value)
         return value, nll
 
-    monkeypatch.setattr(train_module, "label_smoothed_loss", loss)
+    monkeypatch.setattr(loss_module, "projected_loss", loss)
 
 
 def record_attempts(monkeypatch: pytest.MonkeyPatch) -> list[dict]:

@@ -23,7 +23,9 @@ from helpers.toy import assert_identical, load_raw, make_config, resumable_state
 
 import attn_mt
 import attn_mt.train.loop as train_module
+import attn_mt.train.loss as loss_module
 import attn_mt.train.state as state_module
+import attn_mt.train.validate as validate_module
 from attn_mt import distributed
 from attn_mt.checkpoint import FORMAT, load_checkpoint, model_from, save_checkpoint
 from attn_mt.config import Config
@@ -32,10 +34,11 @@ from attn_mt.data.corpora import split_files
 from attn_mt.data.text import read_parallel
 from attn_mt.errors import UserError
 from attn_mt.scores import score
-from attn_mt.train.loop import Trainer, Validation
-from attn_mt.train.loss import label_smoothed_loss
+from attn_mt.train.loop import Trainer
+from attn_mt.train.loss import projected_loss
 from attn_mt.train.skips import TrainingDiverged
 from attn_mt.train.state import starting_point
+from attn_mt.train.validate import Validation, Validator
 
 REAL_TORCH_SAVE = torch.save
 
@@ -188,13 +191,13 @@ def test_validation_does_not_change_training(
 ) -> None:
     """Validating after every update (with dropout on) leaves the training bits unchanged,
     even a validation that draws random numbers (as sampling or dropout would)."""
-    original = Trainer.validate
+    original = Validator.validate
 
-    def validate_drawing_random_numbers(self: Trainer) -> Validation:
+    def validate_drawing_random_numbers(self: Validator) -> Validation:
         torch.rand(1000)
         return original(self)
 
-    monkeypatch.setattr(Trainer, "validate", validate_drawing_random_numbers)
+    monkeypatch.setattr(Validator, "validate", validate_drawing_random_numbers)
     out = tmp_path / "run"
     run(resume_config(toy_data, out, "fp32", eval_every=1))
     assert [m["step"] for m in metrics_lines(out) if m["split"] == "valid"] == [1, 2, 3, 4, 5, 6]
@@ -353,8 +356,8 @@ def nan_on_updates(monkeypatch: pytest.MonkeyPatch, bad: set[int] | None, from_:
     """Make the training loss NaN on the given update numbers (1-based), or on all >= from_."""
     calls = []
 
-    def loss(logits, target, epsilon):
-        result = label_smoothed_loss(logits, target, epsilon)
+    def loss(hidden, weight, target, epsilon, tokens=None):
+        result = projected_loss(hidden, weight, target, epsilon, tokens)
         if not torch.is_grad_enabled():  # validation
             return result
         calls.append(1)
@@ -363,7 +366,7 @@ def nan_on_updates(monkeypatch: pytest.MonkeyPatch, bad: set[int] | None, from_:
             return tuple(x * float("nan") for x in result)
         return result
 
-    monkeypatch.setattr(train_module, "label_smoothed_loss", loss)
+    monkeypatch.setattr(loss_module, "projected_loss", loss)
 
 
 def record_updates(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, bool]]:
@@ -512,11 +515,11 @@ def test_best_checkpoint_follows_select_metric(
     higher BLEU/chrF or lower loss; early stopping counts by the same metric."""
     figures = iter([(10.0, 20.0, 1.0), (30.0, 40.0, 2.0), (20.0, 50.0, 3.0)])
 
-    def validate(self: Trainer) -> Validation:
+    def validate(self: Validator) -> Validation:
         bleu, chrf, loss = next(figures)
         return Validation({"loss": loss, "ppl": math.e, "bleu": bleu, "chrf": chrf}, [])
 
-    monkeypatch.setattr(Trainer, "validate", validate)
+    monkeypatch.setattr(Validator, "validate", validate)
     cfg = toy_config(max_steps=3, eval_every=1, select_metric=metric, patience=2)
     result = run(cfg)
     assert (result.best_score, result.select_metric) == (best_score, metric)
@@ -550,7 +553,7 @@ def test_a_signal_during_validation_abandons_it_and_writes_last_once(
         on_progress("loss", 1, 2)
         raise AssertionError("validation went on after the signal")
 
-    monkeypatch.setattr(train_module, "validate", validate)
+    monkeypatch.setattr(validate_module, "validate", validate)
     written = []
     real_save = state_module.save_checkpoint
     monkeypatch.setattr(
