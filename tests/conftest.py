@@ -33,6 +33,15 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A test that trains in this process (`train.threads`) leaves torch's thread count as it
+    found it: a later test's float sums, and so a near-tie in a search, depend on it."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def toy_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Files of the toy task: train (3000 pairs), valid (100) and test (100)."""

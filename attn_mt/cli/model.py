@@ -115,6 +115,7 @@ def export(
         list[Path],
         typer.Option(
             "--model",
+            "-m",
             metavar="PATH",
             help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint.",
         ),

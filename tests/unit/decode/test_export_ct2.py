@@ -125,7 +125,10 @@ def exported(trained_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return export_ctranslate2(trained_run, tmp_path_factory.mktemp("ct2") / "model")
 
 
-def test_folder_holds_model_tokenizers_and_readme(exported: Path, trained_run: Path, capsys):
+def test_folder_holds_model_tokenizers_and_readme(
+    exported: Path, trained_run: Path, capsys, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(exported.parent)  # the README names the folder, not this machine's path
     state = load_checkpoint(trained_run)
     src_tok, tgt_tok = tokenizers_from(state)
     assert (exported / "model.bin").is_file()
@@ -185,7 +188,12 @@ def test_readme_example_with_exported_defaults_is_translate_beam_1(
     monkeypatch.chdir(tmp_path)  # the README names the folder, not this machine's path to it
     exec(code.replace('["your sentence here"]', repr(lines)), {})
     printed = eval(capsys.readouterr().out)  # the example prints a list of str
-    assert printed == read_lines(hyps)
+    ours = read_lines(hyps)
+    assert len(printed) == len(ours)
+    # CTranslate2's float32 kernels round differently: a near-tie (<eos> against a repeated
+    # word, on a toy model) may go the other way, as in test_greedy_translations_match.
+    same = sum(a == b for a, b in zip(printed, ours, strict=True)) / len(ours)
+    assert same >= 0.98, f"only {same:.0%} of the README example's lines are translate's"
 
 
 @pytest.mark.parametrize("quantization", ["int8", "float16", "int8_float32", "bfloat16"])
@@ -267,13 +275,16 @@ def test_folder_holding_the_checkpoint_is_refused(trained_run: Path, tmp_path: P
     assert checkpoint.is_file()
 
 
-def test_cli_export(trained_run: Path, tmp_path: Path):
+def test_cli_export(trained_run: Path, toy_data, tmp_path: Path):
     out = tmp_path / "ct2"
     result = CliRunner().invoke(
         app, ["export", "--model", str(trained_run), "--out", str(out), "--quantization", "int8"]
     )
     assert result.exit_code == 0, result.output
-    assert ct2_translate(out, ["qb qc qd"], trained_run) == ["Ba Ca Da"]
+    src = read_lines(toy_data["test.src"])
+    ours = attn_mt.load(trained_run, device="cpu").translate(src, beam=1)
+    same = sum(a == b for a, b in zip(ct2_translate(out, src, trained_run), ours, strict=True))
+    assert same >= 0.9 * len(src), f"int8: only {same} of {len(src)} lines as attn-mt's float32"
     again = subprocess.run(
         [sys.executable, "-m", "attn_mt", "export", "--model", str(trained_run), "--out", str(out)],
         capture_output=True,
