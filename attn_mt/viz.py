@@ -21,7 +21,7 @@ from attn_mt.decode.translator import Translator, load
 from attn_mt.errors import UserError
 from attn_mt.fileio import atomic_write
 from attn_mt.model.attention import record_attention
-from attn_mt.model.transformer import POSITIONS
+from attn_mt.model.positions import POSITIONS
 from attn_mt.model.vocab import BOS_ID, EOS_ID
 
 KINDS = ("cross", "encoder", "decoder")

@@ -52,7 +52,8 @@ from attn_mt import distributed  # noqa: E402
 from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
 from attn_mt.data.batching import Batch, collate, length_batches  # noqa: E402
 from attn_mt.decode.packed import PackedLinear, packing_available  # noqa: E402
-from attn_mt.model.transformer import Transformer, build_model, sinusoidal_table  # noqa: E402
+from attn_mt.model.positions import sinusoidal_table  # noqa: E402
+from attn_mt.model.transformer import Transformer, build_model  # noqa: E402
 from attn_mt.model.vocab import PAD_ID  # noqa: E402
 from attn_mt.precision import configure_kernels  # noqa: E402
 from attn_mt.train.corpus import training_data  # noqa: E402

@@ -29,7 +29,7 @@ from attn_mt.decode.export_ct2 import longest_output
 from attn_mt.decode.export_hf import export_hf, model_permutation
 from attn_mt.decode.hf_parity import LOGPROB_TOLERANCE
 from attn_mt.errors import UserError
-from attn_mt.model.transformer import sinusoidal_table
+from attn_mt.model.positions import sinusoidal_table
 from attn_mt.model.vocab import EOS_ID
 
 transformers = pytest.importorskip("transformers")

@@ -16,7 +16,7 @@ from torch import nn
 import attn_mt
 from attn_mt import viz
 from attn_mt.errors import UserError
-from attn_mt.model.transformer import sinusoidal_table
+from attn_mt.model.positions import sinusoidal_table
 from attn_mt.train.loop import train
 
 SENTENCE = "qb qd qf qg qh"

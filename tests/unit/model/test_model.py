@@ -18,15 +18,8 @@ from attn_mt.configfile import config_from_dict
 from attn_mt.errors import UserError
 from attn_mt.model import transformer
 from attn_mt.model.attention import causal_mask
-from attn_mt.model.transformer import (
-    Dropout,
-    LayerSpec,
-    LearnedPositions,
-    SinusoidalPositions,
-    Transformer,
-    build_model,
-    sinusoidal_table,
-)
+from attn_mt.model.positions import LearnedPositions, SinusoidalPositions, sinusoidal_table
+from attn_mt.model.transformer import Dropout, LayerSpec, Transformer, build_model
 from attn_mt.model.vocab import BOS_ID, PAD_ID
 
 VOCAB = 20
