@@ -263,7 +263,8 @@ class ShardBatches:
         alpha = cfg.tokenizer.sampling_alpha
         resampler = Resampler(shards.tokenizers(), alpha, cfg.data.max_len) if alpha else None
         t = cfg.train
-        return cls(shards, cfg.data.weights(), t.batch_tokens, t.seed, world, resampler)
+        weights = mix_weights(shards, cfg.data.weights(), cfg.data.temperature)
+        return cls(shards, weights, t.batch_tokens, t.seed, world, resampler)
 
     @property
     def batches(self) -> list[np.ndarray]:
@@ -372,6 +373,30 @@ class ShardBatches:
         if self.resampler:
             line += f", segmentations sampled (alpha {self.resampler.alpha:g})"
         return f"{line}; {self.rescaled}" if self.rescaled else line
+
+
+def temperature_weights(
+    weights: Sequence[float], counts: Sequence[int] | np.ndarray, temperature: float
+) -> list[float]:
+    """Per-corpus weights that give corpus i the share p_i ~ n_i^(1/T) of an epoch, n_i its
+    pairs per epoch at `weights` (weight x pairs kept), the epoch keeping its size sum(n_i):
+    T = 1 leaves the weights as they are (shares by size); a larger T flattens the mix toward
+    equal shares (Arivazhagan et al., 2019; mBART, NLLB sample languages so)."""
+    if temperature == 1:
+        return list(weights)
+    sizes = np.asarray(weights, dtype=np.float64) * np.asarray(counts, dtype=np.float64)
+    shares = np.where(sizes > 0, sizes, 0) ** (1 / temperature)
+    shares /= shares.sum()
+    return [
+        float(w * share * sizes.sum() / size) if size else float(w)
+        for w, share, size in zip(weights, shares, sizes, strict=True)
+    ]
+
+
+def mix_weights(shards: Shards, weights: Sequence[float], temperature: float) -> list[float]:
+    """The weights an epoch of `shards` takes its corpora with (`temperature_weights`)."""
+    counts = np.bincount(shards.corpus, minlength=len(weights))
+    return temperature_weights(weights, counts, temperature)
 
 
 MAX_EPOCH_PAIRS = 2**31  # an epoch's row numbers, held in memory at once

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from attn_mt import distributed
-from attn_mt.config import Config, DataConfig, TrainCorpus
-from attn_mt.data.corpora import cache_dir, train_corpora
+from attn_mt.config import Config, DataConfig, TrainCorpus, language_tag
+from attn_mt.data.corpora import cache_dir, source_tags, train_corpora
 from attn_mt.data.shards import (
     FORMAT,
     MANIFEST,
@@ -49,9 +49,10 @@ from attn_mt.data.shards import (
 )
 from attn_mt.data.text import (
     check_text_file,
+    iter_lines,
     iter_parallel,
 )
-from attn_mt.data.tokenizer import Tokenizer, build_tokenizers
+from attn_mt.data.tokenizer import Tokenizer, build_tokenizers, train_tokenizer
 from attn_mt.errors import DataError, UserError
 from attn_mt.fileio import os_reason, sigterm_unwinds
 
@@ -66,15 +67,20 @@ def prepared_root(cfg: DataConfig) -> Path:
 def plan(cfg: Config) -> Plan:
     """Hash the inputs and name the folder that holds (or will hold) their shards."""
     corpora = train_corpora(cfg.data)
+    tags = [source_tags(cfg.data, c) for c in corpora]
+    entries = [{"src": _digest(c.src), "tgt": _digest(c.tgt), "tag": c.tag} for c in corpora]
+    if cfg.data.language_tags():  # only then: a bilingual folder keeps its name
+        for entry, c in zip(entries, corpora, strict=True):
+            entry["language_tag"] = language_tag(str(c.tgt_lang))
     identity = {
         "format": FORMAT,
-        "corpora": [{"src": _digest(c.src), "tgt": _digest(c.tgt), "tag": c.tag} for c in corpora],
+        "corpora": entries,
         "tokenizer": _tokenizer_identity(cfg),
         "max_len": cfg.data.max_len,
         "max_len_ratio": cfg.data.max_len_ratio,
     }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
-    return Plan(corpora, identity, prepared_root(cfg.data) / key)
+    return Plan(corpora, identity, prepared_root(cfg.data) / key, tags)
 
 
 def _tokenizer_identity(cfg: Config) -> dict[str, Any]:
@@ -273,9 +279,41 @@ def sample_pairs(
     return [src for _, src, _ in kept], [tgt for _, _, tgt in kept]
 
 
+def language_sample(corpora: Iterable[TrainCorpus], limit: int, seed: int = 0) -> list[str]:
+    """A balanced sample for one joint SentencePiece model over several languages: at most
+    `limit` sentences in all, an equal share per language, each drawn uniformly (reservoir
+    sampling) from the distinct files of that language, languages in order of first use."""
+    files: dict[str, list[str]] = {}
+    for c in corpora:
+        for lang, path in ((c.src_lang, c.src), (c.tgt_lang, c.tgt)):
+            if path not in files.setdefault(str(lang), []):
+                files[str(lang)].append(str(path))
+    share = limit // len(files)
+    lines: list[str] = []
+    for lang, paths in files.items():
+        rng = random.Random(f"{seed}-{lang}")
+        kept: list[tuple[int, str]] = []
+        for seen, line in enumerate(line for path in paths for line in iter_lines(path)):
+            if seen < share:
+                kept.append((seen, line))
+            elif (slot := rng.randrange(seen + 1)) < share:
+                kept[slot] = (seen, line)
+        lines += [line for _, line in sorted(kept)]
+    return lines
+
+
 def _train_tokenizers(cfg: Config, corpora: list[TrainCorpus]) -> tuple[Tokenizer, Tokenizer]:
-    """SentencePiece (cached by sample and settings) on a sample of `max_sentences` lines."""
+    """SentencePiece (cached by sample and settings) on a sample of `max_sentences` lines;
+    for several directions one joint model on a sample balanced between the languages."""
     t = cfg.tokenizer
+    if len(cfg.data.directions()) > 1:
+        lines = language_sample(corpora, t.max_sentences)
+        log.info(
+            "prepared data: one joint SentencePiece on %d sentences balanced by language",
+            len(lines),
+        )
+        joint = train_tokenizer(t, lines, cache_dir() / "spm", cfg.data.tags())
+        return joint, joint
     src, tgt = sample_pairs(corpora, t.max_sentences // 2 if t.joint else t.max_sentences)
     if not any(s.strip() and g.strip() for s, g in zip(src, tgt, strict=True)):
         raise DataError(f"{corpora[0].src}: the training corpus has no non-empty pairs")

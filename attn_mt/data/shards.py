@@ -238,6 +238,7 @@ class Plan:
     corpora: list[TrainCorpus]
     identity: dict[str, Any]  # what decides the tokens: input hashes, tags, settings
     folder: Path
+    tags: list[list[str]]  # per corpus, the pieces put before each source sentence
 
 
 def _hashes(tokenizers: tuple[Tokenizer, Tokenizer]) -> list[str]:
@@ -263,17 +264,18 @@ def _init_worker(src_model: bytes, tgt_model: bytes, max_len: int, ratio: float,
 
 
 def encode_chunk(
-    task: tuple[int, str | None, list[str], list[str]],
+    task: tuple[int, list[str], list[str], list[str]],
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, FilterStats]:
     """Encode and clean one chunk of a corpus: (corpus, src tokens, tgt tokens, lengths, stats).
 
-    A tag is put before each kept source sentence; cleaning looks at the sentences alone.
+    The tags (target language, corpus) are put before each kept source sentence; cleaning
+    looks at the sentences alone.
     """
-    corpus, tag, src_lines, tgt_lines = task
+    corpus, tags, src_lines, tgt_lines = task
     w = _WORKER
     src_ids, tgt_ids = w["src"].encode(src_lines), w["tgt"].encode(tgt_lines)
     keep, stats = clean_pairs(src_ids, tgt_ids, w["max_len"], w["ratio"])
-    prefix = [w["src"].sp.piece_to_id(tag)] if tag else []
+    prefix = [w["src"].sp.piece_to_id(tag) for tag in tags]
     src_kept = [prefix + src_ids[i] for i in keep]
     tgt_kept = [tgt_ids[i] for i in keep]
     lengths = np.array([[len(s), len(t)] for s, t in zip(src_kept, tgt_kept, strict=True)])
@@ -286,13 +288,13 @@ def encode_chunk(
     )
 
 
-def _tasks(corpora: list[TrainCorpus]) -> Iterator[tuple[int, str | None, list[str], list[str]]]:
+def _tasks(target: Plan) -> Iterator[tuple[int, list[str], list[str], list[str]]]:
     """Chunks of `CHUNK` pairs, corpus after corpus, read as a stream."""
-    for index, corpus in enumerate(corpora):
+    for index, (corpus, tags) in enumerate(zip(target.corpora, target.tags, strict=True)):
         assert corpus.src is not None and corpus.tgt is not None  # a validated config has both
         pairs = iter_parallel(corpus.src, corpus.tgt)
         while chunk := list(itertools.islice(pairs, CHUNK)):
-            yield index, corpus.tag, [s for s, _ in chunk], [t for _, t in chunk]
+            yield index, tags, [s for s, _ in chunk], [t for _, t in chunk]
 
 
 def _encoded(tasks: Iterator[Any], workers: int, init_args: tuple[Any, ...]) -> Iterator[Any]:
@@ -337,9 +339,7 @@ def write_shards(
         init: tuple[Any, ...] = (src_tok.model_bytes, tgt_tok.model_bytes, cfg.data.max_len)
         init += (cfg.data.max_len_ratio, dtype)
         with open(tmp / "src.bin", "wb") as src_out, open(tmp / "tgt.bin", "wb") as tgt_out:
-            for corpus, src, tgt, rows, chunk_stats in _encoded(
-                _tasks(target.corpora), workers, init
-            ):
+            for corpus, src, tgt, rows, chunk_stats in _encoded(_tasks(target), workers, init):
                 src_out.write(src.tobytes())
                 tgt_out.write(tgt.tobytes())
                 lengths.append(rows)
