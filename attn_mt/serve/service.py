@@ -61,6 +61,7 @@ class Service:
         self.batcher = Batcher(self._decode, max_batch_tokens, max_wait_ms)
         self.src_lang = translator.config.data.src_lang
         self.tgt_lang = translator.config.data.tgt_lang
+        self.directions = translator.config.data.directions()
 
     def _decode(
         self,
@@ -81,6 +82,7 @@ class Service:
             prefixes=prefixes,
             avoid=list(settings.avoid),
             alignment=settings.alignment,
+            tgt_lang=settings.tgt_lang,
         )
 
     def source_tokens(self, lines: list[str]) -> list[int]:
@@ -123,12 +125,22 @@ class Service:
                 raise Disconnected
 
     def check_language(self, tgt_lang: str | None, option: str = "tgt_lang") -> None:
-        """Refuse a target language the model does not translate into."""
-        if tgt_lang is not None and tgt_lang != self.tgt_lang:
+        """Refuse a target language the model does not translate into (a multilingual model
+        takes any of its target languages, and needs one)."""
+        if len(self.directions) > 1:
+            try:
+                self.translator.language_prefix(tgt_lang)
+            except UserError as err:
+                raise UserError(str(err).replace("--tgt-lang", option, 1)) from None
+        elif tgt_lang is not None and tgt_lang != self.tgt_lang:
             raise UserError(
                 f"{option} {tgt_lang!r}: this model translates {self.src_lang} -> "
                 f"{self.tgt_lang} only"
             )
+
+    def source_languages(self) -> list[str]:
+        """The languages the model reads, in order of first use."""
+        return list(dict.fromkeys(src for src, _ in self.directions))
 
     def attention(self, text: str, beam: int | None) -> dict[str, Any]:
         """Translate `text` (on the worker thread) and return its head-mean cross-attention at
@@ -153,9 +165,14 @@ class Service:
 
     def languages(self) -> list[dict[str, Any]]:
         """LibreTranslate's /languages: every language with the ones it translates into."""
+        codes = dict.fromkeys(lang for direction in self.directions for lang in direction)
         return [
-            {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": targets}
-            for code, targets in ((self.src_lang, [self.tgt_lang]), (self.tgt_lang, []))
+            {
+                "code": code,
+                "name": LANGUAGE_NAMES.get(code, code),
+                "targets": [tgt for src, tgt in self.directions if src == code],
+            }
+            for code in codes
         ]
 
     def info(self) -> dict[str, Any]:
@@ -168,6 +185,11 @@ class Service:
             "models": [str(p) for p in self.models],
             "source_language": self.src_lang,
             "target_language": self.tgt_lang,
+            **(
+                {"directions": ["-".join(d) for d in self.directions]}
+                if len(self.directions) > 1
+                else {}
+            ),
             "parameters": sum(p.numel() for p in translator.model.parameters()),
             "device": str(translator.device),
             "decode": asdict(translator.config.decode),
