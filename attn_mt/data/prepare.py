@@ -45,6 +45,7 @@ from attn_mt.data.shards import (
     corpus_lines,
     open_shards,
     sha256_file,
+    temperature_weights,
     write_shards,
 )
 from attn_mt.data.text import (
@@ -232,7 +233,6 @@ def shards_for_run(
 def prepared_corpus_lines(cfg: Config) -> list[str]:
     """`corpus_lines` of the prepared data, or of the raw files when not prepared yet."""
     target = plan(cfg)
-    weights = cfg.data.weights()
     if not (target.folder / MANIFEST).is_file():
         entries = []
         for c in target.corpora:
@@ -240,12 +240,18 @@ def prepared_corpus_lines(cfg: Config) -> list[str]:
             pairs = sum(1 for _ in iter_parallel(c.src, c.tgt))
             entries.append({"src_path": c.src, "kept": pairs, "pairs": pairs, "tag": c.tag})
         note = "not prepared yet (attn-mt prepare --config FILE): counts before cleaning"
-        return [f"training corpora {note}", *corpus_lines(entries, weights)]
-    manifest = open_shards(target.folder).manifest  # a damaged folder: say so
+        return [f"training corpora {note}", *corpus_lines(entries, _weights(cfg, entries))]
+    entries = open_shards(target.folder).manifest["corpora"]  # a damaged folder: say so
     return [
         f"training corpora prepared in {target.folder}",
-        *corpus_lines(manifest["corpora"], weights),
+        *corpus_lines(entries, _weights(cfg, entries)),
     ]
+
+
+def _weights(cfg: Config, entries: list[dict[str, Any]]) -> list[float]:
+    """The corpora's weights in an epoch: data.train's, then data.temperature's mix."""
+    counts = [entry["kept"] for entry in entries]
+    return temperature_weights(cfg.data.weights(), counts, cfg.data.temperature)
 
 
 def _cores() -> int:

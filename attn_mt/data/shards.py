@@ -224,6 +224,24 @@ def corpus_lines(entries: Sequence[dict[str, Any]], weights: Sequence[float]) ->
     return lines
 
 
+def temperature_weights(
+    weights: Sequence[float], counts: Sequence[int] | np.ndarray, temperature: float
+) -> list[float]:
+    """Per-corpus weights that give corpus i the share p_i ~ n_i^(1/T) of an epoch, n_i its
+    pairs per epoch at `weights` (weight x pairs kept), the epoch keeping its size sum(n_i):
+    T = 1 leaves the weights as they are (shares by size); a larger T flattens the mix toward
+    equal shares (Arivazhagan et al., 2019; mBART, NLLB sample languages so)."""
+    if temperature == 1:
+        return list(weights)
+    sizes = np.asarray(weights, dtype=np.float64) * np.asarray(counts, dtype=np.float64)
+    shares = np.where(sizes > 0, sizes, 0) ** (1 / temperature)
+    shares /= shares.sum()
+    return [
+        float(w * share * sizes.sum() / size) if size else float(w)
+        for w, share, size in zip(weights, shares, sizes, strict=True)
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # Writing
 
