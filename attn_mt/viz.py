@@ -140,13 +140,15 @@ def plot_attention_file(
     layer: int | None = None,
     head: int | None = None,
     device: str = "auto",
+    tgt_lang: str | None = None,
 ) -> Figure:
-    """Load a checkpoint, plot the `kind` attention for `text` and write it to `out` as PNG."""
+    """Load a checkpoint, plot the `kind` attention for `text` (translated into `tgt_lang`, for
+    a multilingual model) and write it to `out` as PNG."""
     _check_kind(kind)  # fail before the (slow) load on options that cannot work
     if not text.strip():
         raise UserError("--text is empty: give a sentence to translate")
     figure = plot_attention(
-        attention_maps(load(model_path, device=device), text, kind), layer, head
+        attention_maps(load(model_path, device=device), text, kind, tgt_lang), layer, head
     )
     save_png(figure, out)
     return figure

@@ -57,6 +57,7 @@ class AttentionRequest(Strict):
 
     text: str
     beam: int | None = Field(None, ge=1)
+    tgt_lang: str | None = Field(None, description="The target language (as /v1/translate's).")
 
 
 class LibreRequest(Strict):
@@ -157,7 +158,8 @@ def _add_routes(app: FastAPI, service: Service) -> None:
         """The translation of `text` and its cross-attention (output x source pieces)."""
         _check_lines(service, [body.text])
         _check_width(service, body.beam or 0)
-        return await service.call(lambda: service.attention(body.text, body.beam))
+        service.check_language(body.tgt_lang)
+        return await service.call(lambda: service.attention(body.text, body.beam, body.tgt_lang))
 
     @app.post("/translate")
     async def libre_translate(body: LibreRequest, request: Request) -> dict[str, Any]:

@@ -142,7 +142,7 @@ class Service:
         """The languages the model reads, in order of first use."""
         return list(dict.fromkeys(src for src, _ in self.directions))
 
-    def attention(self, text: str, beam: int | None) -> dict[str, Any]:
+    def attention(self, text: str, beam: int | None, tgt_lang: str | None = None) -> dict[str, Any]:
         """Translate `text` (on the worker thread) and return its head-mean cross-attention at
         decode.alignment_layer, as the alignment uses it: rows are the output pieces and the
         `</s>` that ended them, columns the source pieces and the source's `</s>`."""
@@ -150,8 +150,11 @@ class Service:
         from attn_mt.model.vocab import EOS_ID
 
         translator = self.translator
-        [best] = translator.translate_nbest([text], beam=beam)[0][:1]
-        ids = translator.src_tokenizer.encode([text.strip()])[0][: translator.max_input_len]
+        [best] = translator.translate_nbest([text], beam=beam, tgt_lang=tgt_lang)[0][:1]
+        prefix = translator.language_prefix(tgt_lang)  # a multilingual model's <2xx> tag
+        limit = translator.max_input_len - len(prefix)
+        ids = translator.src_tokenizer.encode([text.strip()])[0][:limit]
+        ids = [*prefix, *ids] if ids else ids
         if not ids or not best.tokens:
             return {"translation": best.text, "source": [], "target": [], "weights": []}
         layer = translator.config.decode.alignment_layer

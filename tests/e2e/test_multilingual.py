@@ -256,6 +256,10 @@ def test_server_takes_each_target_language(multi_run: Path, tmp_path: Path):
             body = {"text": lines, "tgt_lang": lang, "beam": 2}
             reply = httpx.post(server.url + "/v1/translate", json=body, timeout=60)
             assert reply.json()["translations"] == ours.translate(lines, beam=2, tgt_lang=lang)
+        body = {"text": lines[0], "tgt_lang": "fr"}
+        drawn = httpx.post(server.url + "/v1/attention", json=body, timeout=60).json()
+        assert drawn["translation"] == ours.translate(lines[:1], tgt_lang="fr")[0]
+        assert drawn["source"][0] == "<2fr>"  # the tag the model read first
         missing = httpx.post(server.url + "/v1/translate", json={"text": lines}, timeout=60)
         assert missing.status_code in (400, 422) and "en, fr" in missing.json()["error"]
         libre = {"q": lines[0], "source": "de", "target": "fr"}
