@@ -144,6 +144,8 @@ def split_files(cfg: DataConfig, split: str, pair: str | None = None) -> tuple[P
     """The (source, target) paths of `split` (train/valid/test), or None if not configured;
     `pair` ("de-en") picks a direction of a named corpus or of a `data.valid` list."""
     files = getattr(cfg, split)
+    if pair is None and len(cfg.pairs) == 1:  # the one direction of data.pairs
+        pair = cfg.pairs[0]
     if isinstance(files, list):
         if split == "valid":
             return _listed_direction(files, pair)

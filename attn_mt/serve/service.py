@@ -59,9 +59,8 @@ class Service:
         self.models = models
         self.limits = limits
         self.batcher = Batcher(self._decode, max_batch_tokens, max_wait_ms)
-        self.src_lang = translator.config.data.src_lang
-        self.tgt_lang = translator.config.data.tgt_lang
         self.directions = translator.config.data.directions()
+        self.src_lang, self.tgt_lang = self.directions[0]  # of a bilingual model, its pair
 
     def _decode(
         self,

@@ -176,3 +176,18 @@ def test_temperature_keeps_user_weights_as_sizes():
     flat = temperature_weights([2.0, 1.0], [100, 200], 1e9)  # T -> inf: equal shares
     sizes = np.array(flat) * [100, 200]
     assert sizes[0] == pytest.approx(sizes[1]) and sizes.sum() == pytest.approx(400)
+
+
+def test_one_pair_of_a_named_corpus_is_a_bilingual_model_of_that_pair():
+    """data.pairs: [fr-cs] validates and evaluates fr-cs, not data.src_lang/tgt_lang's pair."""
+    from attn_mt.data.corpora import split_files, train_corpora
+
+    cfg = config_from_dict({"data": {"dataset": "multi30k", "pairs": ["fr-cs"]}})
+    assert not cfg.data.language_tags() and cfg.data.target_languages() == ["cs"]
+    assert [p.name for p in split_files(cfg.data, "valid")] == ["val.fr.gz", "val.cs.gz"]
+    assert [p.name for p in split_files(cfg.data, "test")] == [
+        "test_2016_flickr.fr.gz",
+        "test_2016_flickr.cs.gz",
+    ]
+    [corpus] = train_corpora(cfg.data)
+    assert (Path(corpus.src).name, Path(corpus.tgt).name) == ("train.fr.gz", "train.cs.gz")
