@@ -235,10 +235,10 @@ def prepared_corpus_lines(cfg: Config) -> list[str]:
     target = plan(cfg)
     if not (target.folder / MANIFEST).is_file():
         entries = []
-        for c in target.corpora:
+        for c, ident in zip(target.corpora, target.identity["corpora"], strict=True):
             assert c.src is not None and c.tgt is not None  # a validated config has both
             pairs = sum(1 for _ in iter_parallel(c.src, c.tgt))
-            entries.append({"src_path": c.src, "kept": pairs, "pairs": pairs, "tag": c.tag})
+            entries.append({**ident, "src_path": c.src, "kept": pairs, "pairs": pairs})
         note = "not prepared yet (attn-mt prepare --config FILE): counts before cleaning"
         return [f"training corpora {note}", *corpus_lines(entries, _weights(cfg, entries))]
     entries = open_shards(target.folder).manifest["corpora"]  # a damaged folder: say so

@@ -216,7 +216,8 @@ def corpus_lines(entries: Sequence[dict[str, Any]], weights: Sequence[float]) ->
     sizes = [w * e["kept"] for w, e in zip(weights, entries, strict=True)]
     lines = []
     for i, (entry, weight, size) in enumerate(zip(entries, weights, sizes, strict=True)):
-        tag = f", tag {entry['tag']}" if entry["tag"] else ""
+        tags = [t for t in (entry.get("language_tag"), entry["tag"]) if t]  # as put before
+        tag = f", tag {' '.join(tags)}" if tags else ""
         lines.append(
             f"corpus {i + 1}: {entry['src_path']}: {entry['kept']:,} of {entry['pairs']:,} pairs "
             f"kept, weight {weight:g}{tag}, {100 * size / max(sum(sizes), 1):.1f}% of an epoch"
