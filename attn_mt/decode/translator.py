@@ -57,7 +57,7 @@ from attn_mt.precision import (
 # Every character `str.splitlines` breaks at, not only a file's \n and \r: a caller that splits
 # the output either way gets one line per input line.
 _LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]+")
-LANGUAGE_KEYS = ("data.src_lang", "data.tgt_lang", "data.pairs")
+LANGUAGE_KEYS = ("data.src_lang", "data.tgt_lang")
 
 
 @dataclass
@@ -375,4 +375,7 @@ def _ensemble_mismatch(first: dict, other: dict) -> str | None:
         return "their SentencePiece models differ (an ensemble needs one vocabulary)"
     if keys := config_differences(first["config"], other["config"], LANGUAGE_KEYS):
         return f"they translate different languages ({', '.join(keys)} differ)"
+    pairs = [c["config"].get("data", {}).get("pairs") or [] for c in (first, other)]
+    if pairs[0] != pairs[1]:  # a checkpoint from before data.pairs has none
+        return "they translate different directions (data.pairs differ)"
     return None
