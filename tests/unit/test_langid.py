@@ -3,11 +3,7 @@ the model's own languages (py3langid)."""
 
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip("py3langid")
-
-from attn_mt.langid import off_target_rate  # noqa: E402
+from attn_mt.langid import off_target_rate
 
 GERMAN = ["Ein Mann fährt mit dem Fahrrad über eine Brücke.", "Zwei Hunde spielen im Schnee."]
 ENGLISH = ["A man rides his bike over a bridge.", "Two dogs are playing in the snow."]
