@@ -339,4 +339,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
+    elif typing.get_origin(base) is list:  # a list of plain values, e.g. data.pairs
+        plain = isinstance(value, list) and all(isinstance(item, str) for item in value)
+        if plain:
+            return list(value)
     raise ConfigError(f"{key}: {shown(value)} is {_kind(value)}, expected {type_name(hint)}")

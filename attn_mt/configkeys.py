@@ -60,7 +60,8 @@ def check_keys(node: Any, prefix: str) -> None:
             check_keys(value, f"{path}.")
         elif isinstance(value, list):
             for i, item in enumerate(value):
-                check_keys(item, f"{path}[{i}].")
+                if dataclasses.is_dataclass(item):  # a list of corpora, not of plain values
+                    check_keys(item, f"{path}[{i}].")
         elif value is not None:
             _check_key(path, value, f.metadata)
 

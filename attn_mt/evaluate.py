@@ -27,14 +27,35 @@ class Evaluation:
     scores: Scores
     hypotheses: Path
     beam: int
+    off_target: float | None = None  # percent of outputs not in the language asked for
 
     def to_dict(self) -> dict:
-        """The scores, the hypotheses file and the beam: `evaluate --json`."""
-        return {**self.scores.to_dict(), "hypotheses": str(self.hypotheses), "beam": self.beam}
+        """The scores, the hypotheses file and the beam (and a multilingual model's off-target
+        rate): `evaluate --json`."""
+        found = {**self.scores.to_dict(), "hypotheses": str(self.hypotheses), "beam": self.beam}
+        return found | ({"off_target": self.off_target} if self.off_target is not None else {})
 
 
-def check_evaluation_files(split: str | None, src: Path | None, ref: Path | None) -> None:
-    """Refuse a split together with files, one file without the other, or an unknown split."""
+def check_evaluation_files(
+    split: str | None,
+    src: Path | None,
+    ref: Path | None,
+    pair: str | None = None,
+    tgt_lang: str | None = None,
+) -> None:
+    """Refuse a split together with files, one file without the other, an unknown split, a
+    --pair with files or not written SRC-TGT, or a --tgt-lang that contradicts --pair."""
+    if pair is not None:
+        src_lang, _, pair_tgt = pair.partition("-")
+        if not src_lang or not pair_tgt or src_lang == pair_tgt:
+            raise UserError(f"--pair {pair}: write it SRC-TGT with two languages, e.g. de-en")
+        if src is not None:
+            raise UserError(
+                "--pair picks a direction of the run's corpus; with --src/--ref "
+                "give --tgt-lang instead"
+            )
+        if tgt_lang is not None and tgt_lang != pair_tgt:
+            raise UserError(f"--tgt-lang {tgt_lang} contradicts --pair {pair}; give one of them")
     if (src is None) != (ref is None):
         raise UserError("evaluate: give both --src and --ref, or neither (then --split is used)")
     if src is not None and split is not None:
@@ -50,22 +71,35 @@ def evaluate_split(
     ref: str | Path | None = None,
     out: str | Path | None = None,
     progress: Progress | None = None,
+    pair: str | None = None,
+    tgt_lang: str | None = None,
 ) -> Evaluation:
     """Translate a split of the translator's corpus (default test), or the files `src` and
     `ref`, score the hypotheses and write them to `out`, atomically.
 
+    A multilingual model translates into `tgt_lang`, or the target of `pair` ("de-en"), the
+    direction of a split; its evaluation also measures the off-target rate.
     `out` defaults to a file beside the (first) checkpoint named after the split (or source
-    file) and the beam, e.g. `best.test.beam5.hyp.txt`.
+    file), the direction and the beam, e.g. `best.test.beam5.hyp.txt`.
     """
     from attn_mt.data.corpora import split_files
     from attn_mt.data.text import read_parallel
     from attn_mt.fileio import check_output_file, write_output
 
     src, ref = (None if src is None else Path(src)), (None if ref is None else Path(ref))
-    check_evaluation_files(split, src, ref)
+    check_evaluation_files(split, src, ref, pair, tgt_lang)
+    data = translator.config.data
+    if pair is None and src is None and len(data.directions()) > 1:
+        raise UserError(
+            "evaluate: this multilingual model needs --pair SRC-TGT with --split (its "
+            f"directions: {', '.join('-'.join(d) for d in data.directions())}), or --src/--ref "
+            "with --tgt-lang"
+        )
+    tgt_lang = tgt_lang or (pair.partition("-")[2] if pair else None)
+    translator.language_prefix(tgt_lang)  # checked before any translation
     if src is None or ref is None:
         split = split or "test"
-        files = split_files(translator.config.data, split)
+        files = split_files(data, split, pair)
         if files is None:
             raise UserError(
                 f"--split {split}: the run's config has no data.{split} files; use --src and --ref"
@@ -76,6 +110,7 @@ def evaluate_split(
         if not translator.checkpoints:
             raise UserError("evaluate: the translator has no checkpoint path; give out=FILE")
         checkpoint, name = translator.checkpoints[0], split or src.name
+        name += f".{pair}" if pair else ""
         out = checkpoint.with_name(f"{checkpoint.stem}.{name}.beam{beam}.hyp.txt")
     out = Path(out)
     inputs = [("--model", path) for path in translator.checkpoints]
@@ -84,10 +119,16 @@ def evaluate_split(
     if not sources:
         raise UserError(f"{src}: no lines; there is nothing to evaluate")
     if progress is None:
-        hypotheses = translator.translate(sources)
+        hypotheses = translator.translate(sources, tgt_lang=tgt_lang)
     else:
         with progress(len(sources)) as on_batch:
-            hypotheses = translator.translate(sources, on_batch=on_batch)
+            hypotheses = translator.translate(sources, on_batch=on_batch, tgt_lang=tgt_lang)
     scores = score(hypotheses, references)
     write_output(out, "".join(h + "\n" for h in hypotheses))
-    return Evaluation(scores, out, beam)
+    off_target = None
+    if len(data.directions()) > 1 and tgt_lang is not None:
+        from attn_mt.langid import off_target_rate
+
+        languages = [lang for direction in data.directions() for lang in direction]
+        off_target = off_target_rate(hypotheses, tgt_lang, languages)
+    return Evaluation(scores, out, beam, off_target)

@@ -51,14 +51,20 @@ class AttentionMaps:
     weights: torch.Tensor  # (L, H, R, C) float32 on the CPU; each row sums to 1
 
 
-def attention_maps(translator: Translator, text: str, kind: str = "cross") -> AttentionMaps:
+def attention_maps(
+    translator: Translator, text: str, kind: str = "cross", tgt_lang: str | None = None
+) -> AttentionMaps:
     """Translate `text` greedily, then collect the `kind` attention of every layer and head from
     one teacher-forced forward pass over the source and that translation (float32)."""
     _check_kind(kind)
     if not text.strip():
         raise UserError("--text is empty: give a sentence to translate")
-    [best] = translator.translate_nbest([text], beam=1)[0]
-    ids = translator.src_tokenizer.encode([text.strip()])[0][: translator.max_input_len]
+    [best] = translator.translate_nbest([text], beam=1, tgt_lang=tgt_lang)[0]
+    prefix = translator.language_prefix(tgt_lang)  # a multilingual model's <2xx> tag
+    ids = translator.src_tokenizer.encode([text.strip()])[0][
+        : translator.max_input_len - len(prefix)
+    ]
+    ids = prefix + ids
     src = source_batch([ids], [0]).to(translator.device)  # (1, S): the input search saw
     src_ids = src[0].tolist()
     tgt_ids = [BOS_ID] + best.tokens  # the decoder input that produced the translation
@@ -134,21 +140,25 @@ def plot_attention_file(
     layer: int | None = None,
     head: int | None = None,
     device: str = "auto",
+    tgt_lang: str | None = None,
 ) -> Figure:
-    """Load a checkpoint, plot the `kind` attention for `text` and write it to `out` as PNG."""
+    """Load a checkpoint, plot the `kind` attention for `text` (translated into `tgt_lang`, for
+    a multilingual model) and write it to `out` as PNG."""
     _check_kind(kind)  # fail before the (slow) load on options that cannot work
     if not text.strip():
         raise UserError("--text is empty: give a sentence to translate")
     figure = plot_attention(
-        attention_maps(load(model_path, device=device), text, kind), layer, head
+        attention_maps(load(model_path, device=device), text, kind, tgt_lang), layer, head
     )
     save_png(figure, out)
     return figure
 
 
-def validation_attention_figure(translator: Translator, sentence: str) -> Figure:
+def validation_attention_figure(
+    translator: Translator, sentence: str, tgt_lang: str | None = None
+) -> Figure:
     """The cross-attention grid (all layers and heads) of one sentence, for TensorBoard."""
-    return plot_attention(attention_maps(translator, sentence, "cross"))
+    return plot_attention(attention_maps(translator, sentence, "cross", tgt_lang))
 
 
 def positional_encoding_figure(positions: int = 100, d_model: int = DEFAULT_PE_WIDTH) -> Figure:

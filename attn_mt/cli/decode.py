@@ -31,6 +31,7 @@ from attn_mt.cli.options import (
     PrepackOption,
     QuantizeOption,
     Split,
+    TgtLangOption,
     decode_settings,
 )
 from attn_mt.errors import UserError
@@ -124,6 +125,7 @@ def translate(
             help="Add ' ||| ' and Pharaoh source-target word pairs (0-0 1-2 ...) to each output.",
         ),
     ] = False,
+    tgt_lang: TgtLangOption = None,
     device: DeviceOption = "auto",
     precision: PrecisionOption = Precision.fp32,
     quantize: QuantizeOption = None,
@@ -145,12 +147,14 @@ def translate(
     from attn_mt.decode.request import Request
 
     translator = load_translator(model, device, precision, quantize, prepack, decode)
+    translator.language_prefix(tgt_lang)  # a missing or unknown language: before any input
     request = Request(
         beam=beam,  # None: the decode.beam, widened to --nbest
         nbest=nbest,
         sampling=attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None,
         avoid=io.avoid_list(avoid),
         alignment=alignment,
+        tgt_lang=tgt_lang,
     )
     try:
         with (
@@ -204,6 +208,15 @@ def evaluate(
         Path | None,
         typer.Option("--ref", metavar="FILE", help="Reference translations of --src."),
     ] = None,
+    pair: Annotated[
+        str | None,
+        typer.Option(
+            "--pair",
+            metavar="SRC-TGT",
+            help="A direction of a multilingual run's corpus, e.g. de-en (with --split).",
+        ),
+    ] = None,
+    tgt_lang: TgtLangOption = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -232,7 +245,7 @@ def evaluate(
 
     for path in model:
         resolve_checkpoint(path)
-    check_evaluation_files(split and split.value, src, ref)  # before loading the models
+    check_evaluation_files(split and split.value, src, ref, pair, tgt_lang)  # before the models
     if out is not None:
         inputs = [("--model", resolve_checkpoint(path)) for path in model]
         check_output_file(out, inputs=[*inputs, ("--src", src), ("--ref", ref)])
@@ -248,11 +261,15 @@ def evaluate(
         ref,
         out,
         progress=lambda total: progress.sentences(total, "evaluate"),
+        pair=pair,
+        tgt_lang=tgt_lang,
     )
     if as_json:
         print(json.dumps(result.to_dict()))
     else:
         print(result.scores)
+        if result.off_target is not None:
+            print(f"off-target {result.off_target:.1f}% (outputs not in the language asked for)")
         print(f"hypotheses: {result.hypotheses}", file=sys.stderr)
 
 

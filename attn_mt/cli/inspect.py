@@ -131,7 +131,8 @@ def _best(folder: Path | None, checkpoints: list[Path], metric: str) -> str:
                 record = json.loads(line)
             except ValueError:
                 continue  # a line cut by a crash
-            if isinstance(record, dict) and record.get("split") == "valid" and metric in record:
+            valid = isinstance(record, dict) and record.get("split") == "valid"
+            if valid and "pair" not in record and metric in record:  # a direction's: not best
                 records.append(record)
     if not records:
         from attn_mt.checkpoint import load_checkpoint

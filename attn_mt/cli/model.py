@@ -19,6 +19,7 @@ from attn_mt.cli.options import (
     DeviceOption,
     ExportFormat,
     LengthPenaltyOption,
+    TgtLangOption,
     decode_settings,
 )
 from attn_mt.errors import UserError
@@ -87,6 +88,7 @@ def attention(
     d_model: Annotated[
         int | None, typer.Option("--d-model", metavar="N", help="Width for --pe without --model.")
     ] = None,
+    tgt_lang: TgtLangOption = None,
     device: DeviceOption = "auto",
 ) -> None:
     """Draw attention heatmaps (layers x heads) for one sentence, or the positional encoding."""
@@ -104,7 +106,14 @@ def attention(
     else:
         assert model is not None and text is not None  # checked above
         viz.plot_attention_file(
-            model, text, out, kind=kind.value, layer=layer, head=head, device=device
+            model,
+            text,
+            out,
+            kind=kind.value,
+            layer=layer,
+            head=head,
+            device=device,
+            tgt_lang=tgt_lang,
         )
     print(f"wrote {out}", file=sys.stderr)
 

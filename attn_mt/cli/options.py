@@ -21,6 +21,16 @@ class AttentionKind(str, enum.Enum):
     decoder = "decoder"
 
 
+TgtLangOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tgt-lang",
+        metavar="LANG",
+        help="The language to translate into (a multilingual model needs it).",
+    ),
+]
+
+
 class Split(str, enum.Enum):
     """A split of the run's corpus that `evaluate` can score."""
 

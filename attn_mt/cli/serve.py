@@ -99,7 +99,8 @@ def serve(
     from attn_mt.serve.service import Limits, Service
 
     translator = load_translator(model, device, precision, quantize, prepack, decode)
-    translator.translate_nbest(["a"])  # the beam against the vocabulary; warms the kernels
+    warm_up = translator.target_languages[0]  # a multilingual model needs one of its languages
+    translator.translate_nbest(["a"], tgt_lang=warm_up)  # checks the beam; warms the kernels
     limits = Limits(max_lines, max_chars, max_body_bytes, max_beam)
     budget = max_batch_tokens or translator.config.decode.batch_tokens
     service = Service(translator, list(model), limits, budget, max_wait_ms)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from attn_mt.config import Config
-from attn_mt.data.shards import Shards, TokenView
+from attn_mt.data.shards import Shards, TokenView, temperature_weights
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.distributed import World
 from attn_mt.errors import DataError
@@ -263,7 +263,8 @@ class ShardBatches:
         alpha = cfg.tokenizer.sampling_alpha
         resampler = Resampler(shards.tokenizers(), alpha, cfg.data.max_len) if alpha else None
         t = cfg.train
-        return cls(shards, cfg.data.weights(), t.batch_tokens, t.seed, world, resampler)
+        weights = mix_weights(shards, cfg.data.weights(), cfg.data.temperature)
+        return cls(shards, weights, t.batch_tokens, t.seed, world, resampler)
 
     @property
     def batches(self) -> list[np.ndarray]:
@@ -372,6 +373,12 @@ class ShardBatches:
         if self.resampler:
             line += f", segmentations sampled (alpha {self.resampler.alpha:g})"
         return f"{line}; {self.rescaled}" if self.rescaled else line
+
+
+def mix_weights(shards: Shards, weights: Sequence[float], temperature: float) -> list[float]:
+    """The weights an epoch of `shards` takes its corpora with (`temperature_weights`)."""
+    counts = np.bincount(shards.corpus, minlength=len(weights))
+    return temperature_weights(weights, counts, temperature)
 
 
 MAX_EPOCH_PAIRS = 2**31  # an epoch's row numbers, held in memory at once

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from attn_mt.config import DataConfig, TrainCorpus
+from attn_mt.config import CORPUS_LANGUAGES, DataConfig, TrainCorpus, language_tag
 from attn_mt.data.text import read_lines
 from attn_mt.errors import DataError, named
 from attn_mt.fileio import atomic_write
@@ -21,7 +21,7 @@ MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/t
 MULTI30K_SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 
 
-MULTI30K_LANGS = ("de", "en", "fr", "cs")
+MULTI30K_LANGS = CORPUS_LANGUAGES["multi30k"]
 
 
 MULTI30K_SHA256 = {
@@ -140,31 +140,85 @@ def corpus_info() -> list[str]:
 # The files of a config
 
 
-def split_files(cfg: DataConfig, split: str) -> tuple[Path, Path] | None:
-    """The (source, target) paths of `split` (train/valid/test), or None if not configured."""
+def split_files(cfg: DataConfig, split: str, pair: str | None = None) -> tuple[Path, Path] | None:
+    """The (source, target) paths of `split` (train/valid/test), or None if not configured;
+    `pair` ("de-en") picks a direction of a named corpus or of a `data.valid` list."""
     files = getattr(cfg, split)
+    if pair is None and len(cfg.pairs) == 1:  # the one direction of data.pairs
+        pair = cfg.pairs[0]
     if isinstance(files, list):
+        if split == "valid":
+            return _listed_direction(files, pair)
         raise DataError("data.train: a list of corpora is read through `attn-mt prepare`")
-    if files.src and files.tgt:
+    if pair is None and files.src and files.tgt:
         return Path(files.src), Path(files.tgt)
-    if files.src or files.tgt:
+    if pair is None and (files.src or files.tgt):
         missing = "tgt" if files.src else "src"
         raise DataError(f"data.{split}.{missing}: missing; give both src and tgt files")
     if cfg.dataset is None:
+        if pair is not None:
+            raise DataError(f"--pair {pair}: the run's config names no corpus; use --src and --ref")
         return None
-    for lang in (cfg.src_lang, cfg.tgt_lang):
+    src_lang, tgt_lang = pair.split("-", 1) if pair else (cfg.src_lang, cfg.tgt_lang)
+    for lang in (src_lang, tgt_lang):
         if lang not in MULTI30K_LANGS:
             raise DataError(f"multi30k has no language {lang!r}; choose from {MULTI30K_LANGS}")
     stem = MULTI30K_SPLITS[split]
     return (
-        corpus_file(cfg.dataset, f"{stem}.{cfg.src_lang}.gz"),
-        corpus_file(cfg.dataset, f"{stem}.{cfg.tgt_lang}.gz"),
+        corpus_file(cfg.dataset, f"{stem}.{src_lang}.gz"),
+        corpus_file(cfg.dataset, f"{stem}.{tgt_lang}.gz"),
     )
 
 
+def _listed_direction(entries: list, pair: str | None) -> tuple[Path, Path]:
+    """The files of direction `pair` in a `data.valid` list (its only entry when None)."""
+    named = {f"{e.src_lang}-{e.tgt_lang}": e for e in entries}
+    if pair is None and len(entries) == 1:
+        pair = next(iter(named))
+    if pair not in named:
+        raise DataError(f"--pair {pair}: data.valid has the directions {', '.join(named)}")
+    return Path(named[pair].src), Path(named[pair].tgt)
+
+
+def pair_name(src_lang: str, tgt_lang: str) -> str:
+    """A direction as the config, the logs and metrics.jsonl write it: `de-en`."""
+    return f"{src_lang}-{tgt_lang}"
+
+
+def valid_directions(cfg: DataConfig) -> dict[str, tuple[Path, Path]] | None:
+    """Each direction's validation files of a multilingual config ("de-en" -> paths); None
+    for one direction (its validation is `split_files(cfg, "valid")`)."""
+    if isinstance(cfg.valid, list) and cfg.valid[0].src_lang:
+        pairs = [pair_name(e.src_lang, e.tgt_lang) for e in cfg.valid]  # type: ignore[arg-type]
+    elif cfg.pairs:
+        pairs = list(cfg.pairs)
+    else:
+        return None
+    if len(pairs) == 1 and not cfg.language_tags():
+        return None
+    return {pair: split_files(cfg, "valid", pair) for pair in pairs}  # type: ignore[misc]
+
+
 def train_corpora(cfg: DataConfig) -> list[TrainCorpus]:
-    """The training corpora of a mix, each with existing src/tgt paths (one when not a list)."""
+    """The training corpora of a mix, each with existing src/tgt paths (one when not a list,
+    one per direction of data.pairs)."""
     if isinstance(cfg.train, list):
         return list(cfg.train)
+    if cfg.pairs:
+        corpora = []
+        for pair in cfg.pairs:
+            src, tgt = split_files(cfg, "train", pair)  # type: ignore[misc]  # a named corpus
+            src_lang, tgt_lang = pair.split("-", 1)
+            corpora.append(
+                TrainCorpus(src=str(src), tgt=str(tgt), src_lang=src_lang, tgt_lang=tgt_lang)
+            )
+        return corpora
     src, tgt = split_files(cfg, "train")  # type: ignore[misc]  # validate() ensures both
     return [TrainCorpus(src=str(src), tgt=str(tgt))]
+
+
+def source_tags(cfg: DataConfig, corpus: TrainCorpus) -> list[str]:
+    """The pieces put before each source sentence of `corpus`: the target-language tag (when
+    the model has several target languages), then the corpus's own tag."""
+    tags = [language_tag(corpus.tgt_lang)] if cfg.language_tags() and corpus.tgt_lang else []
+    return tags + ([corpus.tag] if corpus.tag else [])

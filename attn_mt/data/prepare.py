@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from attn_mt import distributed
-from attn_mt.config import Config, DataConfig, TrainCorpus
-from attn_mt.data.corpora import cache_dir, train_corpora
+from attn_mt.config import Config, DataConfig, TrainCorpus, language_tag
+from attn_mt.data.corpora import cache_dir, source_tags, train_corpora
 from attn_mt.data.shards import (
     FORMAT,
     MANIFEST,
@@ -45,13 +45,15 @@ from attn_mt.data.shards import (
     corpus_lines,
     open_shards,
     sha256_file,
+    temperature_weights,
     write_shards,
 )
 from attn_mt.data.text import (
     check_text_file,
+    iter_lines,
     iter_parallel,
 )
-from attn_mt.data.tokenizer import Tokenizer, build_tokenizers
+from attn_mt.data.tokenizer import Tokenizer, build_tokenizers, train_tokenizer
 from attn_mt.errors import DataError, UserError
 from attn_mt.fileio import os_reason, sigterm_unwinds
 
@@ -66,15 +68,20 @@ def prepared_root(cfg: DataConfig) -> Path:
 def plan(cfg: Config) -> Plan:
     """Hash the inputs and name the folder that holds (or will hold) their shards."""
     corpora = train_corpora(cfg.data)
+    tags = [source_tags(cfg.data, c) for c in corpora]
+    entries = [{"src": _digest(c.src), "tgt": _digest(c.tgt), "tag": c.tag} for c in corpora]
+    if cfg.data.language_tags():  # only then: a bilingual folder keeps its name
+        for entry, c in zip(entries, corpora, strict=True):
+            entry["language_tag"] = language_tag(str(c.tgt_lang))
     identity = {
         "format": FORMAT,
-        "corpora": [{"src": _digest(c.src), "tgt": _digest(c.tgt), "tag": c.tag} for c in corpora],
+        "corpora": entries,
         "tokenizer": _tokenizer_identity(cfg),
         "max_len": cfg.data.max_len,
         "max_len_ratio": cfg.data.max_len_ratio,
     }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
-    return Plan(corpora, identity, prepared_root(cfg.data) / key)
+    return Plan(corpora, identity, prepared_root(cfg.data) / key, tags)
 
 
 def _tokenizer_identity(cfg: Config) -> dict[str, Any]:
@@ -226,20 +233,25 @@ def shards_for_run(
 def prepared_corpus_lines(cfg: Config) -> list[str]:
     """`corpus_lines` of the prepared data, or of the raw files when not prepared yet."""
     target = plan(cfg)
-    weights = cfg.data.weights()
     if not (target.folder / MANIFEST).is_file():
         entries = []
-        for c in target.corpora:
+        for c, ident in zip(target.corpora, target.identity["corpora"], strict=True):
             assert c.src is not None and c.tgt is not None  # a validated config has both
             pairs = sum(1 for _ in iter_parallel(c.src, c.tgt))
-            entries.append({"src_path": c.src, "kept": pairs, "pairs": pairs, "tag": c.tag})
+            entries.append({**ident, "src_path": c.src, "kept": pairs, "pairs": pairs})
         note = "not prepared yet (attn-mt prepare --config FILE): counts before cleaning"
-        return [f"training corpora {note}", *corpus_lines(entries, weights)]
-    manifest = open_shards(target.folder).manifest  # a damaged folder: say so
+        return [f"training corpora {note}", *corpus_lines(entries, _weights(cfg, entries))]
+    entries = open_shards(target.folder).manifest["corpora"]  # a damaged folder: say so
     return [
         f"training corpora prepared in {target.folder}",
-        *corpus_lines(manifest["corpora"], weights),
+        *corpus_lines(entries, _weights(cfg, entries)),
     ]
+
+
+def _weights(cfg: Config, entries: list[dict[str, Any]]) -> list[float]:
+    """The corpora's weights in an epoch: data.train's, then data.temperature's mix."""
+    counts = [entry["kept"] for entry in entries]
+    return temperature_weights(cfg.data.weights(), counts, cfg.data.temperature)
 
 
 def _cores() -> int:
@@ -273,9 +285,41 @@ def sample_pairs(
     return [src for _, src, _ in kept], [tgt for _, _, tgt in kept]
 
 
+def language_sample(corpora: Iterable[TrainCorpus], limit: int, seed: int = 0) -> list[str]:
+    """A balanced sample for one joint SentencePiece model over several languages: at most
+    `limit` sentences in all, an equal share per language, each drawn uniformly (reservoir
+    sampling) from the distinct files of that language, languages in order of first use."""
+    files: dict[str, list[str]] = {}
+    for c in corpora:
+        for lang, path in ((c.src_lang, c.src), (c.tgt_lang, c.tgt)):
+            if path not in files.setdefault(str(lang), []):
+                files[str(lang)].append(str(path))
+    share = limit // len(files)
+    lines: list[str] = []
+    for lang, paths in files.items():
+        rng = random.Random(f"{seed}-{lang}")
+        kept: list[tuple[int, str]] = []
+        for seen, line in enumerate(line for path in paths for line in iter_lines(path)):
+            if seen < share:
+                kept.append((seen, line))
+            elif (slot := rng.randrange(seen + 1)) < share:
+                kept[slot] = (seen, line)
+        lines += [line for _, line in sorted(kept)]
+    return lines
+
+
 def _train_tokenizers(cfg: Config, corpora: list[TrainCorpus]) -> tuple[Tokenizer, Tokenizer]:
-    """SentencePiece (cached by sample and settings) on a sample of `max_sentences` lines."""
+    """SentencePiece (cached by sample and settings) on a sample of `max_sentences` lines;
+    for several directions one joint model on a sample balanced between the languages."""
     t = cfg.tokenizer
+    if len(cfg.data.directions()) > 1:
+        lines = language_sample(corpora, t.max_sentences)
+        log.info(
+            "prepared data: one joint SentencePiece on %d sentences balanced by language",
+            len(lines),
+        )
+        joint = train_tokenizer(t, lines, cache_dir() / "spm", cfg.data.tags())
+        return joint, joint
     src, tgt = sample_pairs(corpora, t.max_sentences // 2 if t.joint else t.max_sentences)
     if not any(s.strip() and g.strip() for s, g in zip(src, tgt, strict=True)):
         raise DataError(f"{corpora[0].src}: the training corpus has no non-empty pairs")

@@ -216,12 +216,31 @@ def corpus_lines(entries: Sequence[dict[str, Any]], weights: Sequence[float]) ->
     sizes = [w * e["kept"] for w, e in zip(weights, entries, strict=True)]
     lines = []
     for i, (entry, weight, size) in enumerate(zip(entries, weights, sizes, strict=True)):
-        tag = f", tag {entry['tag']}" if entry["tag"] else ""
+        tags = [t for t in (entry.get("language_tag"), entry["tag"]) if t]  # as put before
+        tag = f", tag {' '.join(tags)}" if tags else ""
         lines.append(
             f"corpus {i + 1}: {entry['src_path']}: {entry['kept']:,} of {entry['pairs']:,} pairs "
             f"kept, weight {weight:g}{tag}, {100 * size / max(sum(sizes), 1):.1f}% of an epoch"
         )
     return lines
+
+
+def temperature_weights(
+    weights: Sequence[float], counts: Sequence[int] | np.ndarray, temperature: float
+) -> list[float]:
+    """Per-corpus weights that give corpus i the share p_i ~ n_i^(1/T) of an epoch, n_i its
+    pairs per epoch at `weights` (weight x pairs kept), the epoch keeping its size sum(n_i):
+    T = 1 leaves the weights as they are (shares by size); a larger T flattens the mix toward
+    equal shares (Arivazhagan et al., 2019; mBART, NLLB sample languages so)."""
+    if temperature == 1:
+        return list(weights)
+    sizes = np.asarray(weights, dtype=np.float64) * np.asarray(counts, dtype=np.float64)
+    shares = np.where(sizes > 0, sizes, 0) ** (1 / temperature)
+    shares /= shares.sum()
+    return [
+        float(w * share * sizes.sum() / size) if size else float(w)
+        for w, share, size in zip(weights, shares, sizes, strict=True)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,6 +257,7 @@ class Plan:
     corpora: list[TrainCorpus]
     identity: dict[str, Any]  # what decides the tokens: input hashes, tags, settings
     folder: Path
+    tags: list[list[str]]  # per corpus, the pieces put before each source sentence
 
 
 def _hashes(tokenizers: tuple[Tokenizer, Tokenizer]) -> list[str]:
@@ -263,17 +283,18 @@ def _init_worker(src_model: bytes, tgt_model: bytes, max_len: int, ratio: float,
 
 
 def encode_chunk(
-    task: tuple[int, str | None, list[str], list[str]],
+    task: tuple[int, list[str], list[str], list[str]],
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, FilterStats]:
     """Encode and clean one chunk of a corpus: (corpus, src tokens, tgt tokens, lengths, stats).
 
-    A tag is put before each kept source sentence; cleaning looks at the sentences alone.
+    The tags (target language, corpus) are put before each kept source sentence; cleaning
+    looks at the sentences alone.
     """
-    corpus, tag, src_lines, tgt_lines = task
+    corpus, tags, src_lines, tgt_lines = task
     w = _WORKER
     src_ids, tgt_ids = w["src"].encode(src_lines), w["tgt"].encode(tgt_lines)
     keep, stats = clean_pairs(src_ids, tgt_ids, w["max_len"], w["ratio"])
-    prefix = [w["src"].sp.piece_to_id(tag)] if tag else []
+    prefix = [w["src"].sp.piece_to_id(tag) for tag in tags]
     src_kept = [prefix + src_ids[i] for i in keep]
     tgt_kept = [tgt_ids[i] for i in keep]
     lengths = np.array([[len(s), len(t)] for s, t in zip(src_kept, tgt_kept, strict=True)])
@@ -286,13 +307,13 @@ def encode_chunk(
     )
 
 
-def _tasks(corpora: list[TrainCorpus]) -> Iterator[tuple[int, str | None, list[str], list[str]]]:
+def _tasks(target: Plan) -> Iterator[tuple[int, list[str], list[str], list[str]]]:
     """Chunks of `CHUNK` pairs, corpus after corpus, read as a stream."""
-    for index, corpus in enumerate(corpora):
+    for index, (corpus, tags) in enumerate(zip(target.corpora, target.tags, strict=True)):
         assert corpus.src is not None and corpus.tgt is not None  # a validated config has both
         pairs = iter_parallel(corpus.src, corpus.tgt)
         while chunk := list(itertools.islice(pairs, CHUNK)):
-            yield index, corpus.tag, [s for s, _ in chunk], [t for _, t in chunk]
+            yield index, tags, [s for s, _ in chunk], [t for _, t in chunk]
 
 
 def _encoded(tasks: Iterator[Any], workers: int, init_args: tuple[Any, ...]) -> Iterator[Any]:
@@ -337,9 +358,7 @@ def write_shards(
         init: tuple[Any, ...] = (src_tok.model_bytes, tgt_tok.model_bytes, cfg.data.max_len)
         init += (cfg.data.max_len_ratio, dtype)
         with open(tmp / "src.bin", "wb") as src_out, open(tmp / "tgt.bin", "wb") as tgt_out:
-            for corpus, src, tgt, rows, chunk_stats in _encoded(
-                _tasks(target.corpora), workers, init
-            ):
+            for corpus, src, tgt, rows, chunk_stats in _encoded(_tasks(target), workers, init):
                 src_out.write(src.tobytes())
                 tgt_out.write(tgt.tobytes())
                 lengths.append(rows)

@@ -331,12 +331,25 @@ def _layer_norm_epsilon(model: Transformer) -> float:
     return next(m.eps for m in model.modules() if isinstance(m, nn.LayerNorm))
 
 
+def _languages_note(cfg: Config) -> str:
+    """The README's paragraph on a multilingual model's target-language tag (else nothing)."""
+    if not cfg.data.language_tags():
+        return ""
+    languages = ", ".join(cfg.data.target_languages())
+    return f"""
+This model translates into {languages}: put the target language's tag before each
+source's pieces, e.g. for German
+    source_tokens = [["<2de>"] + source.encode(line, out_type=str) for line in lines]
+(the tag is a piece of the source vocabulary, as attn-mt trains on it; not a target prefix)."""
+
+
 def _readme(
     converter: AttnMTConverter, out: Path, quantization: str, options: dict, license: str
 ) -> str:
     """How to translate with the exported folder. It leaves the machine: the checkpoint and
     the folder are named by their file names, never by the training machine's paths."""
     cfg = converter.config
+    tags = _languages_note(cfg)
     return f"""\
 CTranslate2 model exported by attn-mt from {converter.path.name}
 ({cfg.data.src_lang} -> {cfg.data.tgt_lang}, quantization {quantization}).
@@ -356,7 +369,7 @@ Install: pip install ctranslate2 sentencepiece
     results = translator.translate_batch(source.encode(lines, out_type=str), **decode)
     print([target.decode(r.hypotheses[0]) for r in results])
 
-The source gets its </s> from the model's config: do not add <s> or </s> yourself.
+The source gets its </s> from the model's config: do not add <s> or </s> yourself.{tags}
 With beam_size 1 this is greedy search, as `attn-mt translate --beam 1`
 (`attn-mt export --beam 1` writes that). Differences: attn-mt caps each output at
 {cfg.decode.max_len_a} x source tokens + {cfg.decode.max_len_b}, CTranslate2 at one \

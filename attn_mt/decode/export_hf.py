@@ -258,7 +258,7 @@ def write_tokenizer(translator: Translator, folder: Path) -> None:
     files = {"source_spm": folder / "source.spm", "target_spm": folder / "target.spm"}
     files["source_spm"].write_bytes(translator.src_tokenizer.model_bytes)
     files["target_spm"].write_bytes(translator.tgt_tokenizer.model_bytes)
-    _write_vocab(translator.src_tokenizer, folder / "vocab.json")
+    _write_vocab(translator.src_tokenizer, folder / "vocab.json", language_codes(translator))
     if separate:
         _write_vocab(translator.tgt_tokenizer, folder / "target_vocab.json")
     tokenizer = tf.MarianTokenizer(
@@ -275,6 +275,17 @@ def write_tokenizer(translator: Translator, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def _write_vocab(tokenizer: Tokenizer, path: Path) -> None:
-    pieces = {piece: i for i, piece in enumerate(tokenizer.all_pieces())}
+def language_codes(translator: Translator) -> dict[str, int]:
+    """Marian's names for a multilingual model's target-language tags: `>>de<<` at the start
+    of a text is the piece `<2de>` (MarianTokenizer splits such a code off before
+    SentencePiece, so `>>de<< text` gives exactly the ids attn-mt trains on); none for one
+    target language."""
+    data = translator.config.data
+    if not data.language_tags():
+        return {}
+    return {f">>{lang}<<": translator.language_prefix(lang)[0] for lang in data.target_languages()}
+
+
+def _write_vocab(tokenizer: Tokenizer, path: Path, aliases: dict[str, int] | None = None) -> None:
+    pieces = {piece: i for i, piece in enumerate(tokenizer.all_pieces())} | (aliases or {})
     path.write_text(json.dumps(pieces, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")

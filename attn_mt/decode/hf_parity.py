@@ -77,6 +77,11 @@ def check_parity(tf, translator: Translator, folder: Path) -> Parity:
     ]
     lines = TOKENIZER_SAMPLE + translator.src_tokenizer.decode(sources)
     ours_ids = [ids + [EOS_ID] for ids in translator.src_tokenizer.encode(lines)]
+    if translator.config.data.language_tags():  # `>>xx<< text`: <2xx> before the text's ids
+        for lang in translator.target_languages:
+            lines.append(f">>{lang}<< {TOKENIZER_SAMPLE[0]}")
+            text_ids = translator.src_tokenizer.encode([TOKENIZER_SAMPLE[0]])[0]
+            ours_ids.append([*translator.language_prefix(lang), *text_ids, EOS_ID])
     theirs_ids = tokenizer(lines)["input_ids"]
     tokenizer_same = sum(a == b for a, b in zip(theirs_ids, ours_ids, strict=True))
 

@@ -22,10 +22,11 @@ class Request:
     larger.  nbest: outputs per line (with `sampling`, samples per line, in the order drawn).
     constraints[i]: terms (plain text) line i's output must hold; prefixes[i]: the text it must
     start with (None or "" for none); avoid: words no output may hold; alignment: fill each
-    Translation's `alignment` (see docs/decoding.md).  first_line: the number of the first line
-    in the user's input, for warnings and the samples' random streams (a line samples the same
-    in any chunk of the input).  on_batch(n): called after each batch with the lines it
-    finished.
+    Translation's `alignment` (see docs/decoding.md).  tgt_lang: the language to translate
+    into (a multilingual model needs it; a bilingual one takes only its own).  first_line: the
+    number of the first line in the user's input, for warnings and the samples' random streams
+    (a line samples the same in any chunk of the input).  on_batch(n): called after each batch
+    with the lines it finished.
     """
 
     beam: int | None = None
@@ -38,6 +39,7 @@ class Request:
     prefixes: Sequence[str | None] | None = None
     avoid: Sequence[str] = ()
     alignment: bool = False
+    tgt_lang: str | None = None
     first_line: int = 1
     on_batch: Callable[[int], None] | None = field(default=None, compare=False)
 

@@ -20,7 +20,7 @@ from attn_mt.checkpoint import (
     model_from,
     tokenizers_from,
 )
-from attn_mt.config import Config
+from attn_mt.config import Config, language_tag
 from attn_mt.configfile import config_from_dict
 from attn_mt.data.batching import length_batches, source_batch
 from attn_mt.data.tokenizer import Tokenizer
@@ -101,6 +101,33 @@ class Translator:
         limit, positions = self.config.decode.max_input_len, self.max_output_len
         return min(limit, positions - 1) if positions else limit
 
+    @property
+    def target_languages(self) -> list[str]:
+        """The languages this model translates into (several: a multilingual model)."""
+        return self.config.data.target_languages()
+
+    def language_prefix(self, tgt_lang: str | None) -> list[int]:
+        """The ids put before each source to ask for `tgt_lang` (the `<2xx>` tag of a model of
+        several target languages; none for one), checked against the model's languages."""
+        languages = self.target_languages
+        if not self.config.data.language_tags():
+            if tgt_lang is not None and tgt_lang != languages[0]:
+                raise UserError(
+                    f"--tgt-lang {tgt_lang}: this model translates into {languages[0]} only"
+                )
+            return []
+        if tgt_lang is None:
+            raise UserError(
+                "--tgt-lang: this multilingual model needs the language to translate into; "
+                f"its target languages: {', '.join(languages)}"
+            )
+        if tgt_lang not in languages:
+            raise UserError(
+                f"--tgt-lang {tgt_lang}: not a target language of this model; its target "
+                f"languages: {', '.join(languages)}"
+            )
+        return [self.src_tokenizer.sp.piece_to_id(language_tag(tgt_lang))]
+
     def translate(self, lines: Sequence[str], beam: int | None = None, **options) -> list[str]:
         """One translation per input line, in order; empty lines give empty strings."""
         request = Request(beam=beam, nbest=1, **options)
@@ -125,8 +152,9 @@ class Translator:
         request = (request or Request(**options)).resolved(
             self.config.decode, self.tgt_tokenizer.vocab_size
         )
+        prefix = self.language_prefix(request.tgt_lang)
         controls = self._controls(lines, request)
-        ids = self._encode(lines, request.first_line)
+        ids = self._encode(lines, request.first_line, prefix)
         # Blank lines stay "": `nbest` empty entries, as many as any other line gets (with
         # `alignment`, an empty one).
         empty: Alignment | None = [] if request.alignment else None
@@ -213,16 +241,18 @@ class Translator:
                 ]
             )
         if request.alignment:
-            self._align([lines[row] for row in rows], [ids[row] for row in rows], entries)
+            lead = len(self.language_prefix(request.tgt_lang))
+            self._align([lines[row] for row in rows], [ids[row] for row in rows], entries, lead)
         return entries
 
     def _align(
-        self, lines: list[str], src: list[list[int]], entries: list[list[Translation]]
+        self, lines: list[str], src: list[list[int]], entries: list[list[Translation]], lead: int
     ) -> None:
-        """Fill the alignment of every entry of these lines (their text, source ids `src`):
-        word numbers count the words of the line as given and of the output as written."""
+        """Fill the alignment of every entry of these lines (their text, source ids `src`, of
+        which the first `lead` are tags): word numbers count the words of the line as given
+        and of the output as written."""
         flat = [
-            (s, source_words(self.src_tokenizer, text.strip(), s), e)
+            (s, source_words(self.src_tokenizer, text.strip(), s[lead:]), e)
             for text, s, line in zip(lines, src, entries, strict=True)
             for e in line
         ]
@@ -234,20 +264,24 @@ class Translator:
         )  # (outputs, T, S)
         for (_, src_words, entry), weights in zip(flat, attention, strict=True):
             out_words = output_words(self.tgt_tokenizer, entry.tokens)
-            entry.alignment = word_alignment(weights, src_words, out_words)
+            entry.alignment = word_alignment(weights[:, lead:], src_words, out_words)
 
-    def _encode(self, lines: Sequence[str], first_line: int = 1) -> list[list[int]]:
-        """Piece ids per line; blank lines become []; over-long lines are cut, with a warning."""
+    def _encode(
+        self, lines: Sequence[str], first_line: int = 1, prefix: Sequence[int] = ()
+    ) -> list[list[int]]:
+        """Piece ids per line, after `prefix` (tags); blank lines become []; over-long lines
+        are cut, with a warning."""
         ids = self.src_tokenizer.encode([line.strip() for line in lines])
+        limit = self.max_input_len - len(prefix)
         for number, seq in enumerate(ids, start=first_line):
-            if len(seq) > self.max_input_len:
+            if len(seq) > limit:
                 warnings.warn(
-                    f"line {number}: {len(seq)} source tokens, truncated to {self.max_input_len} "
+                    f"line {number}: {len(seq)} source tokens, truncated to {limit} "
                     "(decode.max_input_len)",
                     stacklevel=3,
                 )
-                del seq[self.max_input_len :]
-        return ids
+                del seq[limit:]
+        return [[*prefix, *seq] if seq else seq for seq in ids]
 
 
 def _one_line(text: str) -> str:
@@ -341,4 +375,7 @@ def _ensemble_mismatch(first: dict, other: dict) -> str | None:
         return "their SentencePiece models differ (an ensemble needs one vocabulary)"
     if keys := config_differences(first["config"], other["config"], LANGUAGE_KEYS):
         return f"they translate different languages ({', '.join(keys)} differ)"
+    pairs = [c["config"].get("data", {}).get("pairs") or [] for c in (first, other)]
+    if pairs[0] != pairs[1]:  # a checkpoint from before data.pairs has none
+        return "they translate different directions (data.pairs differ)"
     return None

@@ -47,7 +47,9 @@ class TranslateRequest(Strict):
     )
     avoid: list[str] = Field([], description="Words or phrases no output may hold.")
     alignment: bool = Field(False, description="Add Pharaoh word pairs [source, target].")
-    tgt_lang: str | None = Field(None, description="The target language (must be the model's).")
+    tgt_lang: str | None = Field(
+        None, description="The target language: one of the model's (a multilingual model needs it)."
+    )
 
 
 class AttentionRequest(Strict):
@@ -55,6 +57,7 @@ class AttentionRequest(Strict):
 
     text: str
     beam: int | None = Field(None, ge=1)
+    tgt_lang: str | None = Field(None, description="The target language (as /v1/translate's).")
 
 
 class LibreRequest(Strict):
@@ -144,7 +147,7 @@ def _add_routes(app: FastAPI, service: Service) -> None:
             if given is not None and len(given) != len(body.text):
                 lines = len(body.text)
                 raise HTTPException(422, f"{name}: give one entry per line of text ({lines})")
-        settings = Settings(body.beam, body.nbest, body.alignment, tuple(body.avoid))
+        settings = Settings(body.beam, body.nbest, body.alignment, tuple(body.avoid), body.tgt_lang)
         found = await service.translate(
             body.text, settings, body.constraints, body.prefix, request.is_disconnected
         )
@@ -155,19 +158,23 @@ def _add_routes(app: FastAPI, service: Service) -> None:
         """The translation of `text` and its cross-attention (output x source pieces)."""
         _check_lines(service, [body.text])
         _check_width(service, body.beam or 0)
-        return await service.call(lambda: service.attention(body.text, body.beam))
+        service.check_language(body.tgt_lang)
+        return await service.call(lambda: service.attention(body.text, body.beam, body.tgt_lang))
 
     @app.post("/translate")
     async def libre_translate(body: LibreRequest, request: Request) -> dict[str, Any]:
         """LibreTranslate: `q` (a str or a list), `source`, `target` -> `translatedText`."""
-        if body.source not in ("auto", service.src_lang):
-            raise HTTPException(400, f"source {body.source!r}: this model reads {service.src_lang}")
+        if body.source not in ("auto", *service.source_languages()):
+            reads = ", ".join(service.source_languages())
+            raise HTTPException(400, f"source {body.source!r}: this model reads {reads}")
         service.check_language(body.target, "target")
         if body.format != "text":
             raise HTTPException(400, f"format {body.format!r}: only 'text' is supported")
         lines = [body.q] if isinstance(body.q, str) else body.q
         _check_lines(service, lines)
-        found = await service.translate(lines, Settings(), disconnected=request.is_disconnected)
+        tgt_lang = body.target if len(service.directions) > 1 else None
+        settings = Settings(tgt_lang=tgt_lang)
+        found = await service.translate(lines, settings, disconnected=request.is_disconnected)
         texts = [entries[0].text for entries in found]
         return {"translatedText": texts[0] if isinstance(body.q, str) else texts}
 

@@ -30,6 +30,7 @@ class Settings:
     nbest: int = 1
     alignment: bool = False
     avoid: tuple[str, ...] = ()
+    tgt_lang: str | None = None  # the language asked for (a multilingual model's)
 
 
 @dataclass(eq=False)

@@ -59,8 +59,8 @@ class Service:
         self.models = models
         self.limits = limits
         self.batcher = Batcher(self._decode, max_batch_tokens, max_wait_ms)
-        self.src_lang = translator.config.data.src_lang
-        self.tgt_lang = translator.config.data.tgt_lang
+        self.directions = translator.config.data.directions()
+        self.src_lang, self.tgt_lang = self.directions[0]  # of a bilingual model, its pair
 
     def _decode(
         self,
@@ -81,6 +81,7 @@ class Service:
             prefixes=prefixes,
             avoid=list(settings.avoid),
             alignment=settings.alignment,
+            tgt_lang=settings.tgt_lang,
         )
 
     def source_tokens(self, lines: list[str]) -> list[int]:
@@ -123,14 +124,24 @@ class Service:
                 raise Disconnected
 
     def check_language(self, tgt_lang: str | None, option: str = "tgt_lang") -> None:
-        """Refuse a target language the model does not translate into."""
-        if tgt_lang is not None and tgt_lang != self.tgt_lang:
+        """Refuse a target language the model does not translate into (a multilingual model
+        takes any of its target languages, and needs one)."""
+        if len(self.directions) > 1:
+            try:
+                self.translator.language_prefix(tgt_lang)
+            except UserError as err:
+                raise UserError(str(err).replace("--tgt-lang", option, 1)) from None
+        elif tgt_lang is not None and tgt_lang != self.tgt_lang:
             raise UserError(
                 f"{option} {tgt_lang!r}: this model translates {self.src_lang} -> "
                 f"{self.tgt_lang} only"
             )
 
-    def attention(self, text: str, beam: int | None) -> dict[str, Any]:
+    def source_languages(self) -> list[str]:
+        """The languages the model reads, in order of first use."""
+        return list(dict.fromkeys(src for src, _ in self.directions))
+
+    def attention(self, text: str, beam: int | None, tgt_lang: str | None = None) -> dict[str, Any]:
         """Translate `text` (on the worker thread) and return its head-mean cross-attention at
         decode.alignment_layer, as the alignment uses it: rows are the output pieces and the
         `</s>` that ended them, columns the source pieces and the source's `</s>`."""
@@ -138,8 +149,11 @@ class Service:
         from attn_mt.model.vocab import EOS_ID
 
         translator = self.translator
-        [best] = translator.translate_nbest([text], beam=beam)[0][:1]
-        ids = translator.src_tokenizer.encode([text.strip()])[0][: translator.max_input_len]
+        [best] = translator.translate_nbest([text], beam=beam, tgt_lang=tgt_lang)[0][:1]
+        prefix = translator.language_prefix(tgt_lang)  # a multilingual model's <2xx> tag
+        limit = translator.max_input_len - len(prefix)
+        ids = translator.src_tokenizer.encode([text.strip()])[0][:limit]
+        ids = [*prefix, *ids] if ids else ids
         if not ids or not best.tokens:
             return {"translation": best.text, "source": [], "target": [], "weights": []}
         layer = translator.config.decode.alignment_layer
@@ -153,9 +167,14 @@ class Service:
 
     def languages(self) -> list[dict[str, Any]]:
         """LibreTranslate's /languages: every language with the ones it translates into."""
+        codes = dict.fromkeys(lang for direction in self.directions for lang in direction)
         return [
-            {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": targets}
-            for code, targets in ((self.src_lang, [self.tgt_lang]), (self.tgt_lang, []))
+            {
+                "code": code,
+                "name": LANGUAGE_NAMES.get(code, code),
+                "targets": [tgt for src, tgt in self.directions if src == code],
+            }
+            for code in codes
         ]
 
     def info(self) -> dict[str, Any]:
@@ -168,6 +187,11 @@ class Service:
             "models": [str(p) for p in self.models],
             "source_language": self.src_lang,
             "target_language": self.tgt_lang,
+            **(
+                {"directions": ["-".join(d) for d in self.directions]}
+                if len(self.directions) > 1
+                else {}
+            ),
             "parameters": sum(p.numel() for p in translator.model.parameters()),
             "device": str(translator.device),
             "decode": asdict(translator.config.decode),

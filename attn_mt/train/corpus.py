@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from attn_mt import distributed
-from attn_mt.config import Config
-from attn_mt.data.corpora import split_files
+from attn_mt.config import Config, language_tag
+from attn_mt.data.batching import mix_weights
+from attn_mt.data.corpora import split_files, valid_directions
 from attn_mt.data.prepare import shards_for_run
 from attn_mt.data.shards import Shards, TokenView, corpus_lines
 from attn_mt.data.text import FilterStats, read_parallel
@@ -30,6 +31,10 @@ class Corpus:
     valid_ref: list[str]
     valid_src_ids: list[list[int]]
     valid_tgt_ids: list[list[int]]
+    valid_tgt_lang: str | None = None  # the language asked for (a direction of a multilingual run)
+    # A multilingual run's validation per direction ("de-en" -> its corpus); the fields above
+    # then hold every direction's pairs, one after the other.
+    pairs: dict[str, Corpus] = dataclasses.field(default_factory=dict)
 
     @property
     def src_ids(self) -> TokenView:
@@ -67,30 +72,63 @@ def training_data(
     tokenizers: a resumed run's SentencePiece models; None trains (or reuses) them, on rank 0,
     whose models every process then uses (machines of a multi-node run need not share a cache).
     """
-    valid_files = split_files(cfg.data, "valid")
-    if valid_files is None:
-        raise DataError("data.valid: no validation corpus; give data.valid.src and .tgt")
+    directions = valid_directions(cfg.data)
+    if directions is None:
+        valid_files = split_files(cfg.data, "valid")
+        if valid_files is None:
+            raise DataError("data.valid: no validation corpus; give data.valid.src and .tgt")
+        directions = {"": valid_files}
     with stage("reading the validation split"):  # checked before the training data's work
-        valid_src, valid_ref = read_parallel(*valid_files)
-    if not any(s.strip() and t.strip() for s, t in zip(valid_src, valid_ref, strict=True)):
-        raise DataError(f"{valid_files[0]}: the validation corpus has no non-empty pairs")
+        texts = {pair: read_parallel(*files) for pair, files in directions.items()}
+    for pair, (valid_src, valid_ref) in texts.items():
+        if not any(s.strip() and t.strip() for s, t in zip(valid_src, valid_ref, strict=True)):
+            raise DataError(f"{directions[pair][0]}: the validation corpus has no non-empty pairs")
     with stage("preparing the training data"):
         shards = shards_for_run(cfg, tokenizers, world)
     src_tok, tgt_tok = tokenizers or shards.tokenizers()
-    corpus = Corpus(
-        shards=shards,
-        weights=cfg.data.weights(),
-        valid_src=valid_src,
-        valid_ref=valid_ref,
-        valid_src_ids=src_tok.encode(valid_src),
-        valid_tgt_ids=tgt_tok.encode(valid_ref),
-    )
+    weights = mix_weights(shards, cfg.data.weights(), cfg.data.temperature)
+    pairs = {}
+    for pair, (valid_src, valid_ref) in texts.items():
+        tgt_lang = pair.partition("-")[2] or None
+        tags = [language_tag(str(tgt_lang))] if cfg.data.language_tags() else []
+        prefix = [src_tok.sp.piece_to_id(tag) for tag in tags]
+        pairs[pair] = Corpus(
+            shards=shards,
+            weights=weights,
+            valid_src=valid_src,
+            valid_ref=valid_ref,
+            valid_src_ids=[prefix + ids for ids in src_tok.encode(valid_src)],
+            valid_tgt_ids=tgt_tok.encode(valid_ref),
+            valid_tgt_lang=tgt_lang,
+        )
+    corpus = pairs[""] if "" in pairs else joined(pairs)
     return src_tok, tgt_tok, corpus
+
+
+def joined(pairs: dict[str, Corpus]) -> Corpus:
+    """One corpus over the validation of every direction (`pairs`), holding them too."""
+    first = next(iter(pairs.values()))
+
+    def every(name: str) -> list:
+        return [item for corpus in pairs.values() for item in getattr(corpus, name)]
+
+    return Corpus(
+        shards=first.shards,
+        weights=first.weights,
+        valid_src=every("valid_src"),
+        valid_ref=every("valid_ref"),
+        valid_src_ids=every("valid_src_ids"),
+        valid_tgt_ids=every("valid_tgt_ids"),
+        pairs=pairs,
+    )
 
 
 def valid_subset(corpus: Corpus, size: int, seed: int) -> Corpus:
     """`corpus` with `size` of its validation pairs (0 = all): a fixed seeded choice, kept in
-    file order, drawn from its own generator (the training streams never move)."""
+    file order, drawn from its own generator (the training streams never move); of a
+    multilingual run, `size` pairs of each direction."""
+    if corpus.pairs:
+        return joined({pair: valid_subset(c, size, seed) for pair, c in corpus.pairs.items()})
     if not size or size >= len(corpus.valid_src):
         return corpus
     rows = sorted(random.Random(seed).sample(range(len(corpus.valid_src)), size))

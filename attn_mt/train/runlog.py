@@ -29,6 +29,8 @@ class Validation:
     metrics: dict[str, float]  # loss, ppl, bleu, chrf, sentences
     samples: list[tuple[str, str, str]]  # (source, hypothesis, reference) to show
     seconds: dict[str, float] = field(default_factory=dict)  # per phase: loss, search, score
+    hypotheses: list[str] = field(default_factory=list)  # every output, in order
+    pairs: dict[str, dict[str, float]] = field(default_factory=dict)  # per direction (multilingual)
 
 
 class RunLog:
@@ -82,6 +84,25 @@ class RunLog:
             self.tb.add_scalar(f"{split}/{name}", value, step)
         self.jsonl.write(json.dumps({"step": step, "split": split, **metrics}) + "\n")
         self.jsonl.flush()
+
+    def direction(self, step: int, pair: str, metrics: dict[str, float]) -> None:
+        """One direction's validation figures: a log line, `valid/PAIR/name` TensorBoard
+        scalars and a metrics.jsonl line with `"pair": PAIR` (the mean's line has none)."""
+        off_target = metrics.get("off_target")
+        log.info(
+            "  %s: loss %.3f  BLEU %.2f  chrF %.2f%s",
+            pair,
+            metrics["loss"],
+            metrics["bleu"],
+            metrics["chrf"],
+            f"  off-target {off_target:.1f}%" if off_target is not None else "",
+        )
+        if not self.enabled:
+            return
+        for name, value in metrics.items():
+            self.tb.add_scalar(f"valid/{pair}/{name}", value, step)
+        self.jsonl.write(json.dumps({"step": step, "split": "valid", "pair": pair, **metrics}))
+        self.jsonl.write("\n")
 
     def text(self, tag: str, text: str, step: int) -> None:
         """A TensorBoard text entry."""
@@ -140,6 +161,8 @@ class RunLog:
             "  (best)" if improved else f"  (best {metric} {best_score:.2f})",
             f"  {sum(result.seconds.values()):.1f} s: {phases}" if phases else "",
         )
+        for pair, figures in result.pairs.items():
+            self.direction(step, pair, figures)
         for src, hyp, ref in result.samples:
             log.info("  src: %s\n  hyp: %s\n  ref: %s", src, hyp, ref)
         self.scalars(step, "valid", m)
@@ -149,9 +172,15 @@ class RunLog:
             step,
         )
 
-    def attention(self, step: int, translator: Callable[[], Translator], sentences: list[str]):
-        """Cross-attention heatmap of the first non-empty sentence to TensorBoard; a failed
-        plot is a warning, never the end of a run."""
+    def attention(
+        self,
+        step: int,
+        translator: Callable[[], Translator],
+        sentences: list[str],
+        tgt_lang: str | None = None,
+    ):
+        """Cross-attention heatmap of the first non-empty sentence (translated into `tgt_lang`)
+        to TensorBoard; a failed plot is a warning, never the end of a run."""
         sentence = next((line for line in sentences if line.strip()), None)
         if not self.enabled or sentence is None:
             return
@@ -159,7 +188,9 @@ class RunLog:
 
         try:
             self.figure(
-                "valid/attention", viz.validation_attention_figure(translator(), sentence), step
+                "valid/attention",
+                viz.validation_attention_figure(translator(), sentence, tgt_lang),
+                step,
             )
         except Exception as err:  # whatever broke, training goes on
             log.warning(

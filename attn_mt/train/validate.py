@@ -19,6 +19,7 @@ from attn_mt.decode.translator import Translator
 from attn_mt.precision import autocast_context
 from attn_mt.scores import score
 from attn_mt.train.corpus import Corpus
+from attn_mt.train.directions import validate_directions
 from attn_mt.train.loglines import valid_share
 from attn_mt.train.loss import SmoothedObjective, perplexity
 from attn_mt.train.runlog import Monitor, RunLog, Validation
@@ -72,7 +73,9 @@ def validate(
         on_progress("search", done, len(corpus.valid_src))
 
     start = time.perf_counter()
-    hyps = translator.translate(corpus.valid_src, beam=t.eval_beam, on_batch=advance)
+    hyps = translator.translate(
+        corpus.valid_src, beam=t.eval_beam, on_batch=advance, tgt_lang=corpus.valid_tgt_lang
+    )
     seconds["search"] = time.perf_counter() - start
     start = time.perf_counter()
     scores = score(hyps, corpus.valid_ref)
@@ -85,7 +88,7 @@ def validate(
         "sentences": len(corpus.valid_src),
     }
     samples = list(zip(corpus.valid_src, hyps, corpus.valid_ref, strict=True))[: t.samples]
-    return Validation(metrics, samples, seconds)
+    return Validation(metrics, samples, seconds, hypotheses=hyps)
 
 
 class Interrupted(Exception):
@@ -116,8 +119,11 @@ class Validator:
 
     def validate(self) -> Validation:
         """Validation loss/perplexity (teacher forcing) and BLEU/chrF of search output."""
-        translator = self.translator(self.dtype)
-        result = validate(translator, self.corpus, self.state.cfg.train, self._follow)
+        translator, t = self.translator(self.dtype), self.state.cfg.train
+        if self.corpus.pairs:  # multilingual: each direction, and their mean
+            result = validate_directions(validate, translator, self.corpus, t, self._follow)
+        else:
+            result = validate(translator, self.corpus, t, self._follow)
         self.state.model.train()
         return result
 
@@ -138,7 +144,13 @@ class Validator:
                 with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                     result = self.validate()
                     start = time.perf_counter()
-                    runlog.attention(step, lambda: self.translator(None), self.corpus.valid_src)
+                    plotted = next(iter(self.corpus.pairs.values()), self.corpus)
+                    runlog.attention(
+                        step,
+                        lambda: self.translator(None),
+                        plotted.valid_src,
+                        plotted.valid_tgt_lang,
+                    )
                     result.seconds["plot"] = time.perf_counter() - start
             except Interrupted:
                 log.warning("%s: validation at step %d abandoned", self.stop_signal(), step)

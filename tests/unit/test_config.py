@@ -266,9 +266,10 @@ def float_keys(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         value, path = getattr(node, f.name), prefix + f.name
         if dataclasses.is_dataclass(value):
             yield from float_keys(value, f"{path}.")
-        elif isinstance(value, list):
+        elif isinstance(value, list):  # of corpora (data.pairs holds strings)
             for i, item in enumerate(value):
-                yield from float_keys(item, f"{path}[{i}].")
+                if dataclasses.is_dataclass(item):
+                    yield from float_keys(item, f"{path}[{i}].")
         elif base_type(hints[f.name]) is float:
             yield path, value
 

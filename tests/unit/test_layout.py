@@ -23,6 +23,7 @@ LAYERS = [
     "precision",
     "kernels",  # the MKL-vs-oneDNN timing rule
     "scores",  # sacreBLEU
+    "langid",  # py3langid: the off-target rate
     "configfile",
     "distributed",
     "model",

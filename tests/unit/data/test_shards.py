@@ -294,7 +294,7 @@ def test_corpus_ids_past_32767_survive(toy_data, tmp_path):
     empty.write_bytes(b"")
     last = TrainCorpus(src=str(toy_data["train.src"]), tgt=str(toy_data["train.tgt"]))
     corpora = [TrainCorpus(src=str(empty), tgt=str(empty))] * 2**15 + [last]
-    target = Plan(corpora, {"corpora": [{}] * len(corpora)}, tmp_path / "many")
+    target = Plan(corpora, {"corpora": [{}] * len(corpora)}, tmp_path / "many", [[]] * len(corpora))
     shards_module.write_shards(cfg, target, tokenizers, workers=1)
     shards = open_shards(target.folder)
     assert shards.corpus.dtype == np.int32

@@ -1,0 +1,274 @@
+"""One model, several directions, end to end: a tiny toy model of de->en and de->fr (the toy
+task in two target "languages", see tests/unit/data/test_languages.py) trains with its
+validation per direction, translates only with a target language it knows, evaluates a
+direction, exports to CTranslate2 and transformers with its tags; a bilingual run is exactly
+what it was before any of this (digests recorded on be4f2bd, the commit before it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.clirun import assert_user_error
+from helpers.clirun import attn_mt as cli
+from helpers.multilingual import multilingual_files, multilingual_raw, toy_language
+from helpers.toy import invoke, run, toy_config_dict, toy_pairs, write_lines
+
+import attn_mt
+from attn_mt.configfile import config_from_dict
+from attn_mt.data.prepare import plan
+from attn_mt.errors import UserError
+from attn_mt.model.vocab import EOS_ID
+
+PAIRS = ("de-en", "de-fr")
+
+
+@pytest.fixture(scope="module")
+def multi_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The toy model of de->en and de->fr, 400 steps, validated every 200."""
+    folder = tmp_path_factory.mktemp("multi")
+    files = multilingual_files(folder)
+    raw = multilingual_raw(files, folder / "run", PAIRS)
+    raw["data"]["test"] = {"src": str(files["test.de"]), "tgt": str(files["test.fr"])}
+    raw["train"].update(max_steps=400, eval_every=200, valid_max_sentences=20, samples=1)
+    raw["decode"]["beam"] = 2
+    run(config_from_dict(raw))
+    (folder / "run" / "files.json").write_text(json.dumps({k: str(v) for k, v in files.items()}))
+    return folder / "run"
+
+
+def files_of(run_dir: Path) -> dict[str, Path]:
+    return {k: Path(v) for k, v in json.loads((run_dir / "files.json").read_text()).items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation per direction
+
+
+def test_validation_rows_per_direction_and_their_mean(multi_run: Path):
+    rows = [json.loads(line) for line in (multi_run / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in rows if r["split"] == "valid"]
+    steps = sorted({r["step"] for r in valid})
+    assert steps == [200, 400]
+    for step in steps:
+        at = [r for r in valid if r["step"] == step]
+        per_pair = {r["pair"]: r for r in at if "pair" in r}
+        [mean] = [r for r in at if "pair" not in r]
+        assert sorted(per_pair) == sorted(PAIRS)
+        for name in ("bleu", "chrf", "loss"):
+            assert mean[name] == pytest.approx(sum(r[name] for r in per_pair.values()) / 2)
+        assert all(r["sentences"] == 20 for r in per_pair.values())  # capped per direction
+        assert mean["sentences"] == 40
+        assert all(0 <= r["off_target"] <= 100 for r in per_pair.values())
+    # best.pt is the validation of the best mean BLEU (train.select_metric)
+    means = {r["step"]: r["bleu"] for r in valid if "pair" not in r}
+    best = torch.load(multi_run / "checkpoints" / "best.pt", weights_only=True)
+    assert means[best["step"]] == max(means.values())
+    assert best["metrics"]["bleu"] == pytest.approx(max(means.values()))
+    assert max(means.values()) > 50  # it learned both directions: the tags steer it
+
+
+def test_tensorboard_has_a_curve_per_direction(multi_run: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(multi_run / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"valid/de-en/bleu", "valid/de-fr/bleu", "valid/de-fr/off_target", "valid/bleu"} <= tags
+
+
+# ---------------------------------------------------------------------------------------------
+# Translate and evaluate
+
+
+def test_translate_needs_a_target_language_it_knows(multi_run: Path, tmp_path: Path):
+    """One error line listing the model's target languages, before any input is read."""
+    source = write_lines(tmp_path / "in.de", toy_pairs(10, seed=7)[0])
+    missing = cli("translate", "-m", multi_run, "-i", source, "-o", tmp_path / "out", cwd=tmp_path)
+    assert_user_error(missing, "--tgt-lang", "target languages: en, fr")
+    unknown = cli("translate", "-m", multi_run, "--tgt-lang", "cs", cwd=tmp_path, stdin=b"qb\n")
+    assert_user_error(unknown, "--tgt-lang cs", "en, fr")
+    assert not (tmp_path / "out").exists()
+    translator = attn_mt.load(multi_run, device="cpu")
+    with pytest.raises(UserError, match="en, fr"):
+        translator.translate(["qb qc"])
+
+
+def test_each_target_language_gets_its_own_output(multi_run: Path, tmp_path: Path):
+    de, en = toy_pairs(10, seed=7)
+    source = write_lines(tmp_path / "in.de", de)
+    outputs = {}
+    for lang in ("en", "fr"):
+        result = invoke("translate", "-m", multi_run, "-i", source, "--tgt-lang", lang, "-b", "2")
+        assert result.exit_code == 0, result.output
+        outputs[lang] = result.output.splitlines()
+        api = attn_mt.load(multi_run, device="cpu").translate(de, beam=2, tgt_lang=lang)
+        assert outputs[lang] == api  # the CLI is the API
+    right = sum(o == e for o, e in zip(outputs["en"], en, strict=True))
+    right += sum(o == toy_language(e) for o, e in zip(outputs["fr"], en, strict=True))
+    assert right >= 16  # the tag chose the language of each
+
+
+def test_evaluate_a_direction(multi_run: Path, tmp_path: Path):
+    files = files_of(multi_run)
+    by_files = invoke(
+        "evaluate", "-m", multi_run, "--src", files["test.de"], "--ref", files["test.fr"],
+        "--tgt-lang", "fr", "--json", "-o", tmp_path / "fr.hyp",
+    )  # fmt: skip
+    assert by_files.exit_code == 0, by_files.output
+    found = json.loads(by_files.output.splitlines()[-1])
+    assert found["bleu"] > 50 and "off_target" in found
+    no_pair = invoke("evaluate", "-m", multi_run, "--split", "test")
+    assert isinstance(no_pair.exception, UserError) and "\n" not in str(no_pair.exception)
+    assert "--pair" in str(no_pair.exception) and "de-en, de-fr" in str(no_pair.exception)
+    both = invoke("evaluate", "-m", multi_run, "--pair", "de-en", "--src", files["test.de"],
+                  "--ref", files["test.en"])  # fmt: skip
+    assert isinstance(both.exception, UserError) and "--tgt-lang instead" in str(both.exception)
+    valid = invoke("evaluate", "-m", multi_run, "--split", "valid", "--pair", "de-en", "--json")
+    assert valid.exit_code == 0, valid.output
+    assert json.loads(valid.output.splitlines()[-1])["bleu"] > 50
+
+
+# ---------------------------------------------------------------------------------------------
+# A bilingual model
+
+
+def test_a_bilingual_model_takes_its_own_language_only(trained_run: Path, tmp_path: Path):
+    source = write_lines(tmp_path / "in.src", toy_pairs(6, seed=8)[0])
+    plain = invoke("translate", "-m", trained_run, "-i", source)
+    same = invoke("translate", "-m", trained_run, "-i", source, "--tgt-lang", "yy")
+    assert plain.exit_code == same.exit_code == 0 and plain.output == same.output
+    other = cli("translate", "-m", trained_run, "-i", source, "--tgt-lang", "fr", cwd=tmp_path)
+    assert_user_error(other, "--tgt-lang fr", "translates into yy only")
+
+
+# Recorded on be4f2bd (before multilingual training) with the same steps, on one thread.
+BILINGUAL = {
+    "prepared": "6f885df22509c74591a4",
+    "tokenizers": "46e1fbe64e7266e7",
+    "weights": "10b792ac74c67832",
+    "valid": "397c8b4dde27b452",
+    "outputs": "2033fbd2ac76f1bc",
+}
+
+
+def test_a_bilingual_run_is_what_it_was(tmp_path: Path):
+    """The prepared folder's name (the shards' identity), the SentencePiece model, the weights
+    after 20 steps, the validation rows and beam outputs of a bilingual toy run."""
+    torch.set_num_threads(1)  # a float sum's order follows the thread count
+    files = {}
+    for split, count, seed in (("train", 3000, 1), ("valid", 100, 2), ("test", 100, 3)):
+        src, tgt = toy_pairs(count, seed)
+        files[f"{split}.src"] = write_lines(tmp_path / f"{split}.src", src)
+        files[f"{split}.tgt"] = write_lines(tmp_path / f"{split}.tgt", tgt)
+    raw = toy_config_dict(files, tmp_path / "run", max_steps=20, eval_every=10, threads=1)
+    raw["data"]["prepared_dir"] = str(tmp_path / "prepared")
+    cfg = config_from_dict(raw)
+    run(cfg)
+    state = torch.load(tmp_path / "run" / "checkpoints" / "best.pt", weights_only=True)
+    weights = hashlib.sha256()
+    for name, tensor in sorted(state["model"].items()):
+        weights.update(name.encode() + tensor.numpy().tobytes())
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    valid = [
+        {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+        for r in rows
+        if r["split"] == "valid"
+    ]
+    outputs = attn_mt.load(tmp_path / "run", device="cpu").translate(toy_pairs(30, 9)[0], beam=3)
+    tokenizers = state["tokenizers"]["src"] + state["tokenizers"]["tgt"]
+    found = {
+        "prepared": plan(cfg).folder.name,
+        "tokenizers": hashlib.sha256(tokenizers).hexdigest()[:16],
+        "weights": weights.hexdigest()[:16],
+        "valid": hashlib.sha256(json.dumps(valid).encode()).hexdigest()[:16],
+        "outputs": hashlib.sha256("\n".join(outputs).encode()).hexdigest()[:16],
+    }
+    assert found == BILINGUAL
+
+
+# ---------------------------------------------------------------------------------------------
+# Exports
+
+
+def test_ctranslate2_export_translates_with_the_source_tag(multi_run: Path, tmp_path: Path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    import sentencepiece as spm
+
+    from attn_mt.decode.export_ct2 import export_ctranslate2
+
+    folder = export_ctranslate2(multi_run, tmp_path / "ct2", decode={"beam": 1})
+    assert '["<2de>"]' in (folder / "README.txt").read_text()
+    engine = ctranslate2.Translator(str(folder), device="cpu")
+    source = spm.SentencePieceProcessor(model_file=str(folder / "source.model"))
+    target = spm.SentencePieceProcessor(model_file=str(folder / "target.model"))
+    decode = json.loads((folder / "decode.json").read_text())
+    lines = toy_pairs(12, seed=12)[0]
+    ours = attn_mt.load(multi_run, device="cpu")
+    for lang in ("en", "fr"):
+        tokens = [[f"<2{lang}>", *source.encode(line, out_type=str)] for line in lines]
+        found = [target.decode(r.hypotheses[0]) for r in engine.translate_batch(tokens, **decode)]
+        expected = ours.translate(lines, beam=1, tgt_lang=lang)
+        assert sum(a == b for a, b in zip(found, expected, strict=True)) >= 11, lang
+
+
+def test_hf_export_passes_parity_and_reads_marian_language_codes(multi_run: Path, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    result = invoke("export", "--format", "hf", "--model", multi_run, "--out", tmp_path / "hf",
+                    "--beam", "1")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "tokenizer ids identical" in result.output
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
+    ours = attn_mt.load(multi_run, device="cpu")
+    lines = toy_pairs(8, seed=13)[0]
+    for lang in ("en", "fr"):
+        prefix = ours.language_prefix(lang)
+        for line in lines:
+            ids = tokenizer(f">>{lang}<< {line}")["input_ids"]
+            assert ids == [*prefix, *ours.src_tokenizer.encode([line])[0], EOS_ID]
+        batch = tokenizer([f">>{lang}<< {line}" for line in lines], return_tensors="pt",
+                          padding=True)  # fmt: skip
+        with torch.no_grad():
+            generated = model.generate(**batch, num_beams=1, do_sample=False)
+        found = tokenizer.batch_decode(generated, skip_special_tokens=True)
+        expected = ours.translate(lines, beam=1, tgt_lang=lang)
+        assert sum(a == b for a, b in zip(found, expected, strict=True)) >= 7, lang
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving
+
+
+def test_server_takes_each_target_language(multi_run: Path, tmp_path: Path):
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from helpers.serving import start_server
+
+    server = start_server(multi_run, tmp_path)
+    try:
+        lines = toy_pairs(4, seed=14)[0]
+        ours = attn_mt.load(multi_run, device="cpu")
+        for lang in ("en", "fr"):
+            body = {"text": lines, "tgt_lang": lang, "beam": 2}
+            reply = httpx.post(server.url + "/v1/translate", json=body, timeout=60)
+            assert reply.json()["translations"] == ours.translate(lines, beam=2, tgt_lang=lang)
+        body = {"text": lines[0], "tgt_lang": "fr"}
+        drawn = httpx.post(server.url + "/v1/attention", json=body, timeout=60).json()
+        assert drawn["translation"] == ours.translate(lines[:1], tgt_lang="fr")[0]
+        assert drawn["source"][0] == "<2fr>"  # the tag the model read first
+        missing = httpx.post(server.url + "/v1/translate", json={"text": lines}, timeout=60)
+        assert missing.status_code in (400, 422) and "en, fr" in missing.json()["error"]
+        libre = {"q": lines[0], "source": "de", "target": "fr"}
+        found = httpx.post(server.url + "/translate", json=libre, timeout=60).json()
+        assert found == {"translatedText": ours.translate(lines[:1], tgt_lang="fr")[0]}
+        assert httpx.get(server.url + "/languages", timeout=60).json() == [
+            {"code": "de", "name": "German", "targets": ["en", "fr"]},
+            {"code": "en", "name": "English", "targets": []},
+            {"code": "fr", "name": "French", "targets": []},
+        ]
+    finally:
+        assert server.stop() == 0
