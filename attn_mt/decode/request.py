@@ -25,7 +25,8 @@ class Request:
     Translation's `alignment` (see docs/decoding.md).  first_line: the number of the first line
     in the user's input, for warnings and the samples' random streams (a line samples the same
     in any chunk of the input).  on_batch(n): called after each batch with the lines it
-    finished.
+    finished.  on_line(i, entries): called with each line's entries as soon as it is done (in
+    batch order, not input order), so a caller interrupted mid-call keeps what was finished.
     """
 
     beam: int | None = None
@@ -40,6 +41,7 @@ class Request:
     alignment: bool = False
     first_line: int = 1
     on_batch: Callable[[int], None] | None = field(default=None, compare=False)
+    on_line: Callable[[int, list], None] | None = field(default=None, compare=False)
 
     def resolved(self, decode: DecodeConfig, vocab: int) -> Request:
         """This request checked against a target vocabulary of `vocab` pieces, with the beam,
