@@ -35,6 +35,7 @@ from attn_mt.config import Config
 from attn_mt.configfile import save_config
 from attn_mt.data.batching import Batch
 from attn_mt.decode.translator import Translator
+from attn_mt.fileio import Terminated
 from attn_mt.model.transformer import Transformer
 from attn_mt.precision import (
     DTYPES,
@@ -226,7 +227,17 @@ class Trainer:
                 signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.stop_signal = signal.Signals(signum).name
+        """The first SIGINT/SIGTERM stops after the update in flight and saves last.pt, saying
+        so at once; a second stops at once: a save in progress is abandoned (its temp file is
+        removed as the stack unwinds), so last.pt stays the last one completed."""
+        name = signal.Signals(signum).name
+        again = "Ctrl-C" if signum == signal.SIGINT else name
+        if self.stop_signal is None:
+            self.stop_signal = name
+            log.info("%s: stopping: saving last.pt ... (%s again to stop at once)", name, again)
+            return
+        log.info("%s again: stopping at once; last.pt stays the last one completed", again)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(128 + signum)
 
     def _seconds(self) -> float:
         """The run's time as the lr schedule reads it. Under torchrun with a time-driven lr, the
