@@ -5,12 +5,15 @@ leaves an earlier --output file as it was."""
 
 from __future__ import annotations
 
+import re
 import signal
+import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from helpers.clirun import CLI, child_env
 from helpers.workspace import World
 
@@ -131,3 +134,30 @@ def test_ctrl_c_during_translate_output_keeps_the_earlier_file(world: World) -> 
     assert "translate to stdout" in last
     assert out.read_text() == "earlier\n"
     assert sorted(p.name for p in folder.iterdir()) == ["in.txt", "out.txt"]
+
+
+def test_sigterm_during_export_hf_leaves_no_staging_folder(world: World) -> None:
+    """`export --format hf` stopped while it writes and checks its staging folder: exit 143
+    with one line, nothing left; the staging folder a SIGKILLed export left (its process gone)
+    was removed when this export began."""
+    pytest.importorskip("transformers")
+    folder = Path(tempfile.mkdtemp(dir=world.root, prefix="signals."))
+    host = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname()) or "host"
+    stale = folder / f".hf.{host}-{2**22 + 12345}-abc123.staging"  # above pid_max: never running
+    stale.mkdir()
+    (stale / "config.json").write_text("{}")
+    model = world.run / "checkpoints" / "best.pt"
+    args = ["export", "--model", model, "--out", folder / "hf", "--format", "hf"]
+    child = subprocess.Popen(
+        [*CLI, *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env()
+    )
+    deadline = time.monotonic() + 120
+    while not [p for p in folder.iterdir() if f"-{child.pid}-" in p.name]:
+        assert child.poll() is None and time.monotonic() < deadline, "no staging folder appeared"
+        time.sleep(0.05)
+    assert not stale.exists()
+    child.send_signal(signal.SIGTERM)
+    stderr = child.communicate(timeout=60)[1].decode()
+    assert child.returncode == 143, stderr
+    assert "Traceback" not in stderr and stderr.splitlines()[-1:] == ["attn-mt: terminated"]
+    assert list(folder.iterdir()) == []
