@@ -58,6 +58,9 @@ from attn_mt.train.state import TrainProgress, build_state, starting_point
 from attn_mt.train.validate import Validator
 
 log = logging.getLogger("attn_mt")
+# A second signal sooner than this is the first one delivered again (a terminal signals torchrun
+# and its workers, and torchrun passes its copy on to them), not a user asking to stop at once.
+REPEAT_SECONDS = 1.0
 
 
 @dataclass
@@ -144,6 +147,7 @@ class Trainer:
         self.train_model = wrap_model(self.objective, world, self.device, cfg.train.compile)
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
+        self.signalled_at = 0.0  # time.monotonic() of the first signal
         self.validator = Validator(
             state, self.corpus, self.valid_total, self._translator, self.dtype, self.monitor,
             lambda: self.stop_signal,
@@ -233,9 +237,11 @@ class Trainer:
         name = signal.Signals(signum).name
         again = "Ctrl-C" if signum == signal.SIGINT else name
         if self.stop_signal is None:
-            self.stop_signal = name
+            self.stop_signal, self.signalled_at = name, time.monotonic()
             log.info("%s: stopping: saving last.pt ... (%s again to stop at once)", name, again)
             return
+        if time.monotonic() - self.signalled_at < REPEAT_SECONDS:
+            return  # the same stop delivered twice: a terminal's Ctrl-C, then torchrun's copy
         log.info("%s again: stopping at once; last.pt stays the last one completed", again)
         raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(128 + signum)
 

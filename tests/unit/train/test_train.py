@@ -268,6 +268,7 @@ def test_a_second_signal_stops_at_once_abandoning_the_save(
             os.kill(os.getpid(), signum)
 
     with monkeypatch.context() as patch:
+        patch.setattr(train_module, "REPEAT_SECONDS", 0.0)  # no time passes here between them
         signal_after_update(patch, 4, signum)  # after step 3's validation and save
         patch.setattr(torch, "save", save_then_signal)
         patch.setattr(Trainer, "finish", lambda self, *a: first.append(1) or finish(self, *a))
@@ -285,6 +286,29 @@ def test_a_second_signal_stops_at_once_abandoning_the_save(
 
 
 finish = Trainer.finish
+
+
+def test_a_signal_delivered_twice_at_once_still_saves(
+    toy_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C under torchrun reaches a worker twice within milliseconds (from the terminal,
+    then torchrun's copy): that is one stop, which saves last.pt, not a stop at once."""
+    out = tmp_path / "run"
+    original = Trainer.update
+    calls = []
+
+    def update_then_two_signals(self: Trainer):
+        result = original(self)
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(Trainer, "update", update_then_two_signals)
+    stopped = run(resume_config(toy_data, out, "fp32"))
+    assert (stopped.step, stopped.stopped_by) == (2, "signal")
+    assert load_raw(out / "checkpoints" / "last.pt")["step"] == 2
 
 
 def printed_command(log_text: str, phrase: str) -> list[str]:
