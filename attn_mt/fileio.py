@@ -213,6 +213,23 @@ def _check_parent(path: Path, option: str) -> None:
         )
 
 
+def _no_best(folder: Path) -> str:
+    """Why a folder given as --model has no best.pt, and what to give instead."""
+    run = folder.parent
+    if (folder / "last.pt").is_file():
+        return (
+            "no checkpoints/best.pt yet (the run stopped before its first validation); give its "
+            f"last.pt (--model {named(folder / 'last.pt')}) or continue the run "
+            f"(`attn-mt train --resume {named(run)}`)"
+        )
+    if (run / "config.yaml").is_file():
+        return (
+            "a run folder with no checkpoint yet (no checkpoints/best.pt or last.pt): a run "
+            "saves one at its first validation or when it stops"
+        )
+    return "no checkpoints/best.pt in this folder; give a run folder (train.out_dir) or a .pt file"
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """The checkpoint a `--model` path means, checked before any import of torch: a run folder
     (or its checkpoints/ folder) means its best.pt; a file is used as it is."""
@@ -221,14 +238,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         folder = path if path.name == "checkpoints" else path / "checkpoints"
         best = folder / "best.pt"
         if not best.is_file():
-            hint = (
-                "it stopped before its first validation; resume it with `attn-mt train --resume`"
-                if (folder / "last.pt").is_file()
-                else "is it a run folder (train.out_dir)?"
-            )
-            raise CheckpointError(
-                f"{named(path)}: no {best.relative_to(path)} in this folder; {hint}"
-            )
+            raise CheckpointError(f"{named(path)}: {_no_best(folder)}")
         return best
     if not path.is_file():
         raise CheckpointError(f"{named(path)}: checkpoint not found")

@@ -12,8 +12,9 @@ import json
 import os
 import sys
 from dataclasses import replace
+from itertools import count, takewhile
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
@@ -37,7 +38,7 @@ from attn_mt.cli.options import (
 from attn_mt.errors import UserError
 
 if TYPE_CHECKING:
-    from attn_mt.decode.translator import Translator
+    from attn_mt.decode.translator import Translation, Translator
 
 
 @app.command(epilog="Example: attn-mt translate -m runs/multi30k -i news.de -o news.en -b 5")
@@ -156,29 +157,51 @@ def translate(
         alignment=alignment,
         tgt_lang=tgt_lang,
     )
+    written = 0  # input lines whose output is written
+
+    def write(out: TextIO, found: list[list[Translation]]) -> None:
+        nonlocal written
+        for index, entries in enumerate(found, start=written):
+            out.write(io.format_entries(index, entries, nbest, nbest_format))
+        out.flush()
+        written += len(found)
+
     try:
         with (
             io.input_file(input_) as (stream, total),
             io.output_file(output) as out,
             progress.sentences(total, "translate") as advance,
         ):
-            first_line = 1
             for chunk in io.line_chunks(stream, str(input_) if input_ else "stdin"):
+                first_line = written + 1
                 sources, prefixes, terms = io.line_fields(chunk, prefix, constraints, first_line)
-                found = translator.translate_nbest(
-                    sources,
-                    replace(
-                        request,
-                        first_line=first_line,
-                        on_batch=advance,
-                        constraints=terms,
-                        prefixes=prefixes,
-                    ),
-                )
-                for number, entries in enumerate(found, start=first_line):
-                    out.write(io.format_entries(number - 1, entries, nbest, nbest_format))
-                out.flush()
-                first_line += len(chunk)
+                done: dict[int, list[Translation]] = {}  # the chunk's finished lines, by row
+                try:
+                    found = translator.translate_nbest(
+                        sources,
+                        replace(
+                            request,
+                            first_line=first_line,
+                            on_batch=advance,
+                            on_line=done.__setitem__,
+                            constraints=terms,
+                            prefixes=prefixes,
+                        ),
+                    )
+                except KeyboardInterrupt:  # Ctrl-C: the lines finished in order are written
+                    write(out, [done[row] for row in takewhile(done.__contains__, count())])
+                    raise
+                write(out, found)
+    except KeyboardInterrupt:
+        if output is None:
+            print(f"attn-mt: interrupted; the first {written} line(s) are written", file=sys.stderr)
+        else:  # the file is whole or not at all, even on Ctrl-C
+            print(
+                f"attn-mt: interrupted; --output {output} not written ({written} line(s) were "
+                "done; to keep finished lines, translate to stdout: > FILE)",
+                file=sys.stderr,
+            )
+        raise typer.Exit(130) from None
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): end quietly, without a flush error at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

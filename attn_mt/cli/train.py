@@ -80,6 +80,14 @@ def train(
     assert config is not None  # one of --config and RUN_DIR, checked above
     overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
     cfg = load_config(config, overrides)
+    run = Path(cfg.train.out_dir)
+    saved = config.resolve() == (run / "config.yaml").resolve()
+    if saved and not resume and (run / "checkpoints" / "last.pt").is_file():
+        raise UserError(
+            f"{config}: that is the saved config of the run in {run}; to continue that run: "
+            f"`attn-mt train --resume {run}` (with --set train.max_steps=N to go further); "
+            "to start a new one from it, copy it and change train.out_dir"
+        )
     from attn_mt.train.runfolder import check_run_start, is_locked
     from attn_mt.world import world_from_env
 

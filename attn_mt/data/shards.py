@@ -19,6 +19,7 @@ sliced out only when its batch is built; the lengths (what the batcher needs) ar
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -28,6 +29,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,7 @@ from attn_mt.config import Config, TrainCorpus
 from attn_mt.data.text import FilterStats, clean_pairs, iter_parallel
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import DataError
+from attn_mt.fileio import Terminated
 
 FORMAT = "attn-mt-shards/1"
 
@@ -247,7 +250,12 @@ def temperature_weights(
 # Writing
 
 
-CHUNK = 20_000  # sentence pairs per encoding task
+CHUNK = 20_000  # sentence pairs per encoding task, at most
+# Characters per encoding task, at most: its message (at most 3 UTF-8 bytes a character for any
+# common script) fits a pipe's 64 KiB. Pool.terminate() drains the task pipe once, then waits
+# for the thread that fills it: one left halfway through a larger message, with the workers
+# gone (a SIGTERM to the group), waited forever.
+CHUNK_CHARS = 16_000
 
 
 @dataclasses.dataclass
@@ -268,12 +276,11 @@ _WORKER: dict[str, Any] = {}  # each worker's tokenizers and settings, set once
 
 
 def _init_pool_worker(*init_args: Any) -> None:
-    # Ctrl-C is the parent's to handle (it ends the pool); a worker that took it too would
-    # print a traceback and could leave the pool waiting on it.
+    # Ctrl-C and SIGTERM are the parent's to act on (a terminal or a scheduler signals the
+    # whole group): a worker dying of one could leave a pool pipe half written, and the pool
+    # would wait on it forever; the parent lets the tasks in flight end, then closes the pool.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # SIGTERM (the pool's own terminate()) ends a worker at once: the parent's handler, which
-    # unwinds to remove its temp folder, would print a traceback per worker.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _init_worker(*init_args)
 
 
@@ -308,12 +315,22 @@ def encode_chunk(
 
 
 def _tasks(target: Plan) -> Iterator[tuple[int, list[str], list[str], list[str]]]:
-    """Chunks of `CHUNK` pairs, corpus after corpus, read as a stream."""
+    """Chunks of at most `CHUNK` pairs and about `CHUNK_CHARS` characters, corpus after
+    corpus, read as a stream."""
     for index, (corpus, tags) in enumerate(zip(target.corpora, target.tags, strict=True)):
         assert corpus.src is not None and corpus.tgt is not None  # a validated config has both
-        pairs = iter_parallel(corpus.src, corpus.tgt)
-        while chunk := list(itertools.islice(pairs, CHUNK)):
-            yield index, tags, [s for s, _ in chunk], [t for _, t in chunk]
+        src: list[str] = []
+        tgt: list[str] = []
+        chars = 0
+        for s, t in iter_parallel(corpus.src, corpus.tgt):
+            src.append(s)
+            tgt.append(t)
+            chars += len(s) + len(t)
+            if len(src) == CHUNK or chars >= CHUNK_CHARS:
+                yield index, tags, src, tgt
+                src, tgt, chars = [], [], 0
+        if src:
+            yield index, tags, src, tgt
 
 
 def _encoded(tasks: Iterator[Any], workers: int, init_args: tuple[Any, ...]) -> Iterator[Any]:
@@ -322,15 +339,62 @@ def _encoded(tasks: Iterator[Any], workers: int, init_args: tuple[Any, ...]) -> 
         _init_worker(*init_args)
         yield from map(encode_chunk, tasks)
         return
-    # fork: the workers need no imports of their own (spawn would import torch in each)
-    with multiprocessing.get_context("fork").Pool(workers, _init_pool_worker, init_args) as pool:
-        pending: collections.deque = collections.deque()
-        for task in tasks:
-            pending.append(pool.apply_async(encode_chunk, (task,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+    with _signals_between_results() as received:  # from before the first fork
+        # fork: the workers need no imports of their own (spawn would import torch in each)
+        pool = multiprocessing.get_context("fork").Pool(workers, _init_pool_worker, init_args)
+        try:
+            pending: collections.deque = collections.deque()
+            for task in tasks:
+                pending.append(pool.apply_async(encode_chunk, (task,)))
+                if len(pending) >= 2 * workers:
+                    yield _result(pending.popleft(), received)
+            while pending:
+                yield _result(pending.popleft(), received)
+        finally:
+            pool.close()  # not terminate(): the workers ignore SIGTERM; their tasks are small
+            pool.join()
+
+
+@contextlib.contextmanager
+def _signals_between_results() -> Iterator[list[int]]:
+    """While a pool runs, Ctrl-C and SIGTERM are only noted (in the list yielded) and acted on
+    between results, by the handler before (which raises): raised in the middle of the pool's
+    own code, they could leave a lock held or a pipe half read that the pool then waits on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    received: list[int] = []
+    kept = [
+        sig for sig in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(sig) != signal.SIG_IGN
+    ]
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in kept
+    }
+    try:
+        yield received
+    except _Stopped:
+        pass  # acted on below
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        handler = previous[signal.Signals(received[0])]
+        if callable(handler):
+            handler(received[0], None)  # KeyboardInterrupt; fileio.sigterm_unwinds's Terminated
+        raise Terminated(128 + received[0])  # the results are incomplete: never go on
+
+
+def _result(result: Any, received: list[int]) -> Any:
+    """The result of a task, unless a signal comes first."""
+    while not result.ready():
+        if received:
+            raise _Stopped
+        result.wait(0.1)
+    return result.get()
+
+
+class _Stopped(Exception):
+    """A SIGTERM came while the pool ran: end it, then act on the signal."""
 
 
 def write_shards(

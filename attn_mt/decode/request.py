@@ -26,7 +26,9 @@ class Request:
     into (a multilingual model needs it; a bilingual one takes only its own).  first_line: the
     number of the first line in the user's input, for warnings and the samples' random streams
     (a line samples the same in any chunk of the input).  on_batch(n): called after each batch
-    with the lines it finished.
+    with the lines it finished.  on_line(i, entries): called with each line's entries as soon
+    as it is done (in batch order, not input order), so a caller interrupted mid-call keeps
+    what was finished.
     """
 
     beam: int | None = None
@@ -42,6 +44,7 @@ class Request:
     tgt_lang: str | None = None
     first_line: int = 1
     on_batch: Callable[[int], None] | None = field(default=None, compare=False)
+    on_line: Callable[[int, list], None] | None = field(default=None, compare=False)
 
     def resolved(self, decode: DecodeConfig, vocab: int) -> Request:
         """This request checked against a target vocabulary of `vocab` pieces, with the beam,

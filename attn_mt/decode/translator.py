@@ -160,6 +160,9 @@ class Translator:
         empty: Alignment | None = [] if request.alignment else None
         results = [[Translation("", 0.0, [], empty) for _ in range(request.nbest)] for _ in lines]
         todo = [i for i, seq in enumerate(ids) if seq]
+        done = request.on_line or (lambda row, entries: None)
+        for row in sorted(set(range(len(lines))) - set(todo)):
+            done(row, results[row])
         if request.on_batch is not None and len(todo) < len(lines):
             request.on_batch(len(lines) - len(todo))
         lengths = [(len(seq) + 1,) for seq in ids]  # + <eos>
@@ -172,6 +175,7 @@ class Translator:
                     found = self._search(lines, ids, rows, [controls[r] for r in rows], request)
                     for row, entries in zip(rows, found, strict=True):
                         results[row] = entries
+                        done(row, entries)
             if request.on_batch is not None:
                 request.on_batch(len(batch))
         return results

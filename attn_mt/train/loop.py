@@ -35,6 +35,7 @@ from attn_mt.config import Config
 from attn_mt.configfile import save_config
 from attn_mt.data.batching import Batch
 from attn_mt.decode.translator import Translator
+from attn_mt.fileio import Terminated
 from attn_mt.model.transformer import Transformer
 from attn_mt.precision import (
     DTYPES,
@@ -57,6 +58,9 @@ from attn_mt.train.state import TrainProgress, build_state, starting_point
 from attn_mt.train.validate import Validator
 
 log = logging.getLogger("attn_mt")
+# A second signal sooner than this is the first one delivered again (a terminal signals torchrun
+# and its workers, and torchrun passes its copy on to them), not a user asking to stop at once.
+REPEAT_SECONDS = 1.0
 
 
 @dataclass
@@ -143,6 +147,7 @@ class Trainer:
         self.train_model = wrap_model(self.objective, world, self.device, cfg.train.compile)
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
+        self.signalled_at = 0.0  # time.monotonic() of the first signal
         self.validator = Validator(
             state, self.corpus, self.valid_total, self._translator, self.dtype, self.monitor,
             lambda: self.stop_signal,
@@ -226,7 +231,19 @@ class Trainer:
                 signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.stop_signal = signal.Signals(signum).name
+        """The first SIGINT/SIGTERM stops after the update in flight and saves last.pt, saying
+        so at once; a second stops at once: a save in progress is abandoned (its temp file is
+        removed as the stack unwinds), so last.pt stays the last one completed."""
+        name = signal.Signals(signum).name
+        again = "Ctrl-C" if signum == signal.SIGINT else name
+        if self.stop_signal is None:
+            self.stop_signal, self.signalled_at = name, time.monotonic()
+            log.info("%s: stopping: saving last.pt ... (%s again to stop at once)", name, again)
+            return
+        if time.monotonic() - self.signalled_at < REPEAT_SECONDS:
+            return  # the same stop delivered twice: a terminal's Ctrl-C, then torchrun's copy
+        log.info("%s again: stopping at once; last.pt stays the last one completed", again)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(128 + signum)
 
     def _seconds(self) -> float:
         """The run's time as the lr schedule reads it. Under torchrun with a time-driven lr, the

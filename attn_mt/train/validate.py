@@ -72,6 +72,7 @@ def validate(
         done += count
         on_progress("search", done, len(corpus.valid_src))
 
+    advance(0)  # the search's bar replaces the finished loss bar before its first batch
     start = time.perf_counter()
     hyps = translator.translate(
         corpus.valid_src, beam=t.eval_beam, on_batch=advance, tgt_lang=corpus.valid_tgt_lang

@@ -194,6 +194,32 @@ def test_sigint_then_sigterm_then_resume_equals_straight_run(
     )
 
 
+def test_ctrl_c_says_at_once_that_it_saves_and_a_second_stops_at_once(
+    corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """The first Ctrl-C prints at once that the run stops and saves (and how to stop at once),
+    before the save; the second, sent as soon as that line shows, ends the run without waiting
+    for it (exit 130, no traceback): every checkpoint on disk is whole and no temp file stays."""
+    out = tmp_path / "run"
+    config = write_yaml(tmp_path / "run.yaml", config_dict(corpus, out, max_steps=100_000))
+    log = tmp_path / "train.log"
+    proc = start(*train_args(config), cwd=tmp_path, log=log)
+    wait_for(logged(log, "\nstep 9"), proc, "a step after the first save (step 8)", log)
+    proc.send_signal(signal.SIGINT)
+    saying = "SIGINT: stopping: saving last.pt ... (Ctrl-C again to stop at once)"
+    wait_for(logged(log, saying), proc, "the line saying it stops", log)
+    proc.send_signal(signal.SIGINT)
+    returncode = proc.wait(timeout=60)
+    stderr = log.read_text()
+    assert returncode == 130 and "Traceback" not in stderr, stderr
+    if "Ctrl-C again: stopping at once" in stderr:
+        assert "last.pt written" not in stderr, stderr
+    else:  # the save and the end came before the second Ctrl-C: the first one's ending
+        assert "stopped by SIGINT at step" in stderr, stderr
+    assert_whole_checkpoints(out)
+    assert not [n for n in checkpoint_names(out) if n.startswith(".")], checkpoint_names(out)
+
+
 def test_sigkill_at_random_moments_then_resume_equals_straight_run(
     corpus: dict[str, Path], straight_run: Path, tmp_path: Path
 ) -> None:

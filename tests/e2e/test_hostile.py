@@ -1522,7 +1522,43 @@ ROUND_FOUR_CASES = [
         lambda ws: translate_args(best(ws), "--output", ws.file("a\u2028b", "x\n") / "out.txt"),
         ["--output '", "a\\u2028b/out.txt':"],
     ),
+    Case(  # said "resume it with `attn-mt train --resume`", which needs the folder or config
+        "model-run-folder-with-only-last-pt",
+        lambda ws: translate_args(partial_run(ws, "last.pt")),
+        ["run: no checkpoints/best.pt yet", "--model", "run/checkpoints/last.pt", "--resume"],
+    ),
+    Case(  # said "is it a run folder?" of a run folder
+        "model-run-folder-with-no-checkpoint",
+        lambda ws: translate_args(partial_run(ws)),
+        ["run: a run folder with no checkpoint yet", "first validation or when it stops"],
+    ),
+    Case(
+        "model-folder-that-is-no-run",
+        lambda ws: translate_args(ws.folder("plain")),
+        ["plain: no checkpoints/best.pt in this folder; give a run folder", "or a .pt file"],
+    ),
+    Case(
+        "model-run-folder-with-only-best-pt",
+        lambda ws: [*translate_args(partial_run(ws, "best.pt")), "--input", ws.file("in", "qb\n")],
+        None,
+        lambda result: assert_translations(result, [ANY_TEXT], None),
+        process=True,
+    ),
+    Case(  # said "already holds a run; continue it with `attn-mt train --resume`"
+        "train-config-is-a-run-folders-saved-config",
+        lambda ws: train_args(ws.world.run / "config.yaml"),
+        ["config.yaml: that is the saved config of the run in", "`attn-mt train --resume "],
+    ),
 ]
+
+
+def partial_run(ws: Workspace, *checkpoints: str) -> Path:
+    """./run: the tiny run's config.yaml and only `checkpoints` of its checkpoints/."""
+    run = ws.folder("run")
+    shutil.copy(ws.world.run / "config.yaml", run)
+    for name in checkpoints:
+        shutil.copy(ws.world.run / "checkpoints" / name, ws.folder("run/checkpoints"))
+    return run
 
 
 @pytest.mark.parametrize(

@@ -124,3 +124,62 @@ def test_two_prepares_at_once_build_once(toy_data: dict[str, Path], tmp_path: Pa
     assert sum("waiting for it" in s or "is up to date" in s for s in stderrs) == 1, stderrs
     folders = [p for p in (tmp_path / "prepared").iterdir() if not p.name.endswith(".lock")]
     assert len(folders) == 1 and (folders[0] / "manifest.json").is_file()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+def test_sigterm_to_the_group_while_workers_encode_ends_cleanly(
+    toy_data: dict[str, Path], tmp_path: Path
+):
+    """SIGTERM to the whole group (a scheduler stopping a job): exit 143 with one line, no
+    traceback from the process or any worker, no temp folder, no worker left behind."""
+    config = big_corpus(toy_data, tmp_path, 400_000)
+    log = tmp_path / "prepare.log"
+    proc = prepare(config, log, workers=2)
+    try:
+        wait_for(lambda: b"encoding into" in log.read_bytes(), 60, "the encoding to start")
+        wait_for(lambda: len(children(proc.pid)) >= 2, 10, "both workers")
+        workers = children(proc.pid)
+        os.killpg(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = log.read_text(errors="replace")
+    assert code == 143, stderr
+    for sign in ("Traceback", "Terminated", "ForkPoolWorker"):
+        assert sign not in stderr, stderr
+    assert stderr.splitlines()[-1] == "attn-mt: terminated", stderr
+    prepared = tmp_path / "prepared"
+    assert [p.name for p in prepared.iterdir() if not p.name.endswith(".lock")] == []
+    wait_for(lambda: not any(map(alive, workers)), 10, "the workers to end")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+def test_after_a_sigkill_mid_build_the_next_prepare_succeeds_and_cleans_up(
+    toy_data: dict[str, Path], tmp_path: Path
+):
+    """SIGKILL (nothing can clean up) leaves a temp folder and the lock file; the next prepare
+    neither waits on that lock (an OS lock dies with its holder) nor keeps the temp folder."""
+    config = big_corpus(toy_data, tmp_path, 100_000)
+    prepared = tmp_path / "prepared"
+    log = tmp_path / "killed.log"
+    proc = prepare(config, log, workers=2)
+    try:
+        wait_for(lambda: any(p.name.endswith(".tmp") for p in prepared.glob(".*")), 60, "a temp")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    left = sorted(p.name for p in prepared.iterdir())
+    assert any(n.endswith(".tmp") for n in left) and any(n.endswith(".lock") for n in left), left
+    again = tmp_path / "again.log"
+    rerun = prepare(config, again, workers=2)
+    assert rerun.wait(timeout=120) == 0, again.read_text(errors="replace")
+    stderr = again.read_text(errors="replace")
+    assert "waiting for it" not in stderr and "encoding into" in stderr, stderr
+    names = [p.name for p in prepared.iterdir() if not p.name.endswith(".lock")]
+    assert len(names) == 1 and not names[0].startswith("."), names
+    assert (prepared / names[0] / "manifest.json").is_file()

@@ -181,6 +181,13 @@ def test_training_reports_to_its_monitor(toy_config, caplog) -> None:
     assert recorder.validations[-1] == ("search", 30, 30)  # two validations of 30 pairs, each
     for phase in ("loss", "search"):  # scoring them, then translating them
         assert [done for p, done, _ in recorder.validations if p == phase].count(30) == 2
+    # The finished loss bar gives way to the search's before its first (slowest) batch ends.
+    after_loss = [
+        b
+        for a, b in zip(recorder.validations, recorder.validations[1:], strict=False)
+        if a[0] == "loss" and a[1] == 30
+    ]
+    assert after_loss == [("search", 0, 30)] * 2
     valid = [json.loads(line) for line in (cfg_out(cfg) / "metrics.jsonl").read_text().splitlines()]
     assert [m["sentences"] for m in valid if m["split"] == "valid"] == [30, 30]
     assert [m["step"] for m in valid if m["split"] == "train"] == [3, 4]  # in TensorBoard too

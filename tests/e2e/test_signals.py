@@ -1,16 +1,23 @@
-"""SIGTERM leaves nothing behind: the output's temp file of `translate --output` is removed
-and the command exits 143 (128 + 15) with one line, no traceback."""
+"""Signals as real processes: SIGTERM leaves nothing behind (the output's temp file of
+`translate --output` is removed and the command exits 143, 128 + 15, with one line, no
+traceback); Ctrl-C during `translate` writes the lines finished in input order to stdout, and
+leaves an earlier --output file as it was."""
 
 from __future__ import annotations
 
+import re
 import signal
+import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from helpers.clirun import CLI, child_env
 from helpers.workspace import World
+
+import attn_mt
 
 
 def test_sigterm_during_translate_output_leaves_no_temp_file(world: World) -> None:
@@ -34,3 +41,123 @@ def test_sigterm_during_translate_output_leaves_no_temp_file(world: World) -> No
     assert child.returncode == 143, stderr
     assert "Traceback" not in stderr and "attn-mt: terminated" in stderr
     assert sorted(p.name for p in folder.iterdir()) == ["in.txt"]
+
+
+def _sigint_default() -> None:
+    """SIGINT's default action, as a terminal's Ctrl-C finds it (a test run started in the
+    background would pass it on as ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _sources(count: int) -> list[str]:
+    """`count` distinct sources of six words: near-equal lengths keep the batches in input order,
+    so the finished lines form a prefix soon."""
+    return [" ".join(f"q{chr(97 + (i * 7 + k * 3) % 26)}" for k in range(6)) for i in range(count)]
+
+
+def test_ctrl_c_during_translate_writes_the_finished_lines_in_order(world: World) -> None:
+    """A chunk interrupted halfway: its lines finished in input order reach stdout after the
+    chunks before it, then exit 130 with one line saying how many (before, the whole chunk was
+    lost)."""
+    folder = Path(tempfile.mkdtemp(dir=world.root, prefix="signals."))
+    sources = _sources(400)
+    model = world.run / "checkpoints" / "best.pt"
+    one_per_batch = ["--set", "decode.batch_tokens=1"]  # each line its own batch
+    out = folder / "out.txt"
+    with open(out, "wb") as stdout:
+        child = subprocess.Popen(
+            [*CLI, *map(str, ["translate", "--model", model, "--device", "cpu", *one_per_batch])],
+            stdin=subprocess.PIPE,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            env=child_env(),
+            preexec_fn=_sigint_default,
+        )
+    assert child.stdin is not None
+
+    def send(lines: list[str], expect: int) -> float:
+        """Send `lines` and wait until `expect` output lines are there: the seconds it took."""
+        assert child.stdin is not None
+        start = time.monotonic()
+        child.stdin.write("".join(f"{s}\n" for s in lines).encode())
+        child.stdin.flush()
+        while out.read_bytes().count(b"\n") < expect:
+            assert child.poll() is None and time.monotonic() < start + 120, "no line came"
+            time.sleep(0.02)
+        return time.monotonic() - start
+
+    send(sources[:1], 1)  # once the first line is out, the model is loaded
+    one_line = send(sources[1:2], 2)  # each a chunk of its own: written whole
+    send(sources[2:], 2)
+    time.sleep(3 * one_line + 0.5)  # a few lines of the chunk of 398
+    child.send_signal(signal.SIGINT)
+    stderr = child.communicate(timeout=60)[1].decode()
+    lines = out.read_text().splitlines()
+    assert child.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert stderr.splitlines()[-1:] == [
+        f"attn-mt: interrupted; the first {len(lines)} line(s) are written"
+    ]
+    assert 2 < len(lines) < len(sources), "not interrupted inside the third chunk"
+    expected = attn_mt.load(model, device="cpu").translate(sources[: len(lines)], batch_tokens=1)
+    assert lines == expected
+
+
+def test_ctrl_c_during_translate_output_keeps_the_earlier_file(world: World) -> None:
+    """--output is whole or not at all, Ctrl-C included: the earlier file stays as it was, no
+    temp file is left, and the one line says so and how to keep finished lines."""
+    folder = Path(tempfile.mkdtemp(dir=world.root, prefix="signals."))
+    source = folder / "in.txt"
+    source.write_text("".join(f"{s}\n" for s in _sources(400)))
+    out = folder / "out.txt"
+    out.write_text("earlier\n")
+    model = world.run / "checkpoints" / "best.pt"
+    args = ["translate", "--model", model, "--device", "cpu", "--input", source, "--output", out]
+    child = subprocess.Popen(
+        [*CLI, *map(str, args)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+        preexec_fn=_sigint_default,
+    )
+    deadline = time.monotonic() + 120
+    while not [p for p in folder.iterdir() if p.name.endswith(".tmp")]:
+        assert child.poll() is None and time.monotonic() < deadline, "no temp file appeared"
+        time.sleep(0.05)
+    time.sleep(1)
+    child.send_signal(signal.SIGINT)
+    stderr = child.communicate(timeout=60)[1].decode()
+    assert child.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    last = (stderr.splitlines() or [""])[-1]
+    assert last.startswith(f"attn-mt: interrupted; --output {out} not written"), stderr
+    assert "translate to stdout" in last
+    assert out.read_text() == "earlier\n"
+    assert sorted(p.name for p in folder.iterdir()) == ["in.txt", "out.txt"]
+
+
+def test_sigterm_during_export_hf_leaves_no_staging_folder(world: World) -> None:
+    """`export --format hf` stopped while it writes and checks its staging folder: exit 143
+    with one line, nothing left; the staging folder a SIGKILLed export left (its process gone)
+    was removed when this export began."""
+    pytest.importorskip("transformers")
+    folder = Path(tempfile.mkdtemp(dir=world.root, prefix="signals."))
+    host = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname()) or "host"
+    stale = folder / f".hf.{host}-{2**22 + 12345}-abc123.staging"  # above pid_max: never running
+    stale.mkdir()
+    (stale / "config.json").write_text("{}")
+    model = world.run / "checkpoints" / "best.pt"
+    args = ["export", "--model", model, "--out", folder / "hf", "--format", "hf"]
+    child = subprocess.Popen(
+        [*CLI, *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env()
+    )
+    deadline = time.monotonic() + 120
+    while not [p for p in folder.iterdir() if f"-{child.pid}-" in p.name]:
+        assert child.poll() is None and time.monotonic() < deadline, "no staging folder appeared"
+        time.sleep(0.05)
+    assert not stale.exists()
+    child.send_signal(signal.SIGTERM)
+    stderr = child.communicate(timeout=60)[1].decode()
+    assert child.returncode == 143, stderr
+    assert "Traceback" not in stderr and stderr.splitlines()[-1:] == ["attn-mt: terminated"]
+    assert list(folder.iterdir()) == []

@@ -242,6 +242,16 @@ def test_resolved_config_round_trips(path: Path, tmp_path: Path):
     assert set(yaml.safe_load(saved.read_text())) == {f.name for f in dataclasses.fields(Config)}
 
 
+def test_tiny_trains_for_the_minutes_it_is_given():
+    """README's `make train CONFIG=configs/tiny.yaml ARGS='--set train.max_minutes=3'` trains for
+    3 minutes: no step or epoch limit of the config ends it first (its max_steps: 20 did)."""
+    cfg = load_config(REPO / "configs" / "tiny.yaml", ["train.max_minutes=3"])
+    assert (cfg.train.max_steps, cfg.train.max_epochs, cfg.train.max_minutes) == (0, 0, 3)
+    assert "CONFIG=configs/tiny.yaml ARGS='--set train.max_minutes=3'" in (
+        REPO / "README.md"
+    ).read_text(encoding="utf-8")
+
+
 def test_toy_config_round_trips_with_every_key(toy_raw, tmp_path: Path):
     config = config_from_dict(toy_raw)
     saved = tmp_path / "config.yaml"

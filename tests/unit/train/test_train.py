@@ -246,6 +246,71 @@ def test_signal_writes_last_and_resume_finishes_the_same(
     )
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_signal_stops_at_once_abandoning_the_save(
+    signum: int,
+    toy_data: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The first signal says at once that it stops and saves; a second, landing while last.pt
+    is being written, stops there: the write's temp file goes, last.pt stays the one saved at
+    step 3 (whole), and the handlers are put back."""
+    caplog.set_level(logging.INFO, logger="attn_mt")
+    out = tmp_path / "run"
+    before = signal.getsignal(signum)
+    first = []
+
+    def save_then_signal(obj: Any, handle: Any, *args: Any, **kwargs: Any) -> None:
+        REAL_TORCH_SAVE(obj, handle, *args, **kwargs)  # written, not yet renamed into place
+        if first:
+            os.kill(os.getpid(), signum)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(train_module, "REPEAT_SECONDS", 0.0)  # no time passes here between them
+        signal_after_update(patch, 4, signum)  # after step 3's validation and save
+        patch.setattr(torch, "save", save_then_signal)
+        patch.setattr(Trainer, "finish", lambda self, *a: first.append(1) or finish(self, *a))
+        with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else SystemExit) as err:
+            run(resume_config(toy_data, out, "fp32"))
+    if signum == signal.SIGTERM:
+        assert err.value.code == 143
+    again = "Ctrl-C" if signum == signal.SIGINT else signum.name
+    said = [r.getMessage() for r in caplog.records]
+    assert f"{signum.name}: stopping: saving last.pt ... ({again} again to stop at once)" in said
+    assert f"{again} again: stopping at once; last.pt stays the last one completed" in said
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["best.pt", "last.pt"]
+    assert load_checkpoint(out / "checkpoints" / "last.pt")["step"] == 3
+    assert signal.getsignal(signum) is before
+
+
+finish = Trainer.finish
+
+
+def test_a_signal_delivered_twice_at_once_still_saves(
+    toy_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C under torchrun reaches a worker twice within milliseconds (from the terminal,
+    then torchrun's copy): that is one stop, which saves last.pt, not a stop at once."""
+    out = tmp_path / "run"
+    original = Trainer.update
+    calls = []
+
+    def update_then_two_signals(self: Trainer):
+        result = original(self)
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(Trainer, "update", update_then_two_signals)
+    stopped = run(resume_config(toy_data, out, "fp32"))
+    assert (stopped.step, stopped.stopped_by) == (2, "signal")
+    assert load_raw(out / "checkpoints" / "last.pt")["step"] == 2
+
+
 def printed_command(log_text: str, phrase: str) -> list[str]:
     """The `attn-mt ...` command that train.log's line with `phrase` tells the user to run."""
     line = next(line for line in log_text.splitlines() if phrase in line)
