@@ -108,11 +108,12 @@ def test_ctrl_c_during_translate_output_keeps_the_earlier_file(world: World) -> 
     temp file is left, and the one line says so and how to keep finished lines."""
     folder = Path(tempfile.mkdtemp(dir=world.root, prefix="signals."))
     source = folder / "in.txt"
-    source.write_text("".join(f"{s}\n" for s in _sources(400)))
+    source.write_text("".join(f"{s}\n" for s in _sources(2000)))
     out = folder / "out.txt"
     out.write_text("earlier\n")
     model = world.run / "checkpoints" / "best.pt"
     args = ["translate", "--model", model, "--device", "cpu", "--input", source, "--output", out]
+    args += ["--set", "decode.batch_tokens=1"]  # a line a batch: seconds of work, not a blink
     child = subprocess.Popen(
         [*CLI, *map(str, args)],
         stdout=subprocess.DEVNULL,
@@ -124,7 +125,7 @@ def test_ctrl_c_during_translate_output_keeps_the_earlier_file(world: World) -> 
     while not [p for p in folder.iterdir() if p.name.endswith(".tmp")]:
         assert child.poll() is None and time.monotonic() < deadline, "no temp file appeared"
         time.sleep(0.05)
-    time.sleep(1)
+    time.sleep(0.2)
     child.send_signal(signal.SIGINT)
     stderr = child.communicate(timeout=60)[1].decode()
     assert child.returncode == 130, stderr
