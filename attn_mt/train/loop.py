@@ -33,7 +33,7 @@ from attn_mt import distributed
 from attn_mt.checkpoint import tokenizers_from
 from attn_mt.config import Config
 from attn_mt.configfile import save_config
-from attn_mt.data.batching import Batch
+from attn_mt.data.batching import Batch, collate
 from attn_mt.decode.translator import Translator
 from attn_mt.model.transformer import Transformer
 from attn_mt.precision import (
@@ -44,6 +44,7 @@ from attn_mt.precision import (
     resolve_precision,
 )
 from attn_mt.train.budget import RankAgreement, RunClock, stop_rules
+from attn_mt.train.compile import choose_compiled, vary_batch_shape
 from attn_mt.train.corpus import training_data, valid_subset
 from attn_mt.train.loglines import TrainWindow, log_finish, log_start, window_line
 from attn_mt.train.loss import SmoothedObjective
@@ -140,7 +141,7 @@ class Trainer:
             self.state.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
         self.objective = SmoothedObjective(self.model, cfg.train.label_smoothing)
-        self.train_model = wrap_model(self.objective, world, self.device, cfg.train.compile)
+        self.train_model = wrap_model(self.objective, world, self.device)  # compiled by run()
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
         self.validator = Validator(
@@ -171,6 +172,7 @@ class Trainer:
         with self._session(), out_of_memory_hint(t):
             log_start(self.runlog, self.state, self.corpus, self.precision, self.resumed)
             probe_largest_batch(self.model, self.source, self.dtype, t.label_smoothing)
+            self._choose_compiled()
             p = self.progress
             self.clock = RunClock(self.began - p.elapsed, p.step, p.validation_seconds, self.now)
             window = TrainWindow()
@@ -225,6 +227,20 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def _choose_compiled(self) -> None:
+        """Compile the updates as train.compile says (`compile.choose_compiled`), timed for
+        `auto` on the epoch's first update's batches, and say which in train.log."""
+        rows = self.source.batches[: self.cfg.train.accumulate]
+        batches = [
+            self._place(collate(self.source.shards.src, self.source.shards.tgt, r)) for r in rows
+        ]
+        setting, recorded = self.cfg.train.compile, self.progress.compiled
+        self.train_model, choice = choose_compiled(
+            setting, recorded, self.train_model, self.objective, batches, self.dtype, self.world
+        )
+        self.progress.compiled = choice.mode
+        log.info("%s", choice.describe(setting))
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_signal = signal.Signals(signum).name
 
@@ -271,7 +287,7 @@ class Trainer:
                 ddp = cast(DistributedDataParallel, self.train_model)  # or its compiled wrapper
                 sync = ddp.no_sync()  # gradients are reduced once, after the last batch
             with sync:
-                if t.compile:
+                if self.progress.compiled == "compiled":
                     vary_batch_shape(batch)
                 with autocast_context(self.device, self.dtype):
                     self.objective.tokens = batch.num_tgt_tokens
@@ -326,23 +342,16 @@ class Trainer:
 
 
 def wrap_model(
-    objective: SmoothedObjective, world: distributed.World, device: torch.device, compile: bool
+    objective: SmoothedObjective, world: distributed.World, device: torch.device
 ) -> torch.nn.Module:
-    """The module the updates run: the objective, DDP across processes, compiled if asked."""
+    """The module the updates run eagerly: the objective, in DDP across processes."""
     wrapped: torch.nn.Module = objective
     if world.distributed:
         ids = [device.index] if device.type == "cuda" else None
         # No buffer broadcasts: the only buffers are the fixed positional tables, equal on
         # every rank, and they grow on demand (a rank's longer batch would change the shape).
-        wrapped = DistributedDataParallel(objective, device_ids=ids, broadcast_buffers=False)
-    return cast(torch.nn.Module, torch.compile(wrapped)) if compile else wrapped
-
-
-def vary_batch_shape(batch: Batch) -> None:
-    """Tell torch.compile that rows and lengths (dims 0 and 1 of src, tgt_in and tgt_out) vary, so
-    that one graph serves every batch shape. Left to itself it compiles the first shape as
-    fixed, then again with those dims dynamic, and ties lengths that happened to be equal
-    (duck sizing), a recompile when they differ. A dim of size 1 still gets its own graph."""
-    for tokens in (batch.src, batch.tgt_in, batch.tgt_out):  # (B, S), (B, T), (B, T)
-        torch._dynamo.maybe_mark_dynamic(tokens, 0)
-        torch._dynamo.maybe_mark_dynamic(tokens, 1)
+        # The gradients are views into DDP's buckets: no copy in and out of them per update.
+        wrapped = DistributedDataParallel(
+            objective, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True
+        )
+    return wrapped

@@ -69,6 +69,7 @@ class TrainProgress:
     # what float32 linear layers multiply through, "mkl" or "onednn": chosen at the start, kept
     # (last.pt files written before the name carry it as "products")
     matmul_backend: str = ""
+    compiled: str = ""  # "eager" or "compiled" (train.compile): chosen at the start, kept
 
     def record(self, score: float, higher_is_better: bool) -> bool:
         """Count one validation score; True when it beats the best so far."""

@@ -367,3 +367,22 @@ def test_max_steps_minus_one_runs_until_stopped(toy_raw: dict, tmp_path: Path):
     toy_raw["train"]["max_steps"] = -2
     with pytest.raises(ConfigError, match=r"train\.max_steps: -2 is invalid; must be >= -1"):
         config_from_dict(toy_raw)
+
+
+@pytest.mark.parametrize(
+    "given, kept", [(True, "true"), (False, "false"), ("auto", "auto"), ("true", "true")]
+)
+def test_train_compile_takes_yaml_booleans_and_auto(toy_raw, tmp_path, given, kept):
+    """train.compile: auto|true|false, YAML's booleans included, and it survives config.yaml."""
+    toy_raw["train"]["compile"] = given
+    config = config_from_dict(toy_raw)
+    assert config.train.compile == kept
+    save_config(config, tmp_path / "saved.yaml")
+    assert load_config(tmp_path / "saved.yaml").train.compile == kept
+
+
+def test_train_compile_rejects_other_values(toy_raw):
+    toy_raw["train"]["compile"] = "sometimes"
+    assert "train.compile: 'sometimes' is invalid; must be one of" in config_error(toy_raw)
+    toy_raw["train"]["compile"] = 1
+    assert "train.compile" in config_error(toy_raw)
