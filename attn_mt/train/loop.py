@@ -336,6 +336,7 @@ class Trainer:
             self.validator.validate_and_save(self.runlog)
         else:
             self.state.save(best=False)
+        self.state.writer.wait()  # the final checkpoints are on disk before the run returns
         distributed.barrier(self.world)  # no rank leaves before rank 0 has written last.pt
         best, share = self.progress.best_score, self.validator.share()
         log_finish(stopped_by, self.stop_signal, step, self.cfg.train, best, share)
