@@ -42,15 +42,19 @@ class CompileChoice:
     eager_ms: float | None = None
     compiled_ms: float | None = None
     compile_seconds: float | None = None
+    tokens: int = 0  # target tokens of the timed update (this rank's)
 
     def describe(self, setting: str) -> str:
         """The train.log line."""
         line = f"train.compile {setting}: {self.mode} ({self.why}"
         if self.eager_ms is not None and self.compiled_ms is not None:
+            speeds = [
+                1000 * self.tokens / ms if ms else 0.0 for ms in (self.eager_ms, self.compiled_ms)
+            ]
             line += (
-                f"; forward+backward {self.eager_ms:.1f} ms/update eager, "
-                f"{self.compiled_ms:.1f} ms/update compiled, compiling took "
-                f"{self.compile_seconds:.1f} s"
+                f"; forward+backward {self.eager_ms:.1f} ms/update eager ({speeds[0]:.0f} tgt "
+                f"tok/s), {self.compiled_ms:.1f} ms/update compiled ({speeds[1]:.0f} tgt tok/s), "
+                f"compiling took {self.compile_seconds:.1f} s"
             )
         return line + ")"
 
@@ -92,7 +96,8 @@ def choose_compiled(
         log.warning("torch.compile failed (%s: %s); training eagerly", type(err).__name__, reason)
         seconds, times, failed = 0.0, [0.0, 0.0], 1.0
     # Every rank takes the same decision: the ranks' mean times, any rank's failure.
-    shared = distributed.sum_to_device([*times, seconds, failed], world, torch.device("cpu"))
+    device = next(objective.parameters()).device  # NCCL reduces GPU tensors only
+    shared = distributed.sum_to_device([*times, seconds, failed], world, device)
     eager_ms, compiled_ms, seconds, failed = (shared / world.size).tolist()
     if failed:
         return eager, CompileChoice("eager", "failed")
@@ -101,6 +106,7 @@ def choose_compiled(
     faster = compiled_ms < eager_ms
     choice = CompileChoice("compiled" if faster else "eager", "measured", eager_ms, compiled_ms)
     choice.compile_seconds = seconds
+    choice.tokens = sum(batch.num_tgt_tokens for batch in batches)
     return (compiled if faster else eager), choice
 
 

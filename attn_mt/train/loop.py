@@ -268,17 +268,18 @@ class Trainer:
         """One optimizer update over `accumulate` batches on every rank.
 
         The loss is normalised by the target tokens of all batches on all ranks, so the update
-        does not depend on how a batch is split (DDP averages gradients, hence `* world size`).
-        Nothing waits for the GPU until the figures are read back, once, at the end: the next
-        update's batches are made and copied meanwhile, the tokens were counted on the host,
-        and a NaN/inf skips the step on the device (the fused optimizer's `found_inf`).
+        does not depend on how a batch is split. That count travels in the one all-reduce after
+        the backward pass (with the loss sums and the stopping rules), not before the forward:
+        each rank's summed loss is divided by a fixed count, its token budget, and the
+        gradients rescaled by budget / tokens once the count is known (DDP averages the
+        gradients, hence `* world size`). Nothing waits for the GPU until the figures are read
+        back, once, at the end: the next update's batches are made and copied meanwhile, and
+        a NaN/inf skips the step on the device (the fused optimizer's `found_inf`).
         """
         t = self.cfg.train
         batches = [self._place(self.source.next()) for _ in range(t.accumulate)]  # prepared
-        tokens = distributed.sum_to_device(
-            [sum(b.num_tgt_tokens for b in batches)], self.world, self.device
-        )
-        loss_scale = (self.world.size / tokens[0]).float()
+        budget = float(t.batch_tokens * t.accumulate)  # >= the target tokens of the batches
+        loss_scale = self.world.size / budget
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
@@ -297,15 +298,18 @@ class Trainer:
             loss_sum += loss.detach()
             nll_sum += nll.detach()
         self.source.prepare(t.accumulate, self._place)  # the next update's, while the GPU works
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)  # and notes overflowed gradients for update()
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
-        sums = torch.stack([loss_sum, nll_sum]).double()
+        tokens = distributed.to_device([sum(b.num_tgt_tokens for b in batches)], self.device)
+        sums = torch.cat([torch.stack([loss_sum, nll_sum]).double(), tokens])
         if self.world.distributed:  # the stopping rules and the clock travel with the sums
             mine = self.agreement.figures(self._stop_rules(), self.clock.schedule_seconds(t))
             shared = distributed.to_device(mine, self.device)
             sums = torch.cat([sums, shared])
             torch.distributed.all_reduce(sums)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # and notes overflowed gradients for update()
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        torch._foreach_mul_(grads, (budget / sums[2]).float())  # now / all ranks' tokens
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
         finite = torch.isfinite(sums[:2]).all() & torch.isfinite(norm)
         self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
         self.optimizer.step()
@@ -313,10 +317,10 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.update()  # halves the scale after an overflow
         self.optimizer.zero_grad(set_to_none=True)
-        figures = torch.cat([sums.double(), tokens, norm.double().view(1)]).tolist()  # one sync
+        figures = torch.cat([sums, norm.double().view(1)]).tolist()  # one sync
         if self.world.distributed:
-            self.agreement.take(figures[2:-2])
-        loss, nll, tokens_all, grad_norm = *figures[:2], figures[-2], figures[-1]
+            self.agreement.take(figures[3:-1])
+        loss, nll, tokens_all, grad_norm = figures[0], figures[1], figures[2], figures[-1]
         ok = math.isfinite(loss) and math.isfinite(nll) and math.isfinite(grad_norm)
         return Update(loss, nll, int(tokens_all), grad_norm, ok)
 
