@@ -79,11 +79,13 @@ def choose_compiled(
     world: distributed.World,
 ) -> tuple[torch.nn.Module, CompileChoice]:
     """The module the updates run (`eager`, the objective or its DDP wrapper, or it compiled)
-    and why: train.compile `setting` (auto|true|false), the mode the run `recorded` when it
-    began ('' for none), timed on `batches` (one update's, on the device) for `auto`."""
-    if setting == "false" or recorded == "eager":
-        return eager, CompileChoice("eager", "asked" if setting == "false" else "resumed")
-    measure = setting == "auto" and not recorded
+    and why: train.compile `setting` (auto|true|false); with `auto`, the mode the run
+    `recorded` when it began ('' for none: then timed on `batches`, one update's, on the
+    device). `true` and `false` are obeyed on resume too."""
+    resumed = recorded if setting == "auto" else ""
+    if setting == "false" or resumed == "eager":
+        return eager, CompileChoice("eager", "resumed" if resumed else "asked")
+    measure = setting == "auto" and not resumed
     compiled = eager
     try:  # the first call compiles: a failure shows here
         compiled = cast(torch.nn.Module, torch.compile(eager))
@@ -102,7 +104,7 @@ def choose_compiled(
     if failed:
         return eager, CompileChoice("eager", "failed")
     if not measure:
-        return compiled, CompileChoice("compiled", "resumed" if recorded else "asked")
+        return compiled, CompileChoice("compiled", "resumed" if resumed else "asked")
     faster = compiled_ms < eager_ms
     choice = CompileChoice("compiled" if faster else "eager", "measured", eager_ms, compiled_ms)
     choice.compile_seconds = seconds

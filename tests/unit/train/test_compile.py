@@ -16,6 +16,7 @@ import torch
 import yaml
 from helpers.toy import toy_config_dict
 
+from attn_mt import distributed
 from attn_mt.config import Config
 from attn_mt.configfile import config_from_dict
 from attn_mt.train import compile as compile_module
@@ -205,3 +206,37 @@ def test_compiled_ddp_with_accumulation_equals_eager(toy_data, tmp_path: Path) -
         assert eager["no_sync"] == compiled["no_sync"] == STEPS
         for key, weight in eager["params"].items():
             torch.testing.assert_close(compiled["params"][key], weight, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "setting, recorded, mode, why, compiles, timings",
+    [
+        ("auto", "eager", "eager", "resumed", 0, 0),  # as the run began: no compile, no timing
+        ("auto", "compiled", "compiled", "resumed", 1, 1),  # compiled, tried once, not timed
+        ("auto", "", "eager", "measured", 1, 3),  # the trial, then one timing each way
+        ("true", "eager", "compiled", "asked", 1, 1),  # asked outright: obeyed on resume
+        ("false", "compiled", "eager", "asked", 0, 0),
+    ],
+)
+def test_choice_follows_the_setting_and_what_the_run_recorded(
+    monkeypatch, setting, recorded, mode, why, compiles, timings
+) -> None:
+    compiled_modules, timed = [], []
+
+    def fake_compile(module):
+        compiled_modules.append(torch.nn.Sequential(module))
+        return compiled_modules[-1]
+
+    def fake_timed(module, objective, batches, dtype, updates):
+        timed.append(module)
+        return 2.0 if module in compiled_modules else 1.0  # compiled slower: auto keeps eager
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(compile_module, "_timed", fake_timed)
+    eager = torch.nn.Linear(2, 2)
+    module, choice = compile_module.choose_compiled(
+        setting, recorded, eager, eager, [], None, distributed.World()
+    )
+    assert (choice.mode, choice.why) == (mode, why)
+    assert (module is eager) == (mode == "eager")
+    assert (len(compiled_modules), len(timed)) == (compiles, timings)
