@@ -268,18 +268,22 @@ class Trainer:
         """One optimizer update over `accumulate` batches on every rank.
 
         The loss is normalised by the target tokens of all batches on all ranks, so the update
-        does not depend on how a batch is split. That count travels in the one all-reduce after
-        the backward pass (with the loss sums and the stopping rules), not before the forward:
-        each rank's summed loss is divided by a fixed count, its token budget, and the
-        gradients rescaled by budget / tokens once the count is known (DDP averages the
-        gradients, hence `* world size`). Nothing waits for the GPU until the figures are read
-        back, once, at the end: the next update's batches are made and copied meanwhile, and
-        a NaN/inf skips the step on the device (the fused optimizer's `found_inf`).
+        does not depend on how a batch is split. Under torchrun that count travels in the one
+        all-reduce after the backward pass (with the loss sums and the stopping rules), not
+        before the forward: every rank divides its summed loss by the same stand-in, the
+        update's token budget, and the gradients are rescaled by budget / tokens once the
+        count is known (DDP averages the gradients, hence `* world size`). One process knows
+        its count at once and divides by it, rounding as it always did. Nothing waits for the
+        GPU until the figures are read back, once, at the end: the next update's batches are
+        made and copied meanwhile, and a NaN/inf skips the step on the device (the fused
+        optimizer's `found_inf`).
         """
         t = self.cfg.train
         batches = [self._place(self.source.next()) for _ in range(t.accumulate)]  # prepared
-        budget = float(t.batch_tokens * t.accumulate)  # >= the target tokens of the batches
-        loss_scale = self.world.size / budget
+        tokens_here = sum(b.num_tgt_tokens for b in batches)
+        world = self.world.size
+        divisor = float(t.batch_tokens * t.accumulate * world if world > 1 else tokens_here)
+        loss_scale = world / divisor
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
@@ -298,7 +302,7 @@ class Trainer:
             loss_sum += loss.detach()
             nll_sum += nll.detach()
         self.source.prepare(t.accumulate, self._place)  # the next update's, while the GPU works
-        tokens = distributed.to_device([sum(b.num_tgt_tokens for b in batches)], self.device)
+        tokens = distributed.to_device([tokens_here], self.device)
         sums = torch.cat([torch.stack([loss_sum, nll_sum]).double(), tokens])
         if self.world.distributed:  # the stopping rules and the clock travel with the sums
             mine = self.agreement.figures(self._stop_rules(), self.clock.schedule_seconds(t))
@@ -307,8 +311,9 @@ class Trainer:
             torch.distributed.all_reduce(sums)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # and notes overflowed gradients for update()
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        torch._foreach_mul_(grads, (budget / sums[2]).float())  # now / all ranks' tokens
+        if self.world.distributed:  # now divided by every rank's tokens
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            torch._foreach_mul_(grads, (divisor / sums[2]).float())
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
         finite = torch.isfinite(sums[:2]).all() & torch.isfinite(norm)
         self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
