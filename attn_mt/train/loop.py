@@ -268,22 +268,21 @@ class Trainer:
         """One optimizer update over `accumulate` batches on every rank.
 
         The loss is normalised by the target tokens of all batches on all ranks, so the update
-        does not depend on how a batch is split. Under torchrun that count travels in the one
-        all-reduce after the backward pass (with the loss sums and the stopping rules), not
-        before the forward: every rank divides its summed loss by the same stand-in, the
-        update's token budget, and the gradients are rescaled by budget / tokens once the
-        count is known (DDP averages the gradients, hence `* world size`). One process knows
-        its count at once and divides by it, rounding as it always did. Nothing waits for the
-        GPU until the figures are read back, once, at the end: the next update's batches are
-        made and copied meanwhile, and a NaN/inf skips the step on the device (the fused
-        optimizer's `found_inf`).
+        does not depend on how a batch is split (DDP averages gradients, hence `* world size`).
+        Under torchrun that count is all-reduced while the first batch's forward pass runs
+        (launched before it, waited for only before the backward pass), so the forward never
+        waits for it. (Rescaling the gradients after the backward instead, the count in the
+        loss sums' all-reduce, rounded them otherwise than one process does, which Adam
+        amplified in the key biases, whose exact gradient is zero, beyond what the DDP
+        equivalence test allows.) Nothing waits for the GPU until the figures are read back,
+        once, at the end: the next update's batches are made and copied meanwhile, and a
+        NaN/inf skips the step on the device (the fused optimizer's `found_inf`).
         """
         t = self.cfg.train
         batches = [self._place(self.source.next()) for _ in range(t.accumulate)]  # prepared
-        tokens_here = sum(b.num_tgt_tokens for b in batches)
-        world = self.world.size
-        divisor = float(t.batch_tokens * t.accumulate * world if world > 1 else tokens_here)
-        loss_scale = world / divisor
+        tokens = distributed.to_device([sum(b.num_tgt_tokens for b in batches)], self.device)
+        counted = distributed.all_reduce_async(tokens, self.world)  # during the forward
+        loss_scale = torch.ones((), device=self.device)  # set once the count is in
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
@@ -297,13 +296,15 @@ class Trainer:
                 with autocast_context(self.device, self.dtype):
                     self.objective.tokens = batch.num_tgt_tokens
                     loss, nll = self.train_model(batch.src, batch.tgt_in, batch.tgt_out)
+                if i == 0:
+                    counted.wait()
+                    loss_scale = (self.world.size / tokens[0]).float()
                 scaled = loss * loss_scale
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_sum += loss.detach()
             nll_sum += nll.detach()
         self.source.prepare(t.accumulate, self._place)  # the next update's, while the GPU works
-        tokens = distributed.to_device([tokens_here], self.device)
-        sums = torch.cat([torch.stack([loss_sum, nll_sum]).double(), tokens])
+        sums = torch.stack([loss_sum, nll_sum]).double()
         if self.world.distributed:  # the stopping rules and the clock travel with the sums
             mine = self.agreement.figures(self._stop_rules(), self.clock.schedule_seconds(t))
             shared = distributed.to_device(mine, self.device)
@@ -311,9 +312,6 @@ class Trainer:
             torch.distributed.all_reduce(sums)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # and notes overflowed gradients for update()
-        if self.world.distributed:  # now divided by every rank's tokens
-            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            torch._foreach_mul_(grads, (divisor / sums[2]).float())
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
         finite = torch.isfinite(sums[:2]).all() & torch.isfinite(norm)
         self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
@@ -322,10 +320,10 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.update()  # halves the scale after an overflow
         self.optimizer.zero_grad(set_to_none=True)
-        figures = torch.cat([sums, norm.double().view(1)]).tolist()  # one sync
+        figures = torch.cat([sums, tokens, norm.double().view(1)]).tolist()  # one sync
         if self.world.distributed:
-            self.agreement.take(figures[3:-1])
-        loss, nll, tokens_all, grad_norm = figures[0], figures[1], figures[2], figures[-1]
+            self.agreement.take(figures[2:-2])
+        loss, nll, tokens_all, grad_norm = *figures[:2], figures[-2], figures[-1]
         ok = math.isfinite(loss) and math.isfinite(nll) and math.isfinite(grad_norm)
         return Update(loss, nll, int(tokens_all), grad_norm, ok)
 

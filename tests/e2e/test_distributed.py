@@ -153,13 +153,16 @@ def test_ranks_end_with_identical_parameters(straight):
         assert torch.equal(value, rank1["params"][name]), name
 
 
-def test_token_counts_travel_with_the_gradients(straight):
-    """The token count that normalises the loss is reduced after the backward, with the loss
-    sums: one all-reduce an update, none before its forward pass (the stopping rules' own
-    all-reduce comes only at the start and after validations)."""
+def test_no_update_waits_for_the_token_count_before_its_forward(straight):
+    """The token count that normalises the loss is all-reduced without waiting, started just
+    before the update's first forward pass; the one blocking all-reduce of an update comes
+    after its backward (the loss sums and stop flags; the stopping rules' own one only at the
+    start and after validations)."""
     for rank in straight[1]:
         events, steps = rank["events"], rank["step"]
         assert events.count("forward") == steps  # accumulate 1
+        started = [(a, b) for a, b in zip(events, events[1:], strict=False) if a.endswith("async")]
+        assert started == [("all_reduce_async", "forward")] * steps, events
         assert events.count("all_reduce") <= steps + 2, events  # it was two an update
 
 

@@ -51,7 +51,8 @@ def record_batches(trainer: Trainer, sigterm_at: int = 0) -> list[tuple[int, lis
 
 def record_collectives(trainer: Trainer) -> list[str]:
     """Make `trainer` note, in order, each forward pass of its objective ("forward") and each
-    `torch.distributed.all_reduce` ("all_reduce"), in a list it returns."""
+    `torch.distributed.all_reduce` ("all_reduce", or "all_reduce_async" for one started
+    without waiting), in a list it returns."""
     events: list[str] = []
     forward, all_reduce = trainer.objective.forward, torch.distributed.all_reduce
 
@@ -60,7 +61,7 @@ def record_collectives(trainer: Trainer) -> list[str]:
         return forward(*args, **kwargs)
 
     def noted_all_reduce(*args, **kwargs):
-        events.append("all_reduce")
+        events.append("all_reduce_async" if kwargs.get("async_op") else "all_reduce")
         return all_reduce(*args, **kwargs)
 
     trainer.objective.forward = noted_forward
