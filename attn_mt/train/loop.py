@@ -272,11 +272,12 @@ class Trainer:
         Under torchrun that count is all-reduced while the first batch's forward pass runs
         (launched before it, waited for only before the backward pass), so the forward never
         waits for it. (Rescaling the gradients after the backward instead, the count in the
-        loss sums' all-reduce, rounded them otherwise than one process does, which Adam
-        amplified in the key biases, whose exact gradient is zero, beyond what the DDP
-        equivalence test allows.) Nothing waits for the GPU until the figures are read back,
-        once, at the end: the next update's batches are made and copied meanwhile, and a
-        NaN/inf skips the step on the device (the fused optimizer's `found_inf`).
+        loss sums' all-reduce, rounded them otherwise than one process does, and the DDP
+        equivalence test failed: most likely in the key biases, whose exact gradient is zero,
+        so that Adam scales rounding noise up to a full step.) Nothing waits for the GPU until
+        the figures are read back, once, at the end: the next update's batches are made and
+        copied meanwhile, and a NaN/inf skips the step on the device (the fused optimizer's
+        `found_inf`).
         """
         t = self.cfg.train
         batches = [self._place(self.source.next()) for _ in range(t.accumulate)]  # prepared
