@@ -335,7 +335,9 @@ class TrainConfig:
     batch_tokens: int = key(4096, "tokens per batch: rows x longest side, padding included", ge=1)
     accumulate: int = key(1, "batches per update (gradient accumulation)", ge=1)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = key("auto", "autocast dtype")
-    compile: bool = key(False, "torch.compile the model")
+    compile: Literal["auto", "true", "false"] = key(
+        "false", "torch.compile the updates (auto: if faster in a timing at start-up)"
+    )
     threads: int = key(0, "CPU threads for torch (0 = torch's default)", ge=0)
     eval_every: int = key(1000, "validate every N updates", ge=1)
     log_every: int = key(100, "print and log training figures every N updates", ge=1)

@@ -311,6 +311,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         raise ConfigError(f"{key}: must not be null (expected {type_name(hint)})")
     if typing.get_origin(base) is Literal:
         choices = typing.get_args(base)
+        if isinstance(value, bool) and "true" in choices:  # YAML's true/false: train.compile
+            value = str(value).lower()
         if value not in choices:
             close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
             extra = f"; did you mean {close[0]!r}?" if close else ""

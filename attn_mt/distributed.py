@@ -73,6 +73,21 @@ def sum_to_device(values: list[float], world: World, device: torch.device) -> to
     return tensor
 
 
+class _Done:
+    """A collective that was never started (one process): nothing to wait for."""
+
+    def wait(self) -> bool:
+        return True
+
+
+def all_reduce_async(tensor: torch.Tensor, world: World) -> Any:
+    """Start summing `tensor` over all ranks in place; returns what to `wait()` on before
+    reading it (NCCL: the waiting is the GPU's, the host goes on)."""
+    if not world.distributed:
+        return _Done()
+    return dist.all_reduce(tensor, async_op=True)
+
+
 def from_main(compute: Callable[[], T], world: World) -> T:
     """`compute()` run on rank 0 only, its result sent to every rank.
 

@@ -21,6 +21,10 @@ bucketed batches of varied shapes (the real figure): tokens/s, step time, peak m
 against the measured and the data-sheet peak.
 
     python scripts/bench_train.py --size base --vocab 32000 --batch-tokens 12500 25000
+    python scripts/bench_train.py --size base --vocab 32000 --compile both   # eager and compiled
+
+With `--compile on|both`, each loss also through `torch.compile(dynamic=True)` (what
+train.compile does to the update), its compilation in the warm-up and its seconds reported.
 
 The last line is one JSON object with every figure.
 """
@@ -279,6 +283,8 @@ def main() -> None:
                         "--quick on the CPU: 1)")  # fmt: skip
     parser.add_argument("--loss", choices=("both", *LOSSES), default="both",
                         help="with --vocab: the full logits, projected_loss, or both")  # fmt: skip
+    parser.add_argument("--compile", choices=("off", "on", "both"), default="off",
+                        help="with --vocab: eager, torch.compile'd, or both in turns")  # fmt: skip
     args = parser.parse_args()
 
     if args.threads:
@@ -411,6 +417,9 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
     per_window = args.batches or (1 if args.quick and device.type == "cpu" else 40)
     rounds = args.rounds or (1 if args.quick else 3)
     losses = list(LOSSES) if args.loss == "both" else [args.loss]
+    compiled = {"off": (False,), "on": (True,), "both": (False, True)}[args.compile]
+    steps = {(loss, c): torch.compile(LOSSES[loss], dynamic=True) if c else LOSSES[loss]
+             for loss in losses for c in compiled}  # fmt: skip
     lengths = wmt_lengths(args.pairs)
     src_ids = RandomSentences(lengths[:, 0], vocab, seed=1)
     tgt_ids = RandomSentences(lengths[:, 1], vocab, seed=2)
@@ -441,21 +450,23 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
             if name not in peaks:
                 peaks[name] = matmul_peak(dtype, device, 1.0 if args.quick else 3.0)
             spec = spec_peak(hardware, name) if device.type == "cuda" else None
-            for loss in losses:
-                train_steps(model, optimizer, warm, device, dtype, LOSSES[loss])
-            runs = {(loss, kind): [] for loss in losses for kind in shapes}
+            warm_s = {}
+            for key, step in steps.items():  # a compiled step compiles here
+                warm_s[key] = timed_window(model, optimizer, warm, device, dtype, step)[0]
+            runs = {(loss, c, kind): [] for loss, c in steps for kind in shapes}
             for _ in range(rounds):  # in turns: noise hits every loss and shape alike
-                for (loss, kind), done in runs.items():
+                for (loss, c, kind), done in runs.items():
                     window = functools.partial(timed_window, model, optimizer, shapes[kind],
-                                               device, dtype, LOSSES[loss])  # fmt: skip
+                                               device, dtype, steps[loss, c])  # fmt: skip
                     done.append(peak_memory(window, device))
-            for (loss, kind), done in runs.items():
+            for (loss, c, kind), done in runs.items():
                 seconds = sum(s for (s, _), _ in done)
                 mib = [x for _, x in done if x is not None]
                 achieved = rounds * flops[kind] / seconds
                 results.append({
                     "batch_tokens": batch_tokens, "precision": name, "loss": loss,
-                    "shapes": kind, "padding": padding_share(shapes[kind]),
+                    "compiled": c, "warmup_s": warm_s[loss, c], "shapes": kind,
+                    "padding": padding_share(shapes[kind]),
                     "tokens_per_s": sum(t for (_, t), _ in done) / seconds,
                     "step_ms": 1e3 * seconds / (rounds * per_window),
                     "mfu": achieved / peaks[name], "mfu_spec": achieved / spec if spec else None,
@@ -464,32 +475,38 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
                     "spec_peak_tflops": spec / 1e12 if spec else None,
                 })  # fmt: skip
 
-    print(f"\n{'tokens':>7} {'prec':<5}{'loss':<10}{'shapes':<9}{'pad':>6}{'tgt tok/s':>10}"
-          f"{'ms/step':>9}{'MFU':>7}{'MFU spec':>9}{'peak MiB':>9}")  # fmt: skip
+    print(f"\n{'tokens':>7} {'prec':<5}{'loss':<10}{'mode':<9}{'shapes':<9}{'pad':>6}"
+          f"{'tgt tok/s':>10}{'ms/step':>9}{'MFU':>7}{'MFU spec':>9}{'peak MiB':>9}"
+          f"{'warm-up s':>10}")  # fmt: skip
     for r in results:
         mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "n/a"
         spec = f"{100 * r['mfu_spec']:.1f}%" if r["mfu_spec"] is not None else "n/a"
-        print(f"{r['batch_tokens']:>7} {r['precision']:<5}{r['loss']:<10}{r['shapes']:<9}"
-              f"{100 * r['padding']:>5.1f}%{r['tokens_per_s']:>10.0f}{r['step_ms']:>9.0f}"
-              f"{100 * r['mfu']:>6.1f}%{spec:>9}{mem:>9}")  # fmt: skip
+        mode = "compiled" if r["compiled"] else "eager"
+        print(f"{r['batch_tokens']:>7} {r['precision']:<5}{r['loss']:<10}{mode:<9}"
+              f"{r['shapes']:<9}{100 * r['padding']:>5.1f}%{r['tokens_per_s']:>10.0f}"
+              f"{r['step_ms']:>9.0f}{100 * r['mfu']:>6.1f}%{spec:>9}{mem:>9}"
+              f"{r['warmup_s']:>10.1f}")  # fmt: skip
     for name in peaks:
         spec = spec_peak(hardware, name) if device.type == "cuda" else None
         print(
             f"{name} peaks: measured matmul {peaks[name] / 1e9:,.0f} GFLOP/s, data sheet "
             + (f"{spec / 1e9:,.0f} GFLOP/s" if spec else "n/a")
         )
-    ratios = loss_ratios(results)
-    for key, ratio in ratios.items():
-        print(
-            f"projected / logits, {key}: speed x{ratio['speed']:.2f}, peak memory "
-            + (f"x{ratio['memory']:.2f}" if ratio["memory"] is not None else "n/a")
-        )
+    ratios = loss_ratios(results, "loss", "logits", "projected")
+    compile_ratios = loss_ratios(results, "compiled", False, True)
+    for what, found in (("projected / logits", ratios), ("compiled / eager", compile_ratios)):
+        for key, ratio in found.items():
+            print(
+                f"{what}, {key}: speed x{ratio['speed']:.2f}, peak memory "
+                + (f"x{ratio['memory']:.2f}" if ratio["memory"] is not None else "n/a")
+            )
     print(json.dumps({
         "bench": "train", "workload": "wmt", "hardware": hardware, "device": device.type,
         "threads": torch.get_num_threads(), "torch": torch.__version__, "size": args.size,
         "d_model": m.d_model, "layers": [m.encoder_layers, m.decoder_layers], "vocab": vocab,
         "pairs": args.pairs, "warmup": warmup, "rounds": rounds, "window": per_window,
         "results": results, "projected_over_logits": ratios,
+        "compiled_over_eager": compile_ratios,
     }))  # fmt: skip
 
 
@@ -502,19 +519,23 @@ def timed_window(model, optimizer, batches, device, dtype, loss_of) -> tuple[flo
     return time.perf_counter() - start, tokens
 
 
-def loss_ratios(results: list[dict]) -> dict[str, dict]:
-    """projected over logits, per batch size, precision and shapes: speed and peak memory."""
-    by_key = {(r["batch_tokens"], r["precision"], r["shapes"], r["loss"]): r for r in results}
+def loss_ratios(results: list[dict], field: str, base: object, other: object) -> dict[str, dict]:
+    """Rows whose `field` is `other` over their twins whose `field` is `base` (all else equal:
+    batch size, precision, shapes, loss, compiled): speed and peak memory."""
+    keys = ("batch_tokens", "precision", "shapes", "loss", "compiled")
+    by_key = {tuple(r[k] for k in keys): r for r in results}
     ratios = {}
-    for (tokens, name, kind, loss), r in by_key.items():
-        base = by_key.get((tokens, name, kind, "logits"))
-        if loss != "projected" or base is None:
+    for key, r in by_key.items():
+        twin = by_key.get(tuple(base if k == field else v for k, v in zip(keys, key, strict=True)))
+        if r[field] != other or twin is None:
             continue
-        mem = r["peak_mib"] / base["peak_mib"] if r["peak_mib"] and base["peak_mib"] else None
-        ratios[f"{tokens} {name} {kind}"] = {
-            "speed": r["tokens_per_s"] / base["tokens_per_s"],
-            "memory": mem,
-        }
+        mem = r["peak_mib"] / twin["peak_mib"] if r["peak_mib"] and twin["peak_mib"] else None
+        named = [
+            str(v) for k, v in zip(keys, key, strict=True) if k not in (field, "compiled", "loss")
+        ]
+        named += [r["loss"]] if field != "loss" else []
+        named += ["compiled"] if field != "compiled" and r["compiled"] else []
+        ratios[" ".join(named)] = {"speed": r["tokens_per_s"] / twin["tokens_per_s"], "memory": mem}
     return ratios
 
 

@@ -438,6 +438,55 @@ def bench(size: str) -> Callable[[Context], Figures]:
     return run
 
 
+BASE = ("model.d_model=512", "model.heads=8", "model.encoder_layers=6",
+        "model.decoder_layers=6", "model.d_ff=2048")  # fmt: skip  # transformer-base
+
+
+def wmt_base_bench(ctx: Context) -> Figures:
+    """bench_train at transformer-base over a 32k vocabulary on WMT-shaped batches of 12,500
+    tokens, bf16: eager and torch.compile'd, the full logits and projected_loss, in turns
+    (tokens/s, ms/step, peak MiB, and the compile's warm-up seconds)."""
+    script = ROOT / "scripts" / "bench_train.py"
+    args = [sys.executable, str(script), "--device", "cuda", "--size", "base", "--vocab", "32000",
+            "--batch-tokens", "12500", "--precisions", "bf16", "--pairs", "500000",
+            "--compile", "both", "--loss", "both", "--rounds", "2", "--batches", "20"]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=ctx.seconds_left())
+    if proc.returncode != 0:
+        raise CheckFailed(f"bench_train.py exited {proc.returncode}: {proc.stderr[-400:]}")
+    (ctx.out / "bench_train_wmt_base.txt").write_text(proc.stdout)
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = {
+        f"{r['loss']} {'compiled' if r['compiled'] else 'eager'} {r['shapes']}": {
+            k: r[k] for k in ("tokens_per_s", "step_ms", "peak_mib", "warmup_s", "mfu_spec")
+        }
+        for r in figures["results"]
+    }
+    ratios = {"projected/logits": figures["projected_over_logits"]}
+    return rows | ratios | {"compiled/eager": figures["compiled_over_eager"]}
+
+
+def train_log_figures(log: str) -> Figures:
+    """From a train.log: the train.compile line (the choice and, for auto, ms/update each way)
+    and each validation's seconds by phase."""
+    chosen = re.findall(r"train\.compile \S+: .*$", log, flags=re.M)
+    phases = re.findall(r"^\S+ \S+ (valid step \d+).*?\s{2}([\d.]+ s: .+)$", log, flags=re.M)
+    return {"compile": chosen[-1] if chosen else "no train.compile line"} | dict(phases)
+
+
+def auto_compile_run(ctx: Context) -> Figures:
+    """`attn-mt train` on Multi30k at transformer-base size with train.compile auto: what it
+    chose and the ms/update it measured each way, validation's seconds by phase, and the share
+    of the run's wall time that validation took."""
+    start = time.monotonic()
+    sets = (*BASE, "train.compile=auto", "train.max_steps=400", "train.eval_every=200",
+            "train.valid_max_sentences=500")  # fmt: skip
+    out = train(ctx, "base-compile-auto", "multi30k_de_en_gpu.yaml", *sets)
+    wall = time.monotonic() - start
+    figures = train_log_figures((out / "train.log").read_text())
+    validated = sum(float(v.split(" s:")[0]) for k, v in figures.items() if k.startswith("valid"))
+    return figures | {"wall s": wall, "validation share of wall": validated / wall}
+
+
 def peak_memory(ctx: Context) -> Figures:
     """One AdamW update of transformer-base and -big at a 32k vocabulary, at the config's batch
     of its longest sentences (max_len), with and without activation checkpointing."""
@@ -465,6 +514,8 @@ def peak_memory(ctx: Context) -> Figures:
 CHECKS = [
     Check("environment", environment, gpu_only=False),
     Check("GPU presets load", presets, gpu_only=False),
+    Check("WMT base bench: compile off/on, projected vs logits", wmt_base_bench, gpu_only=True),
+    Check("base-size train.compile auto, phase seconds", auto_compile_run, gpu_only=True),
     Check("cached == full decoding", cached_decoding, gpu_only=False),
     Check("mask-free decoder == masked", mask_free_attention, gpu_only=False),
     Check("decoding: host reads, ms per step", decoding, gpu_only=False),

@@ -33,7 +33,7 @@ from attn_mt import distributed
 from attn_mt.checkpoint import tokenizers_from
 from attn_mt.config import Config
 from attn_mt.configfile import save_config
-from attn_mt.data.batching import Batch
+from attn_mt.data.batching import Batch, collate
 from attn_mt.decode.translator import Translator
 from attn_mt.fileio import Terminated
 from attn_mt.model.transformer import Transformer
@@ -45,6 +45,7 @@ from attn_mt.precision import (
     resolve_precision,
 )
 from attn_mt.train.budget import RankAgreement, RunClock, stop_rules
+from attn_mt.train.compile import choose_compiled, vary_batch_shape
 from attn_mt.train.corpus import training_data, valid_subset
 from attn_mt.train.loglines import TrainWindow, log_finish, log_start, window_line
 from attn_mt.train.loss import SmoothedObjective
@@ -144,7 +145,7 @@ class Trainer:
             self.state.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
         self.objective = SmoothedObjective(self.model, cfg.train.label_smoothing)
-        self.train_model = wrap_model(self.objective, world, self.device, cfg.train.compile)
+        self.train_model = wrap_model(self.objective, world, self.device)  # compiled by run()
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
         self.stop_signal: str | None = None
         self.signalled_at = 0.0  # time.monotonic() of the first signal
@@ -176,6 +177,7 @@ class Trainer:
         with self._session(), out_of_memory_hint(t):
             log_start(self.runlog, self.state, self.corpus, self.precision, self.resumed)
             probe_largest_batch(self.model, self.source, self.dtype, t.label_smoothing)
+            self._choose_compiled()
             p = self.progress
             self.clock = RunClock(self.began - p.elapsed, p.step, p.validation_seconds, self.now)
             window = TrainWindow()
@@ -230,6 +232,20 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def _choose_compiled(self) -> None:
+        """Compile the updates as train.compile says (`compile.choose_compiled`), timed for
+        `auto` on the epoch's first update's batches, and say which in train.log."""
+        rows = self.source.batches[: self.cfg.train.accumulate]
+        batches = [
+            self._place(collate(self.source.shards.src, self.source.shards.tgt, r)) for r in rows
+        ]
+        setting, recorded = self.cfg.train.compile, self.progress.compiled
+        self.train_model, choice = choose_compiled(
+            setting, recorded, self.train_model, self.objective, batches, self.dtype, self.world
+        )
+        self.progress.compiled = choice.mode
+        log.info("%s", choice.describe(setting))
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         """The first SIGINT/SIGTERM stops after the update in flight and saves last.pt, saying
         so at once; a second stops at once: a save in progress is abandoned (its temp file is
@@ -270,16 +286,21 @@ class Trainer:
 
         The loss is normalised by the target tokens of all batches on all ranks, so the update
         does not depend on how a batch is split (DDP averages gradients, hence `* world size`).
-        Nothing waits for the GPU until the figures are read back, once, at the end: the next
-        update's batches are made and copied meanwhile, the tokens were counted on the host,
-        and a NaN/inf skips the step on the device (the fused optimizer's `found_inf`).
+        Under torchrun that count is all-reduced while the first batch's forward pass runs
+        (launched before it, waited for only before the backward pass), so the forward never
+        waits for it. (Rescaling the gradients after the backward instead, the count in the
+        loss sums' all-reduce, rounded them otherwise than one process does, and the DDP
+        equivalence test failed: most likely in the key biases, whose exact gradient is zero,
+        so that Adam scales rounding noise up to a full step.) Nothing waits for the GPU until
+        the figures are read back, once, at the end: the next update's batches are made and
+        copied meanwhile, and a NaN/inf skips the step on the device (the fused optimizer's
+        `found_inf`).
         """
         t = self.cfg.train
         batches = [self._place(self.source.next()) for _ in range(t.accumulate)]  # prepared
-        tokens = distributed.sum_to_device(
-            [sum(b.num_tgt_tokens for b in batches)], self.world, self.device
-        )
-        loss_scale = (self.world.size / tokens[0]).float()
+        tokens = distributed.to_device([sum(b.num_tgt_tokens for b in batches)], self.device)
+        counted = distributed.all_reduce_async(tokens, self.world)  # during the forward
+        loss_scale = torch.ones((), device=self.device)  # set once the count is in
         loss_sum = torch.zeros((), device=self.device)
         nll_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
@@ -288,25 +309,28 @@ class Trainer:
                 ddp = cast(DistributedDataParallel, self.train_model)  # or its compiled wrapper
                 sync = ddp.no_sync()  # gradients are reduced once, after the last batch
             with sync:
-                if t.compile:
+                if self.progress.compiled == "compiled":
                     vary_batch_shape(batch)
                 with autocast_context(self.device, self.dtype):
                     self.objective.tokens = batch.num_tgt_tokens
                     loss, nll = self.train_model(batch.src, batch.tgt_in, batch.tgt_out)
+                if i == 0:
+                    counted.wait()
+                    loss_scale = (self.world.size / tokens[0]).float()
                 scaled = loss * loss_scale
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_sum += loss.detach()
             nll_sum += nll.detach()
         self.source.prepare(t.accumulate, self._place)  # the next update's, while the GPU works
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)  # and notes overflowed gradients for update()
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
         sums = torch.stack([loss_sum, nll_sum]).double()
         if self.world.distributed:  # the stopping rules and the clock travel with the sums
             mine = self.agreement.figures(self._stop_rules(), self.clock.schedule_seconds(t))
             shared = distributed.to_device(mine, self.device)
             sums = torch.cat([sums, shared])
             torch.distributed.all_reduce(sums)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # and notes overflowed gradients for update()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
         finite = torch.isfinite(sums[:2]).all() & torch.isfinite(norm)
         self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
         self.optimizer.step()
@@ -314,7 +338,7 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.update()  # halves the scale after an overflow
         self.optimizer.zero_grad(set_to_none=True)
-        figures = torch.cat([sums.double(), tokens, norm.double().view(1)]).tolist()  # one sync
+        figures = torch.cat([sums, tokens, norm.double().view(1)]).tolist()  # one sync
         if self.world.distributed:
             self.agreement.take(figures[2:-2])
         loss, nll, tokens_all, grad_norm = *figures[:2], figures[-2], figures[-1]
@@ -337,29 +361,23 @@ class Trainer:
             self.validator.validate_and_save(self.runlog)
         else:
             self.state.save(best=False)
+        self.state.writer.wait()  # the final checkpoints are on disk before the run returns
         distributed.barrier(self.world)  # no rank leaves before rank 0 has written last.pt
         best, share = self.progress.best_score, self.validator.share()
         log_finish(stopped_by, self.stop_signal, step, self.cfg.train, best, share)
 
 
 def wrap_model(
-    objective: SmoothedObjective, world: distributed.World, device: torch.device, compile: bool
+    objective: SmoothedObjective, world: distributed.World, device: torch.device
 ) -> torch.nn.Module:
-    """The module the updates run: the objective, DDP across processes, compiled if asked."""
+    """The module the updates run eagerly: the objective, in DDP across processes."""
     wrapped: torch.nn.Module = objective
     if world.distributed:
         ids = [device.index] if device.type == "cuda" else None
         # No buffer broadcasts: the only buffers are the fixed positional tables, equal on
         # every rank, and they grow on demand (a rank's longer batch would change the shape).
-        wrapped = DistributedDataParallel(objective, device_ids=ids, broadcast_buffers=False)
-    return cast(torch.nn.Module, torch.compile(wrapped)) if compile else wrapped
-
-
-def vary_batch_shape(batch: Batch) -> None:
-    """Tell torch.compile that rows and lengths (dims 0 and 1 of src, tgt_in and tgt_out) vary, so
-    that one graph serves every batch shape. Left to itself it compiles the first shape as
-    fixed, then again with those dims dynamic, and ties lengths that happened to be equal
-    (duck sizing), a recompile when they differ. A dim of size 1 still gets its own graph."""
-    for tokens in (batch.src, batch.tgt_in, batch.tgt_out):  # (B, S), (B, T), (B, T)
-        torch._dynamo.maybe_mark_dynamic(tokens, 0)
-        torch._dynamo.maybe_mark_dynamic(tokens, 1)
+        # The gradients are views into DDP's buckets: no copy in and out of them per update.
+        wrapped = DistributedDataParallel(
+            objective, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True
+        )
+    return wrapped

@@ -118,7 +118,7 @@ def choose_for_run(
     """What a run's float32 linear layers multiply through (`choose_products`, on rank 0 for
     every rank: decided as a run begins, kept on resume), `model` routed through oneDNN where
     that is the answer. Only float32 on a CPU, not compiled, is eligible."""
-    eligible = device.type == "cpu" and dtype is None and not cfg.train.compile
+    eligible = device.type == "cpu" and dtype is None and cfg.train.compile == "false"
     d_model, d_ff, vocab = cfg.model.d_model, cfg.model.d_ff, model.output.out_features
     shapes = ((d_model, d_ff), (d_ff, d_model), (d_model, vocab))
     backend = distributed.from_main(lambda: choose_products(recorded, eligible, shapes), world)

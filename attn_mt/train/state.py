@@ -28,7 +28,6 @@ from attn_mt.checkpoint import (
     load_checkpoint,
     load_weights,
     make_checkpoint,
-    save_checkpoint,
     translation_weights,
 )
 from attn_mt.config import Config, TrainConfig
@@ -40,6 +39,7 @@ from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.transformer import Transformer, build_model
 from attn_mt.train.ema import WeightEMA
 from attn_mt.train.runfolder import check_run_start
+from attn_mt.train.saver import CheckpointWriter
 from attn_mt.train.skips import make_scaler
 from attn_mt.train.stage import stage
 
@@ -69,6 +69,7 @@ class TrainProgress:
     # what float32 linear layers multiply through, "mkl" or "onednn": chosen at the start, kept
     # (last.pt files written before the name carry it as "products")
     matmul_backend: str = ""
+    compiled: str = ""  # "eager" or "compiled" (train.compile): chosen at the start, kept
 
     def record(self, score: float, higher_is_better: bool) -> bool:
         """Count one validation score; True when it beats the best so far."""
@@ -97,6 +98,7 @@ class TrainState:
     device: torch.device
     progress: TrainProgress = field(default_factory=TrainProgress)
     saved_step: int = -1  # the step last.pt was last written at by this process
+    writer: CheckpointWriter = field(default_factory=CheckpointWriter)  # writes in the background
 
     @property
     def ckpt_dir(self) -> Path:
@@ -112,7 +114,8 @@ class TrainState:
         """Write last.pt, best.pt when `best`, and after a validation (`metrics` given) step_N.pt
         with the oldest beyond train.keep_checkpoints deleted.
 
-        Called on every rank (it gathers their RNG states); only rank 0 writes.
+        Called on every rank (it gathers their RNG states); only rank 0 writes, in the
+        background (`saver.CheckpointWriter`: the state is copied now, `writer.wait()` waits).
         """
         # Each rank's generators: dropout draws differ between ranks, whose batch shapes differ.
         cuda = self.device.type == "cuda"
@@ -126,25 +129,25 @@ class TrainState:
         state = make_checkpoint(
             self.eval_model, self.cfg, step, self.source.epoch, self.tokenizers, metrics or {}
         )
-        if best:
-            save_checkpoint(state, self.ckpt_dir / "best.pt")
-        keep = self.cfg.train.keep_checkpoints
+        files = [(state, self.ckpt_dir / "best.pt")] if best else []
+        keep, dropped = self.cfg.train.keep_checkpoints, []
         if keep and metrics is not None:
             name = f"step_{step}.pt"
-            save_checkpoint(state, self.ckpt_dir / name)
+            files.append((state, self.ckpt_dir / name))
             self.progress.kept_checkpoints.append(name)
             while len(self.progress.kept_checkpoints) > keep:
-                (self.ckpt_dir / self.progress.kept_checkpoints.pop(0)).unlink(missing_ok=True)
+                dropped.append(self.ckpt_dir / self.progress.kept_checkpoints.pop(0))
+        last = dict(state)
         if self.ema:  # last.pt resumes from the raw weights; the average translates
-            state["model"], state["ema"] = self.model.state_dict(), state["model"]
-        state["train_state"] = {
+            last["model"], last["ema"] = self.model.state_dict(), state["model"]
+        last["train_state"] = {
             "progress": asdict(self.progress),
             "data": self.source.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "rng": rng,  # (cpu, cuda) per rank
         }
-        save_checkpoint(state, self.ckpt_dir / "last.pt")
+        self.writer.submit([*files, (last, self.ckpt_dir / "last.pt")], dropped)
 
     def restore(self, state: dict[str, Any]) -> None:
         """Read back what `save` wrote into last.pt; a damaged state is one UserError."""

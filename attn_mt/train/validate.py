@@ -7,6 +7,7 @@ intervals, and the checkpoints written after it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -23,7 +24,9 @@ from attn_mt.train.directions import validate_directions
 from attn_mt.train.loglines import valid_share
 from attn_mt.train.loss import SmoothedObjective, perplexity
 from attn_mt.train.runlog import Monitor, RunLog, Validation
+from attn_mt.train.shared_search import Interrupted, shared_search
 from attn_mt.train.state import TrainState
+from attn_mt.world import World
 
 log = logging.getLogger("attn_mt")
 
@@ -37,10 +40,12 @@ def validate(
     corpus: Corpus,
     t: TrainConfig,
     on_progress: Callable[[str, int, int], None] = lambda phase, done, total: None,
+    world: World = World(),
 ) -> Validation:
     """Validate `translator.model` on the corpus's validation split (in the translator's device
     and dtype); `on_progress(phase, done, total)` follows the sentences scored ("loss") and
-    translated ("search"). Leaves the model in eval mode.
+    translated ("search"). Leaves the model in eval mode. Under torchrun, on rank 0 while the
+    other ranks run `search_share`: each rank searches a slice of the sentences.
     """
     objective = SmoothedObjective(translator.model, t.label_smoothing)
     # Summed on the device in float64 (as Python floats would be), read once at the end: a
@@ -69,14 +74,12 @@ def validate(
 
     def advance(count: int) -> None:
         nonlocal done
-        done += count
-        on_progress("search", done, len(corpus.valid_src))
+        done += count * world.size  # about: the ranks go at the same pace
+        on_progress("search", min(done, len(corpus.valid_src)), len(corpus.valid_src))
 
     advance(0)  # the search's bar replaces the finished loss bar before its first batch
     start = time.perf_counter()
-    hyps = translator.translate(
-        corpus.valid_src, beam=t.eval_beam, on_batch=advance, tgt_lang=corpus.valid_tgt_lang
-    )
+    hyps = search_share(translator, corpus, t, advance, world)
     seconds["search"] = time.perf_counter() - start
     start = time.perf_counter()
     scores = score(hyps, corpus.valid_ref)
@@ -92,8 +95,21 @@ def validate(
     return Validation(metrics, samples, seconds, hypotheses=hyps)
 
 
-class Interrupted(Exception):
-    """A signal came during validation."""
+def search_share(
+    translator: Translator,
+    corpus: Corpus,
+    t: TrainConfig,
+    on_batch: Callable[[int], None],
+    world: World,
+) -> list[str]:
+    """The validation sentences translated, this rank searching its share (`shared_search`)."""
+
+    def search(sentences: list[str]) -> list[str]:
+        return translator.translate(
+            sentences, beam=t.eval_beam, on_batch=on_batch, tgt_lang=corpus.valid_tgt_lang
+        )
+
+    return shared_search(search, corpus.valid_src, world)
 
 
 class Validator:
@@ -118,20 +134,30 @@ class Validator:
         self.translator, self.dtype = translator, dtype
         self.monitor, self.stop_signal = monitor, stop_signal
 
-    def validate(self) -> Validation:
-        """Validation loss/perplexity (teacher forcing) and BLEU/chrF of search output."""
-        translator, t = self.translator(self.dtype), self.state.cfg.train
-        if self.corpus.pairs:  # multilingual: each direction, and their mean
-            result = validate_directions(validate, translator, self.corpus, t, self._follow)
+    def validate(self) -> Validation | None:
+        """Validation loss/perplexity (teacher forcing) and BLEU/chrF of search output, on
+        rank 0, of each direction and their mean for a multilingual run (None on the other
+        ranks, which search their share of each direction's sentences)."""
+        translator, t, world = self.translator(self.dtype), self.state.cfg.train, self.state.world
+        result = None
+        if not world.is_main:
+            for corpus in list(self.corpus.pairs.values()) or [self.corpus]:
+                search_share(translator, corpus, t, lambda count: self._check_signal(), world)
+        elif self.corpus.pairs:  # multilingual: each direction, and their mean
+            one = functools.partial(validate, world=world)
+            result = validate_directions(one, translator, self.corpus, t, self._follow)
         else:
-            result = validate(translator, self.corpus, t, self._follow)
+            result = validate(translator, self.corpus, t, self._follow, world)
         self.state.model.train()
         return result
 
     def _follow(self, phase: str, done: int, total: int) -> None:
+        self._check_signal()
+        self.monitor.validating(phase, done, total)
+
+    def _check_signal(self) -> None:
         if self.stop_signal():
             raise Interrupted
-        self.monitor.validating(phase, done, total)
 
     def validate_and_save(self, runlog: RunLog) -> None:
         """Validate on rank 0, log it, and write the checkpoints (best.pt if it improved)."""
@@ -139,11 +165,11 @@ class Validator:
         step, metric = progress.step, state.cfg.train.select_metric
         result: Validation | None = None
         improved = False
-        if state.world.is_main:
-            device = state.device
-            try:
-                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                    result = self.validate()
+        device = state.device
+        try:  # on every rank: each searches its share of the sentences
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                result = self.validate()
+                if result is not None:
                     start = time.perf_counter()
                     plotted = next(iter(self.corpus.pairs.values()), self.corpus)
                     runlog.attention(
@@ -153,9 +179,10 @@ class Validator:
                         plotted.valid_tgt_lang,
                     )
                     result.seconds["plot"] = time.perf_counter() - start
-            except Interrupted:
+        except Interrupted:
+            if state.world.is_main:
                 log.warning("%s: validation at step %d abandoned", self.stop_signal(), step)
-            state.model.train()
+        state.model.train()
         if result is not None:
             improved = progress.record(result.metrics[metric], HIGHER_IS_BETTER[metric])
             best = (metric, progress.best_score)

@@ -153,6 +153,33 @@ def test_ranks_end_with_identical_parameters(straight):
         assert torch.equal(value, rank1["params"][name]), name
 
 
+def test_no_update_waits_for_the_token_count_before_its_forward(straight):
+    """The token count that normalises the loss is all-reduced without waiting, started just
+    before the update's first forward pass; the one blocking all-reduce of an update comes
+    after its backward (the loss sums and stop flags; the stopping rules' own one only at the
+    start and after validations)."""
+    for rank in straight[1]:
+        events, steps = rank["events"], rank["step"]
+        assert events.count("forward") == steps  # accumulate 1
+        started = [(a, b) for a, b in zip(events, events[1:], strict=False) if a.endswith("async")]
+        assert started == [("all_reduce_async", "forward")] * steps, events
+        assert events.count("all_reduce") <= steps + 2, events  # it was two an update
+
+
+def test_validation_search_is_shared_and_equals_one_process(straight):
+    """Each rank searches half of the validation sentences; the output gathered for BLEU is
+    what one process translating them all with the checkpoint's weights gives."""
+    run, ranks = straight
+    sentences = ranks[0]["sentences"][-1]  # the final validation's
+    assert len(sentences) == 6
+    for rank, dump in enumerate(ranks):
+        assert dump["sentences"][-1] == sentences
+        assert max(dump["searched"]) == len(sentences[rank::RANKS])  # its share, never all
+    translator = attn_mt.load(run / "checkpoints" / "last.pt", device="cpu")
+    alone = translator.translate(sentences, beam=1)  # train.eval_beam
+    assert ranks[0]["hyps"][-1] == ranks[1]["hyps"][-1] == alone
+
+
 def test_ranks_take_disjoint_shares_of_one_seeded_order(straight):
     _, ranks = straight
     cfg = load_checkpoint(straight[0] / "checkpoints" / "last.pt")["config"]["train"]

@@ -149,3 +149,19 @@ def test_gpu_check_uses_the_repository_venv_when_python3_has_no_torch(tmp_path: 
     )
     assert "has no torch" not in proc.stderr, proc.stderr
     assert "no-such-check" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_train_log_figures_read_a_real_run(monkeypatch, trained_run):
+    """What the base-size check reports, read from a real train.log (the toy run, 2
+    validations): the train.compile line and each validation's seconds by phase."""
+    gpu_check = load_gpu_check(monkeypatch)
+    log = (trained_run / "train.log").read_text()
+    figures = gpu_check.train_log_figures(log)
+    assert figures["compile"] == "train.compile false: eager (asked)"
+    valid = {k: v for k, v in figures.items() if k != "compile"}
+    assert list(valid) == ["valid step 200", "valid step 400"]
+    for seconds in valid.values():
+        total, phases = seconds.split(" s: ")
+        parts = dict(p.split(" ") for p in phases.split(", "))
+        assert set(parts) >= {"loss", "search", "score"}
+        assert float(total) == pytest.approx(sum(map(float, parts.values())), abs=0.2)

@@ -22,6 +22,8 @@ import torch
 from attn_mt import distributed
 from attn_mt.configfile import load_config
 from attn_mt.data.batching import Batch
+from attn_mt.decode.translator import Translator
+from attn_mt.train import validate as validate_module
 from attn_mt.train.loop import Trainer
 
 
@@ -47,6 +49,47 @@ def record_batches(trainer: Trainer, sigterm_at: int = 0) -> list[tuple[int, lis
     return rows
 
 
+def record_collectives(trainer: Trainer) -> list[str]:
+    """Make `trainer` note, in order, each forward pass of its objective ("forward") and each
+    `torch.distributed.all_reduce` ("all_reduce", or "all_reduce_async" for one started
+    without waiting), in a list it returns."""
+    events: list[str] = []
+    forward, all_reduce = trainer.objective.forward, torch.distributed.all_reduce
+
+    def noted_forward(*args, **kwargs):
+        events.append("forward")
+        return forward(*args, **kwargs)
+
+    def noted_all_reduce(*args, **kwargs):
+        events.append("all_reduce_async" if kwargs.get("async_op") else "all_reduce")
+        return all_reduce(*args, **kwargs)
+
+    trainer.objective.forward = noted_forward
+    torch.distributed.all_reduce = noted_all_reduce
+    return events
+
+
+def record_validation_search() -> dict[str, list]:
+    """Note how many sentences each `Translator.translate` call of this rank gets ("searched")
+    and what the validation search returns on this rank ("sentences" in, "hyps" out)."""
+    noted: dict[str, list] = {"searched": [], "sentences": [], "hyps": []}
+    translate, shared_search = Translator.translate, validate_module.shared_search
+
+    def counted(self, sentences, *args, **kwargs):
+        noted["searched"].append(len(sentences))
+        return translate(self, sentences, *args, **kwargs)
+
+    def kept(search, sentences, world):
+        hyps = shared_search(search, sentences, world)
+        noted["sentences"].append(list(sentences))
+        noted["hyps"].append(hyps)
+        return hyps
+
+    Translator.translate = counted
+    validate_module.shared_search = kept
+    return noted
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("config", type=Path)
@@ -58,6 +101,8 @@ def main() -> None:
     with distributed.process_group(torch.device("cpu")) as (world, device):
         trainer = Trainer(load_config(args.config, []), world, device)
         rows = record_batches(trainer, args.sigterm_at)
+        events = record_collectives(trainer)
+        search = record_validation_search()
         result = trainer.run()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(
@@ -67,6 +112,8 @@ def main() -> None:
             "world_size": trainer.world.size,
             "params": trainer.model.state_dict(),
             "rows": rows,
+            "events": events,
+            **search,
             "lengths": trainer.corpus.lengths.tolist(),
         },
         args.out / f"rank{trainer.world.rank}.pt",

@@ -1,6 +1,7 @@
-"""train.compile: one graph for every batch shape; under DDP (two gloo processes on the CPU,
-`accumulate: 2`) compiled equal to eager (tests/helpers/compile_worker.py runs both in one
-torchrun launch)."""
+"""train.compile: one graph for every batch shape; `auto` picks by timing without changing what
+is trained; a failing compiler means one warning and eager training; under DDP (two gloo
+processes on the CPU, `accumulate: 2`) compiled equal to eager (tests/helpers/compile_worker.py
+runs both in one torchrun launch)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ import torch
 import yaml
 from helpers.toy import toy_config_dict
 
+from attn_mt import distributed
+from attn_mt.config import Config
+from attn_mt.configfile import config_from_dict
+from attn_mt.train import compile as compile_module
 from attn_mt.train import loop
 from attn_mt.train import loss as loss_module
 
@@ -56,6 +61,106 @@ def test_compiled_training_compiles_once_over_batch_shapes(
     assert trainer.run().step == 6
     assert len(shapes) >= 3, shapes
     assert len(counted_compile) == 1, counted_compile
+
+
+def test_bucketed_shapes_recompile_at_most_twice(toy_config, scripted_validation) -> None:
+    """Over a run's many bucketed batch shapes, Dynamo's own counters see at most two graphs
+    (one for the first shape, one dynamic) and as few recompiles."""
+    counters = torch._dynamo.utils.counters
+    torch._dynamo.reset()
+    counters.clear()
+    scripted_validation()
+    cfg = toy_config(compile="true", max_steps=12, batch_tokens=200, warmup=1)
+    trainer = loop.Trainer(cfg)
+    seen = set()
+    rows = trainer.source.batches[:12]
+    for r in rows:
+        lengths = trainer.source.shards.lengths[r].max(axis=0)
+        seen.add((len(r), *lengths.tolist()))
+    torch.compile = functools.partial(torch.compile, backend="eager")  # restored below
+    try:
+        assert trainer.run().step == 12
+    finally:
+        torch.compile = torch.compile.func
+        torch._dynamo.reset()
+    assert len(seen) >= 8, seen  # the run met many (rows, source, target) shapes
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+    assert sum(counters["recompiles"].values()) <= 2, dict(counters["recompiles"])
+
+
+def slower(monkeypatch: pytest.MonkeyPatch, which: str) -> list[str]:
+    """Make `compile._timed` report `which` mode ("eager" or "compiled") far slower (1000 s),
+    after really running it; returns the modes timed, in order."""
+    timed = compile_module._timed
+    modes: list[str] = []
+
+    def rigged(module, *args):
+        took = timed(module, *args)
+        mode = "compiled" if isinstance(module, torch._dynamo.OptimizedModule) else "eager"
+        modes.append(mode)
+        return took + (1e6 if mode == which else 0.0)
+
+    monkeypatch.setattr(compile_module, "_timed", rigged)
+    return modes
+
+
+def with_dropout(toy_data: dict[str, Path], out_dir: Path, **train) -> Config:
+    """The toy config with dropout on, so that a timing which drew random numbers would show."""
+    raw = toy_config_dict(toy_data, out_dir, **train)
+    raw["model"]["dropout"] = 0.1
+    return config_from_dict(raw)
+
+
+def trained(cfg: Config) -> tuple[loop.Trainer, str]:
+    trainer = loop.Trainer(cfg)
+    trainer.run()
+    return trainer, (Path(cfg.train.out_dir) / "train.log").read_text()
+
+
+@pytest.mark.parametrize("slow", ["compiled", "eager"])
+def test_auto_keeps_the_faster_and_trains_as_if_asked(
+    toy_data, monkeypatch, scripted_validation, counted_compile, slow, tmp_path
+) -> None:
+    """`auto` times both modes on real batches (forward and backward, dropout on), then trains
+    bit for bit as the run that asked for the chosen mode outright."""
+    scripted_validation()
+    chosen = "eager" if slow == "compiled" else "compiled"
+    modes = slower(monkeypatch, slow)
+    common = dict(max_steps=2, batch_tokens=256, warmup=1, accumulate=2)
+    auto, log = trained(with_dropout(toy_data, tmp_path / "auto", compile="auto", **common))
+    assert modes == ["compiled", "eager", "compiled"]  # the compiling call, then one each
+    assert auto.progress.compiled == chosen
+    assert f"train.compile auto: {chosen} (measured; " in log
+    assert "ms/update eager" in log and "ms/update compiled" in log
+    asked = "false" if chosen == "eager" else "true"
+    monkeypatch.undo()
+    scripted_validation()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    plain, _ = trained(with_dropout(toy_data, tmp_path / "asked", compile=asked, **common))
+    for (name, a), (_, b) in zip(
+        auto.model.state_dict().items(), plain.model.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
+def test_failing_compiler_trains_eagerly_with_one_warning(
+    toy_config, monkeypatch, scripted_validation, caplog
+) -> None:
+    def broken(graph, inputs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=broken))
+    scripted_validation()
+    torch._dynamo.reset()
+    try:
+        trainer, log = trained(toy_config(compile="true", max_steps=2, batch_tokens=256))
+    finally:
+        torch._dynamo.reset()
+    assert trainer.progress.compiled == "eager"
+    assert not isinstance(trainer.train_model, torch._dynamo.OptimizedModule)
+    warnings = [line for line in log.splitlines() if "torch.compile failed" in line]
+    assert len(warnings) == 1 and "training eagerly" in warnings[0], warnings
+    assert "train.compile true: eager (failed)" in log
 
 
 def write_config(toy_data: dict[str, Path], folder: Path, name: str, compile: bool) -> Path:
@@ -101,3 +206,37 @@ def test_compiled_ddp_with_accumulation_equals_eager(toy_data, tmp_path: Path) -
         assert eager["no_sync"] == compiled["no_sync"] == STEPS
         for key, weight in eager["params"].items():
             torch.testing.assert_close(compiled["params"][key], weight, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "setting, recorded, mode, why, compiles, timings",
+    [
+        ("auto", "eager", "eager", "resumed", 0, 0),  # as the run began: no compile, no timing
+        ("auto", "compiled", "compiled", "resumed", 1, 1),  # compiled, tried once, not timed
+        ("auto", "", "eager", "measured", 1, 3),  # the trial, then one timing each way
+        ("true", "eager", "compiled", "asked", 1, 1),  # asked outright: obeyed on resume
+        ("false", "compiled", "eager", "asked", 0, 0),
+    ],
+)
+def test_choice_follows_the_setting_and_what_the_run_recorded(
+    monkeypatch, setting, recorded, mode, why, compiles, timings
+) -> None:
+    compiled_modules, timed = [], []
+
+    def fake_compile(module):
+        compiled_modules.append(torch.nn.Sequential(module))
+        return compiled_modules[-1]
+
+    def fake_timed(module, objective, batches, dtype, updates):
+        timed.append(module)
+        return 2.0 if module in compiled_modules else 1.0  # compiled slower: auto keeps eager
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(compile_module, "_timed", fake_timed)
+    eager = torch.nn.Linear(2, 2)
+    module, choice = compile_module.choose_compiled(
+        setting, recorded, eager, eager, [], None, distributed.World()
+    )
+    assert (choice.mode, choice.why) == (mode, why)
+    assert (module is eager) == (mode == "eager")
+    assert (len(compiled_modules), len(timed)) == (compiles, timings)

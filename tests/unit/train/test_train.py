@@ -24,7 +24,7 @@ from helpers.toy import assert_identical, load_raw, make_config, resumable_state
 import attn_mt
 import attn_mt.train.loop as train_module
 import attn_mt.train.loss as loss_module
-import attn_mt.train.state as state_module
+import attn_mt.train.saver as saver_module
 import attn_mt.train.validate as validate_module
 from attn_mt import distributed
 from attn_mt.checkpoint import FORMAT, load_checkpoint, model_from, save_checkpoint
@@ -613,16 +613,16 @@ def test_a_signal_during_validation_abandons_it_and_writes_last_once(
     """torchrun kills its workers 30 s after passing on a SIGTERM: the run must not first
     finish a long validation, nor write last.pt twice."""
 
-    def validate(translator, corpus, t, on_progress):
+    def validate(translator, corpus, t, on_progress, world):
         os.kill(os.getpid(), signal.SIGTERM)
         on_progress("loss", 1, 2)
         raise AssertionError("validation went on after the signal")
 
     monkeypatch.setattr(validate_module, "validate", validate)
     written = []
-    real_save = state_module.save_checkpoint
+    real_save = saver_module.save_checkpoint
     monkeypatch.setattr(
-        state_module,
+        saver_module,
         "save_checkpoint",
         lambda state, path: (written.append(Path(path).name), real_save(state, path)),
     )

@@ -1,0 +1,146 @@
+"""train.compile: whether the updates run through torch.compile (`true`), eagerly (`false`), or
+as timing says (`auto`).
+
+`auto` times a few forward and backward passes of the run's first batches each way at start-up
+and keeps the faster; the timing runs under `torch.random.fork_rng`, its gradients are
+dropped and the optimizer never sees them, so the run trains exactly as it would have with
+the chosen mode asked for outright. The choice is recorded in last.pt (`TrainProgress.compiled`),
+so a resumed run computes as it began (exact resume).
+
+Rows and lengths of a batch are marked dynamic (`vary_batch_shape`), so one graph serves
+every bucketed batch shape. A compilation that fails (an unsupported backend, a missing
+compiler) is one warning line and the run goes on eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+
+from attn_mt import distributed
+from attn_mt.data.batching import Batch
+from attn_mt.precision import autocast_context
+from attn_mt.train.loss import SmoothedObjective
+
+log = logging.getLogger("attn_mt")
+
+TIMED_UPDATES = 3  # per mode, after one untimed update (which compiles)
+MODES = ("eager", "compiled")  # what TrainProgress.compiled records
+
+
+@dataclass
+class CompileChoice:
+    """How a run's updates run, and the timing behind an `auto` choice (ms per update)."""
+
+    mode: str  # eager | compiled
+    why: str  # asked | resumed | measured | failed
+    eager_ms: float | None = None
+    compiled_ms: float | None = None
+    compile_seconds: float | None = None
+    tokens: int = 0  # target tokens of the timed update (this rank's)
+
+    def describe(self, setting: str) -> str:
+        """The train.log line."""
+        line = f"train.compile {setting}: {self.mode} ({self.why}"
+        if self.eager_ms is not None and self.compiled_ms is not None:
+            speeds = [
+                1000 * self.tokens / ms if ms else 0.0 for ms in (self.eager_ms, self.compiled_ms)
+            ]
+            line += (
+                f"; forward+backward {self.eager_ms:.1f} ms/update eager ({speeds[0]:.0f} tgt "
+                f"tok/s), {self.compiled_ms:.1f} ms/update compiled ({speeds[1]:.0f} tgt tok/s), "
+                f"compiling took {self.compile_seconds:.1f} s"
+            )
+        return line + ")"
+
+
+def vary_batch_shape(batch: Batch) -> None:
+    """Tell torch.compile that rows and lengths (dims 0 and 1 of src, tgt_in and tgt_out) vary, so
+    that one graph serves every batch shape. Left to itself it compiles the first shape as
+    fixed, then again with those dims dynamic, and ties lengths that happened to be equal
+    (duck sizing), a recompile when they differ. A dim of size 1 still gets its own graph."""
+    for tokens in (batch.src, batch.tgt_in, batch.tgt_out):  # (B, S), (B, T), (B, T)
+        torch._dynamo.maybe_mark_dynamic(tokens, 0)
+        torch._dynamo.maybe_mark_dynamic(tokens, 1)
+
+
+def choose_compiled(
+    setting: str,
+    recorded: str,
+    eager: torch.nn.Module,
+    objective: SmoothedObjective,
+    batches: Sequence[Batch],
+    dtype: torch.dtype | None,
+    world: distributed.World,
+) -> tuple[torch.nn.Module, CompileChoice]:
+    """The module the updates run (`eager`, the objective or its DDP wrapper, or it compiled)
+    and why: train.compile `setting` (auto|true|false); with `auto`, the mode the run
+    `recorded` when it began ('' for none: then timed on `batches`, one update's, on the
+    device). `true` and `false` are obeyed on resume too."""
+    resumed = recorded if setting == "auto" else ""
+    if setting == "false" or resumed == "eager":
+        return eager, CompileChoice("eager", "resumed" if resumed else "asked")
+    measure = setting == "auto" and not resumed
+    compiled = eager
+    try:  # the first call compiles: a failure shows here
+        compiled = cast(torch.nn.Module, torch.compile(eager))
+        seconds = _timed(compiled, objective, batches, dtype, 1)
+        modes = (eager, compiled) if measure else ()
+        times = [_timed(m, objective, batches, dtype, TIMED_UPDATES) for m in modes] or [0.0, 0.0]
+        failed = 0.0
+    except Exception as err:  # noqa: BLE001 - any compiler failure means: run eagerly
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        log.warning("torch.compile failed (%s: %s); training eagerly", type(err).__name__, reason)
+        seconds, times, failed = 0.0, [0.0, 0.0], 1.0
+    # Every rank takes the same decision: the ranks' mean times, any rank's failure.
+    device = next(objective.parameters()).device  # NCCL reduces GPU tensors only
+    shared = distributed.sum_to_device([*times, seconds, failed], world, device)
+    eager_ms, compiled_ms, seconds, failed = (shared / world.size).tolist()
+    if failed:
+        return eager, CompileChoice("eager", "failed")
+    if not measure:
+        return compiled, CompileChoice("compiled", "resumed" if resumed else "asked")
+    faster = compiled_ms < eager_ms
+    choice = CompileChoice("compiled" if faster else "eager", "measured", eager_ms, compiled_ms)
+    choice.compile_seconds = seconds
+    choice.tokens = sum(batch.num_tgt_tokens for batch in batches)
+    return (compiled if faster else eager), choice
+
+
+def _timed(
+    module: torch.nn.Module,
+    objective: SmoothedObjective,
+    batches: Sequence[Batch],
+    dtype: torch.dtype | None,
+    updates: int,
+) -> float:
+    """Milliseconds per update of `updates` forward and backward passes over `batches` through
+    `module` (for one update, the first: seconds). The RNG is left as it was and the gradients
+    are dropped, so training goes on as if this had not run."""
+    params = list(objective.parameters())
+    device = params[0].device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        _synchronize(device)
+        start = time.perf_counter()
+        for _ in range(updates):
+            for batch in batches:
+                vary_batch_shape(batch)
+                with autocast_context(device, dtype):
+                    objective.tokens = batch.num_tgt_tokens
+                    loss, _ = module(batch.src, batch.tgt_in, batch.tgt_out)
+                (loss / batch.num_tgt_tokens).backward()
+        _synchronize(device)
+        took = time.perf_counter() - start
+    for param in params:
+        param.grad = None
+    return took if updates == 1 else 1000 * took / updates
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
