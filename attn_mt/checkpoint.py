@@ -20,6 +20,7 @@ from __future__ import annotations
 import pickle
 import pickletools
 import re
+import threading
 import warnings
 import zipfile
 from collections.abc import Sequence
@@ -59,15 +60,25 @@ def make_checkpoint(
     }
 
 
-def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
+class WriteAbandoned(Exception):
+    """A checkpoint write given up before its rename (`save_checkpoint`'s `abandon`)."""
+
+
+def save_checkpoint(
+    state: dict[str, Any], path: str | Path, abandon: threading.Event | None = None
+) -> None:
     """Write `state` to `path` atomically (see `paths.atomic_write`).
 
-    A crash or a full disk leaves the previous file at `path` intact.
+    A crash or a full disk leaves the previous file at `path` intact. If `abandon` is set by
+    the time the file is written, its temp file is removed instead of renamed into place and
+    `WriteAbandoned` is raised.
     """
     path = Path(path)
     try:
         with atomic_write(path) as handle:
             torch.save(state, handle)
+            if abandon is not None and abandon.is_set():
+                raise WriteAbandoned(path)
     except (OSError, RuntimeError) as err:
         # torch.save reports a failed write (a full disk) as a RuntimeError around the OSError.
         cause = err.__context__ if isinstance(err.__context__, OSError) else err

@@ -259,6 +259,7 @@ class Trainer:
         if time.monotonic() - self.signalled_at < REPEAT_SECONDS:
             return  # the same stop delivered twice: a terminal's Ctrl-C, then torchrun's copy
         log.info("%s again: stopping at once; last.pt stays the last one completed", again)
+        self.state.writer.abandon()
         raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(128 + signum)
 
     def _seconds(self) -> float:

@@ -6,7 +6,9 @@ the old one), so last.pt is always a complete checkpoint, the previous one until
 whole. At most one write is in flight: a save waits for the one before it, so the files land in
 order and the host never holds more than one extra copy of the weights and optimizer state.
 A failed write (a full disk) is raised at the next save or at `wait`, which the end of a run
-calls before it returns.
+calls before it returns. `abandon` (a second Ctrl-C) gives up the write in flight: the file
+being written is finished but removed, not renamed, so each checkpoint stays the last one
+completed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from attn_mt.checkpoint import save_checkpoint
+from attn_mt.checkpoint import WriteAbandoned, save_checkpoint
 
 
 def cpu_copy(value: Any) -> Any:
@@ -39,6 +41,7 @@ class CheckpointWriter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._abandon = threading.Event()
 
     def submit(self, files: Sequence[tuple[dict[str, Any], Path]], drop: Sequence[Path]) -> None:
         """Write each (state, path) of `files` in order, then delete the `drop` paths, in the
@@ -54,9 +57,11 @@ class CheckpointWriter:
     def _write(self, files: list[tuple[dict[str, Any], Path]], drop: list[Path]) -> None:
         try:
             for state, path in files:
-                save_checkpoint(state, path)
+                save_checkpoint(state, path, self._abandon)
             for path in drop:
                 path.unlink(missing_ok=True)
+        except WriteAbandoned:
+            pass  # what was asked: the earlier files stay as they were
         except BaseException as err:  # noqa: BLE001 - raised on the training thread instead
             self._error = err
 
@@ -68,3 +73,12 @@ class CheckpointWriter:
         error, self._error = self._error, None
         if error is not None:
             raise error
+
+    def abandon(self) -> None:
+        """Give up the write in flight (its current file is removed once torch.save returns,
+        never renamed into place) and write nothing more."""
+        self._abandon.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._error = None

@@ -50,7 +50,7 @@ def test_training_goes_on_while_checkpoints_are_written(
     write = checkpoint.save_checkpoint
     in_flight, most_in_flight, steps_during = [0], [0], []
 
-    def slow(state, path):
+    def slow(state, path, *rest):
         """Write once training has moved past the checkpoint's step (the final one: at once)."""
         in_flight[0] += 1
         most_in_flight[0] = max(most_in_flight[0], in_flight[0])
@@ -59,7 +59,7 @@ def test_training_goes_on_while_checkpoints_are_written(
             while trainer.progress.step == state["step"] and time.monotonic() < deadline:
                 time.sleep(0.01)
             steps_during.append(trainer.progress.step - state["step"])
-        write(state, path)
+        write(state, path, *rest)
         in_flight[0] -= 1
 
     monkeypatch.setattr(saver, "save_checkpoint", slow)

@@ -13,6 +13,7 @@ import math
 import os
 import shlex
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -264,8 +265,12 @@ def test_a_second_signal_stops_at_once_abandoning_the_save(
 
     def save_then_signal(obj: Any, handle: Any, *args: Any, **kwargs: Any) -> None:
         REAL_TORCH_SAVE(obj, handle, *args, **kwargs)  # written, not yet renamed into place
-        if first:
+        if first:  # on the writer's thread: the handler runs on the main thread meanwhile
             os.kill(os.getpid(), signum)
+            deadline = time.monotonic() + 30
+            while not any("again: stopping at once" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "the second signal was not handled"
+                time.sleep(0.01)
 
     with monkeypatch.context() as patch:
         patch.setattr(train_module, "REPEAT_SECONDS", 0.0)  # no time passes here between them
@@ -624,7 +629,7 @@ def test_a_signal_during_validation_abandons_it_and_writes_last_once(
     monkeypatch.setattr(
         saver_module,
         "save_checkpoint",
-        lambda state, path: (written.append(Path(path).name), real_save(state, path)),
+        lambda state, path, *rest: (written.append(Path(path).name), real_save(state, path, *rest)),
     )
     cfg = toy_config(max_steps=10, eval_every=2)
     result = run(cfg)
