@@ -1,6 +1,7 @@
 """The time budget: max_minutes counts the whole run (validations too) and keeps back the
-final validation's time, a time-driven schedule reaches its floor exactly where training
-stops, and a resumed run continues the same schedule.
+final validation's time (before the first validation, an estimate: a share of the budget), a
+time-driven schedule reaches its floor exactly where training stops, and a resumed run continues
+the same schedule.
 
 The clock is fake (each update takes one second of it, each validation one and a half), so
 the tests are exact and fast: no sleeping, no dependence on the machine's speed.
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 from helpers.toy import make_config
 
-from attn_mt.config import Config
+from attn_mt.config import Config, TrainConfig
+from attn_mt.train.budget import RunClock
 from attn_mt.train.loop import Trainer
 from attn_mt.train.schedule import learning_rate
 
@@ -89,3 +91,58 @@ def test_resume_continues_the_same_time_driven_schedule(straight, tmp_path: Path
     resumed, result = timed_run(cfg, later, resume=True)
     assert (result.stopped_by, result.step, resumed.progress.elapsed) == ("max_minutes", 7, 8.5)
     assert first.lrs + later.lrs == straight[3].lrs
+
+
+TWO_MINUTES = TrainConfig(max_minutes=2, max_steps=0, schedule="linear", lr=1e-3, min_lr=1e-5)
+
+
+def test_before_any_validation_the_deadline_keeps_back_a_share_of_the_budget() -> None:
+    now = [0.0]
+    clock = RunClock(start=0.0, first_step=0, now=lambda: now[0])
+    # No validation yet: 15% of the 120 s budget is kept back for the final one.
+    assert clock.deadline(TWO_MINUTES) == 102.0
+    now[0] = 101.9
+    assert not clock.out_of_time(TWO_MINUTES)
+    now[0] = 102.0
+    assert clock.out_of_time(TWO_MINUTES)
+    # A long budget keeps back at most two minutes.
+    assert clock.deadline(dataclasses.replace(TWO_MINUTES, max_minutes=600)) == 36000 - 120
+
+
+def test_after_a_validation_the_deadline_keeps_back_its_time() -> None:
+    clock = RunClock(start=0.0, first_step=0, now=lambda: 0.0)
+    assert clock.deadline(TWO_MINUTES) == 102.0
+    clock.validated(7.5)  # shorter than the estimate: the deadline moves later
+    assert clock.deadline(TWO_MINUTES) == 112.5
+    clock.validated(30.0)
+    assert clock.deadline(TWO_MINUTES) == 90.0
+    # A resumed run reads the latest validation's time back from last.pt.
+    resumed = RunClock(start=-50.0, first_step=40, last_validation=30.0, now=lambda: 0.0)
+    assert resumed.deadline(TWO_MINUTES) == 90.0
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_the_schedule_reaches_its_floor_at_the_deadline_before_any_validation(schedule) -> None:
+    t = dataclasses.replace(TWO_MINUTES, schedule=schedule)
+    now = [0.0]
+    clock = RunClock(start=0.0, first_step=0, now=lambda: now[0])
+    now[0] = 101.0  # just before the deadline (102 s): above the floor
+    assert learning_rate(500, t, clock.schedule_seconds(t)) > t.min_lr
+    now[0] = 102.0  # the deadline: training stops here, at the floor
+    assert clock.out_of_time(t)
+    assert learning_rate(500, t, clock.schedule_seconds(t)) == pytest.approx(t.min_lr)
+
+
+def test_a_run_ending_before_its_first_validation_ends_within_its_budget(
+    toy_data: dict[str, Path], tmp_path: Path
+) -> None:
+    cfg = make_config(toy_data, tmp_path / "run", **{**BUDGET, "eval_every": 100})
+    clock = FakeTime(now=0.0)
+    trainer, result = timed_run(cfg, clock)
+    # No validation by the deadline: 15% of the 10 s budget (1.5 s) is kept back, so training
+    # stops at 9 s (the first update to end past 8.5 s) and the final validation ends at 10.5 s;
+    # keeping back nothing, it trained to 10 s and ended at 11.5 s.
+    assert (result.stopped_by, result.step) == ("max_minutes", 9)
+    assert clock.now == 10.5
+    seconds = trainer.clock.schedule_seconds(cfg.train)
+    assert learning_rate(result.step + 1, cfg.train, seconds) == 1e-4
