@@ -302,7 +302,7 @@ def test_a_user_error_on_rank_zero_stops_every_rank(data, folder):
 
 SHIPPED = sorted((REPO / "configs").glob("multi30k_*.yaml"))
 # A shipped config as shipped (its schedule, time budget, validation and checkpoints) but for a
-# tiny model and a short budget (15 s of max_minutes, or 20 max_steps, whichever it sets).
+# tiny model and a short budget (6 s of max_minutes, or 20 max_steps, whichever it sets).
 TINY_AND_SHORT = {
     "model.d_model": 32,
     "model.heads": 2,
@@ -325,7 +325,7 @@ def test_every_shipped_multi30k_config_trains_under_torchrun(shipped, tmp_path):
     shipped_train = yaml.safe_load(shipped.read_text())["train"]
     budget = {"train.max_steps": 20} if shipped_train.get("max_steps") else {}
     if shipped_train.get("max_minutes"):
-        budget["train.max_minutes"] = 0.25
+        budget["train.max_minutes"] = 0.1
     overrides = {**TINY_AND_SHORT, **budget, "train.out_dir": tmp_path / "run"}
     sets = [arg for k, v in overrides.items() for arg in ("--set", f"{k}={v}")]
     proc = torchrun("-m", "attn_mt", "train", "--config", str(shipped), *sets, *ON_CPU)

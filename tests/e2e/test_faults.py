@@ -102,9 +102,7 @@ def test_translate_streams_50k_lines_in_bounded_memory(trained_run: Path, tmp_pa
     assert [bool(line.strip()) for line in output] == [bool(line) for line in lines]
     growth = peaks[big] - peaks[small]
     # Streaming, it grows by about 1 MiB; holding all 50k lines and results would take ~32 MiB.
-    assert growth < 16 * 2**20, (
-        f"peak memory grew by {growth / 2**20:.0f} MiB from 2k to 50k lines"
-    )
+    assert growth < 16 * 2**20, f"peak memory grew by {growth / 2**20:.0f} MiB from 2k to 50k lines"
 
 
 def test_translate_reader_closing_early_is_quiet(trained_run: Path, tmp_path: Path) -> None:
