@@ -20,6 +20,7 @@ import contextlib
 import logging
 import math
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -254,11 +255,11 @@ class Trainer:
         again = "Ctrl-C" if signum == signal.SIGINT else name
         if self.stop_signal is None:
             self.stop_signal, self.signalled_at = name, time.monotonic()
-            log.info("%s: stopping: saving last.pt ... (%s again to stop at once)", name, again)
+            _say("%s: stopping: saving last.pt ... (%s again to stop at once)", name, again)
             return
         if time.monotonic() - self.signalled_at < REPEAT_SECONDS:
             return  # the same stop delivered twice: a terminal's Ctrl-C, then torchrun's copy
-        log.info("%s again: stopping at once; last.pt stays the last one completed", again)
+        _say("%s again: stopping at once; last.pt stays the last one completed", again)
         self.state.writer.abandon()
         raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(128 + signum)
 
@@ -366,6 +367,15 @@ class Trainer:
         distributed.barrier(self.world)  # no rank leaves before rank 0 has written last.pt
         best, share = self.progress.best_score, self.validator.share()
         log_finish(stopped_by, self.stop_signal, step, self.cfg.train, best, share)
+
+
+def _say(message: str, *args: Any) -> None:
+    """Log from a signal handler, on a thread of its own: the handler may have interrupted the
+    main thread inside a write to the same log stream, which a second write from that thread
+    would re-enter (`RuntimeError: reentrant call`); the thread waits for the stream's lock."""
+    speaker = threading.Thread(target=log.info, args=(message, *args), name="attn-mt signal")
+    speaker.start()
+    speaker.join(timeout=1.0)  # at once, unless the main thread holds the stream
 
 
 def wrap_model(
