@@ -7,6 +7,7 @@ without torch, so the command line can ask before torch is imported.
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -51,9 +52,19 @@ def setup(device: torch.device) -> tuple[World, torch.device]:
 
 
 def teardown(world: World) -> None:
-    """Leave the process group."""
+    """Leave the process group, and free it now.
+
+    `destroy_process_group` only drops torch's own references; a DistributedDataParallel
+    wrapper left in a reference cycle keeps the group alive until the garbage collector runs,
+    which may be during the interpreter's shutdown. Gloo's worker threads, freeing a tensor
+    there, ask for the GIL, which a finalizing interpreter answers by ending the thread: the
+    rank aborts (`terminate called without an active exception`, SIGABRT) after a run that
+    finished, and torchrun reports the run failed. Collected here, the group goes first.
+    """
     if world.distributed and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
+        gc.collect()
 
 
 def to_device(values: list[float], device: torch.device) -> torch.Tensor:

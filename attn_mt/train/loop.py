@@ -232,6 +232,9 @@ class Trainer:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            # DDP's reducer holds the process group: let it go with the run, so that
+            # `distributed.teardown` really destroys the group (see there).
+            self.train_model = self.objective
 
     def _choose_compiled(self) -> None:
         """Compile the updates as train.compile says (`compile.choose_compiled`), timed for

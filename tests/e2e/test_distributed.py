@@ -209,6 +209,13 @@ def test_only_rank_zero_writes(straight):
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.pt", "last.pt"]
 
 
+def test_the_process_group_is_freed_when_the_run_ends(straight):
+    """No DistributedDataParallel wrapper (which holds the process group) outlives the run: a
+    group freed only at the interpreter's shutdown aborted a rank after a finished run
+    (`terminate called without an active exception`, SIGABRT; torchrun exit 1, seen in CI)."""
+    assert [rank["wrappers_after_teardown"] for rank in straight[1]] == [0] * RANKS
+
+
 def test_ddp_checkpoint_translates_in_one_process(straight):
     run, _ = straight
     state = load_checkpoint(run / "checkpoints" / "last.pt")

@@ -12,12 +12,14 @@ scheduler would) and waits until torchrun has passed it on, so the run stops aft
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import time
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed
 from attn_mt.configfile import load_config
@@ -104,6 +106,8 @@ def main() -> None:
         events = record_collectives(trainer)
         search = record_validation_search()
         result = trainer.run()
+    # Without a collection: a wrapper alive here kept the process group alive past teardown.
+    wrappers = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(
         {
@@ -115,6 +119,7 @@ def main() -> None:
             "events": events,
             **search,
             "lengths": trainer.corpus.lengths.tolist(),
+            "wrappers_after_teardown": wrappers,
         },
         args.out / f"rank{trainer.world.rank}.pt",
     )
