@@ -11,210 +11,16 @@ in each section's `validate()`.
 from __future__ import annotations
 
 import dataclasses
-import re
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from attn_mt.configdata import DataConfig
 from attn_mt.configkeys import check_keys, group, key, mapping_shape, reject, type_name
 from attn_mt.errors import ConfigError
 
-NAMED_CORPORA = ("multi30k",)
-# The languages of each named corpus (`data.pairs` may pair any two of them).
-CORPUS_LANGUAGES = {"multi30k": ("de", "en", "fr", "cs")}
-# A language code (`de`, `pt_BR`); its target-language tag is `<2de>` (`language_tag`).
-_LANG = re.compile(r"[a-z]{2,3}(_[A-Za-z0-9]+)?")
-# A tag is a piece of its own: never one SentencePiece has already (special, byte <0xNN>).
-_TAG = re.compile(r"(?!<(s|unk|pad)>|<0x[0-9A-Fa-f]{2}>)<[A-Za-z0-9_-]+>")
 # Above this many parameters the model cannot be held for training on any machine we support.
 MAX_PARAMETERS = 2**32
-
-
-@dataclass
-class SplitFiles:
-    """One parallel split: a source file and a target file, plain text or .gz."""
-
-    src: str | None = key(None, "path to the source-language file")
-    tgt: str | None = key(None, "path to the target-language file")
-
-
-def language_tag(lang: str) -> str:
-    """The piece put before a source sentence to ask for target language `lang`: `<2lang>`."""
-    return f"<2{lang}>"
-
-
-_LANGUAGE_RULE = (lambda v: _LANG.fullmatch(v), "must be a language code such as de or pt_BR")
-
-
-@dataclass
-class ValidCorpus:
-    """One direction's validation files (`data.valid` given as a list of these)."""
-
-    src: str | None = key(None, "path to the source-language file")
-    tgt: str | None = key(None, "path to the target-language file")
-    src_lang: str | None = key(None, "its source language", rule=_LANGUAGE_RULE)
-    tgt_lang: str | None = key(None, "its target language", rule=_LANGUAGE_RULE)
-
-
-@dataclass
-class TrainCorpus:
-    """One corpus of a training mix (`data.train` given as a list of these)."""
-
-    src: str | None = key(None, "path to the source-language file")
-    tgt: str | None = key(None, "path to the target-language file")
-    weight: float = key(
-        1.0, "passes per epoch: 2 = twice, 0.5 = a seeded half drawn anew each epoch", gt=0
-    )
-    tag: str | None = key(
-        None,
-        "a token like <bt> put before each source sentence of this corpus",
-        rule=(
-            _TAG.fullmatch,
-            "must look like <name> (letters, digits, _ or -), not a piece SentencePiece has "
-            "(<s>, <unk>, <pad>, <0xNN>)",
-        ),
-    )
-    src_lang: str | None = key(None, "its source language (multilingual)", rule=_LANGUAGE_RULE)
-    tgt_lang: str | None = key(None, "its target language (multilingual)", rule=_LANGUAGE_RULE)
-
-    def validate(self, where: str) -> None:
-        """Both files are given (a mapping's files may come from `data.dataset` instead)."""
-        for side in ("src", "tgt"):
-            if getattr(self, side) is None:
-                raise ConfigError(f"{where}.{side}: missing; every corpus needs src and tgt files")
-
-
-@dataclass
-class DataConfig:
-    """Where the parallel text comes from and which pairs are kept for training."""
-
-    dataset: str | None = key(
-        None,
-        "a named corpus (multi30k) or null to use the files below",
-        rule=(NAMED_CORPORA.__contains__, f"must be one of {list(NAMED_CORPORA)} or null"),
-    )
-    src_lang: str = key("de", "source language code")
-    tgt_lang: str = key("en", "target language code")
-    train: SplitFiles | list[TrainCorpus] = group(
-        SplitFiles, "training files, or a list of corpora {src, tgt, weight, tag} mixed by weight"
-    )
-    valid: SplitFiles | list[ValidCorpus] = group(
-        SplitFiles, "validation files (BLEU, early stop), or a list {src, tgt, src_lang, tgt_lang}"
-    )
-    test: SplitFiles = group(SplitFiles, "test files (`evaluate --split test`)")
-    max_len: int = key(
-        128, "training pairs with more subword tokens on either side are dropped", ge=1
-    )
-    max_len_ratio: float = key(
-        0.0, "drop pairs whose longer side has over N times the tokens (0 = off)", off=0, ge=1
-    )
-    prepared_dir: str | None = key(None, "token shards go under it (null = the user cache folder)")
-    pairs: list[str] = dataclasses.field(
-        default_factory=list,
-        metadata={"doc": "directions of the named corpus for one multilingual model: [de-en, ...]"},
-    )
-    temperature: float = key(
-        1.0, "multilingual mix: corpus shares p ~ n^(1/T) (1 = by size; larger flattens)", gt=0
-    )
-
-    def validate(self) -> None:
-        """Every split has its files unless a named corpus supplies them; two languages."""
-        self._validate_languages()
-        if isinstance(self.train, list):
-            if not self.train:
-                raise ConfigError("data.train: an empty list; give at least one corpus")
-            for i, corpus in enumerate(self.train):
-                corpus.validate(f"data.train[{i}]")
-        for i, entry in enumerate(self.valid if isinstance(self.valid, list) else []):
-            for side in ("src", "tgt"):
-                if getattr(entry, side) is None:
-                    raise ConfigError(f"data.valid[{i}].{side}: missing; give src and tgt files")
-        if self.dataset is None:
-            for split in ("train", "valid") if isinstance(self.train, SplitFiles) else ("valid",):
-                files = getattr(self, split)
-                for side in ("src", "tgt"):
-                    if isinstance(files, SplitFiles) and getattr(files, side) is None:
-                        raise ConfigError(
-                            f"data.{split}.{side}: missing; give the file, "
-                            "or set data.dataset to a named corpus such as multi30k"
-                        )
-        if self.src_lang == self.tgt_lang:
-            reject("data.tgt_lang", self.tgt_lang, "must differ from data.src_lang")
-
-    def _validate_languages(self) -> None:
-        """data.pairs names two languages of its named corpus; file entries give both
-        languages or neither, and a multilingual file mix gives its validation per direction."""
-        for i, pair in enumerate(self.pairs):
-            where = f"data.pairs[{i}]"
-            if self.dataset is None:
-                raise ConfigError(
-                    f"{where}: pairs take their files from a named corpus (data.dataset); for "
-                    "files give src_lang and tgt_lang on each data.train and data.valid entry"
-                )
-            known = CORPUS_LANGUAGES[self.dataset]
-            src, _, tgt = str(pair).partition("-")
-            if src not in known or tgt not in known:
-                reject(where, pair, f"{self.dataset} has the languages {', '.join(known)}")
-            if src == tgt:
-                reject(where, pair, "a pair needs two different languages")
-        if self.pairs and isinstance(self.train, list):
-            raise ConfigError(
-                "data.pairs: take the files of data.dataset; leave data.train out, or give files "
-                "with src_lang and tgt_lang on each data.train entry instead"
-            )
-        if len(set(self.pairs)) < len(self.pairs):
-            reject("data.pairs", self.pairs, "names a pair twice")
-        entries: list[tuple[str, TrainCorpus | ValidCorpus]] = []
-        entries += [("data.train", c) for c in self.train] if isinstance(self.train, list) else []
-        entries += [("data.valid", c) for c in self.valid] if isinstance(self.valid, list) else []
-        given = [(w, c) for w, c in entries if c.src_lang or c.tgt_lang]
-        for where, c in given:
-            if not (c.src_lang and c.tgt_lang) or c.src_lang == c.tgt_lang:
-                raise ConfigError(
-                    f"{where}: an entry with {c.src} needs src_lang and tgt_lang, two different "
-                    "languages"
-                )
-        if given and len(given) < len(entries):
-            raise ConfigError(
-                "data.train, data.valid: give src_lang and tgt_lang on every entry, or on none"
-            )
-        if given and not isinstance(self.valid, list):
-            raise ConfigError(
-                "data.valid: a multilingual data.train needs its validation per direction: a "
-                "list of {src, tgt, src_lang, tgt_lang}"
-            )
-
-    def directions(self) -> list[tuple[str, str]]:
-        """The (source, target) languages trained: data.pairs, else those of the data.train
-        entries, else (src_lang, tgt_lang)."""
-        if self.pairs:
-            return [tuple(p.split("-", 1)) for p in self.pairs]  # type: ignore[misc]
-        if isinstance(self.train, list) and self.train[0].src_lang:
-            found = [(c.src_lang, c.tgt_lang) for c in self.train]
-            return list(dict.fromkeys(found))  # type: ignore[arg-type]
-        return [(self.src_lang, self.tgt_lang)]
-
-    def target_languages(self) -> list[str]:
-        """The languages the model translates into, in order of first use."""
-        return list(dict.fromkeys(tgt for _, tgt in self.directions()))
-
-    def language_tags(self) -> bool:
-        """Whether a `<2xx>` tag leads every source: the model has several target languages."""
-        return len(self.target_languages()) > 1
-
-    def weights(self) -> list[float]:
-        """Each training corpus's weight (one corpus of weight 1 when `train` is a mapping,
-        one per pair with data.pairs)."""
-        if isinstance(self.train, list):
-            return [c.weight for c in self.train]
-        return [1.0] * max(len(self.pairs), 1)
-
-    def tags(self) -> list[str]:
-        """The distinct corpus and target-language tags, in order of first use (reserved
-        tokenizer pieces)."""
-        corpora = self.train if isinstance(self.train, list) else []
-        tags = [language_tag(lang) for lang in self.target_languages()] * self.language_tags()
-        return list(dict.fromkeys(tags + [c.tag for c in corpora if c.tag]))
 
 
 @dataclass
@@ -457,10 +263,6 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts, as written to `config.yaml` and stored in checkpoints."""
         return dataclasses.asdict(self)
-
-
-# ---------------------------------------------------------------------------------------------
-# Checking keys against their metadata
 
 
 # ---------------------------------------------------------------------------------------------

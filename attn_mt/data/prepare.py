@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from attn_mt import distributed
-from attn_mt.config import Config, DataConfig, TrainCorpus, language_tag
+from attn_mt.config import Config
+from attn_mt.configdata import DataConfig, TrainCorpus, language_tag
 from attn_mt.data.corpora import cache_dir, source_tags, train_corpora
 from attn_mt.data.shards import (
     FORMAT,

@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from attn_mt.config import Config, TrainCorpus
+from attn_mt.config import Config
+from attn_mt.configdata import TrainCorpus
 from attn_mt.data.text import FilterStats, clean_pairs, iter_parallel
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import DataError

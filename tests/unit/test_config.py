@@ -13,7 +13,8 @@ import yaml
 from helpers import REPO
 from helpers.toy import toy_config_dict
 
-from attn_mt.config import Config, TrainCorpus, config_keys
+from attn_mt.config import Config, config_keys
+from attn_mt.configdata import TrainCorpus
 from attn_mt.configfile import apply_override, config_from_dict, load_config, save_config
 from attn_mt.configkeys import base_type
 from attn_mt.errors import ConfigError

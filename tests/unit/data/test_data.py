@@ -16,7 +16,8 @@ import torch
 from helpers import REPO
 from helpers.toy import epoch_lists
 
-from attn_mt.config import DataConfig, TokenizerConfig
+from attn_mt.config import TokenizerConfig
+from attn_mt.configdata import DataConfig
 from attn_mt.configfile import load_config
 from attn_mt.data import corpora
 from attn_mt.data.batching import collate, length_batches, padding_fraction

@@ -18,7 +18,8 @@ import yaml
 from helpers import REPO
 from helpers.toy import epoch_lists, toy_config_dict, toy_pairs, write_lines
 
-from attn_mt.config import Config, TrainCorpus
+from attn_mt.config import Config
+from attn_mt.configdata import TrainCorpus
 from attn_mt.configfile import config_from_dict, load_config
 from attn_mt.data import prepare as prepare_module
 from attn_mt.data import shards as shards_module
