@@ -40,15 +40,13 @@ from attn_mt.data.shards import (
     FORMAT,
     MANIFEST,
     REBUILD,
-    Plan,
     Shards,
-    _hashes,
     corpus_lines,
     open_shards,
     sha256_file,
     temperature_weights,
-    write_shards,
 )
+from attn_mt.data.shardwriter import Plan, model_hashes, write_shards
 from attn_mt.data.text import (
     check_text_file,
     iter_lines,
@@ -150,7 +148,9 @@ def _reusable(
                 raise
             log.warning("%s; rebuilding it", str(err).split("; rebuild")[0])
         else:
-            same_tokens = tokenizers is None or shards.tokenizer_hashes() == _hashes(tokenizers)
+            same_tokens = tokenizers is None or shards.tokenizer_hashes() == model_hashes(
+                tokenizers
+            )
             if shards.manifest.get("identity") == target.identity and same_tokens:
                 log.info("prepared data: %s is up to date (%d pairs)", target.folder, len(shards))
                 return shards

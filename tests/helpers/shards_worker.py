@@ -16,7 +16,7 @@ import torch
 
 from attn_mt import distributed
 from attn_mt.configfile import load_config
-from attn_mt.data import shards as shards_module
+from attn_mt.data import shardwriter
 from attn_mt.data.batching import ShardBatches
 from attn_mt.data.prepare import shards_for_run
 
@@ -33,8 +33,8 @@ def main() -> None:
         world = distributed.World(world.rank, 0, world.size)
         cfg.data.prepared_dir = f"{cfg.data.prepared_dir}/machine{world.rank}"
     encoded: list[int] = []
-    encode = shards_module.encode_chunk
-    shards_module.encode_chunk = lambda task: encoded.append(len(task[2])) or encode(task)
+    encode = shardwriter.encode_chunk
+    shardwriter.encode_chunk = lambda task: encoded.append(len(task[2])) or encode(task)
     shards = shards_for_run(cfg, None, world, workers=1)
     source = ShardBatches.from_config(cfg, shards, world)
     batches = [source.next().ids for _ in range(len(source.batches))]

@@ -22,11 +22,11 @@ from attn_mt.config import Config
 from attn_mt.configdata import TrainCorpus
 from attn_mt.configfile import config_from_dict, load_config
 from attn_mt.data import prepare as prepare_module
-from attn_mt.data import shards as shards_module
+from attn_mt.data import shardwriter
 from attn_mt.data.batching import ShardBatches, collate, length_batches
 from attn_mt.data.corpora import cache_dir
 from attn_mt.data.prepare import prepare_shards, sample_pairs
-from attn_mt.data.shards import Plan, open_shards
+from attn_mt.data.shards import open_shards
 from attn_mt.data.text import clean_pairs, read_parallel
 from attn_mt.data.tokenizer import build_tokenizers
 from attn_mt.distributed import World
@@ -45,13 +45,13 @@ def shard_config(toy_data: dict[str, Path], tmp_path: Path, **data) -> Config:
 def count_encodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the chunks encoded (prepare runs in this process with workers=1)."""
     calls: list[int] = []
-    encode = shards_module.encode_chunk
+    encode = shardwriter.encode_chunk
 
     def counted(task):
         calls.append(len(task[2]))
         return encode(task)
 
-    monkeypatch.setattr(shards_module, "encode_chunk", counted)
+    monkeypatch.setattr(shardwriter, "encode_chunk", counted)
     return calls
 
 
@@ -182,8 +182,8 @@ def test_given_tokenizer_re_encodes_when_it_differs(toy_data, tmp_path, count_en
 
 def test_interrupted_prepare_leaves_nothing_to_trust(toy_data, tmp_path, monkeypatch):
     cfg = shard_config(toy_data, tmp_path)
-    monkeypatch.setattr(shards_module, "CHUNK", 1000)
-    encode, seen = shards_module.encode_chunk, []
+    monkeypatch.setattr(shardwriter, "CHUNK", 1000)
+    encode, seen = shardwriter.encode_chunk, []
 
     def dies(task):
         seen.append(task)
@@ -191,7 +191,7 @@ def test_interrupted_prepare_leaves_nothing_to_trust(toy_data, tmp_path, monkeyp
             raise KeyboardInterrupt
         return encode(task)
 
-    monkeypatch.setattr(shards_module, "encode_chunk", dies)
+    monkeypatch.setattr(shardwriter, "encode_chunk", dies)
     with pytest.raises(KeyboardInterrupt):
         prepare_shards(cfg, workers=1)
     # No folder, no temp folder: only the (empty) lock file that every build of it shares.
@@ -295,8 +295,10 @@ def test_corpus_ids_past_32767_survive(toy_data, tmp_path):
     empty.write_bytes(b"")
     last = TrainCorpus(src=str(toy_data["train.src"]), tgt=str(toy_data["train.tgt"]))
     corpora = [TrainCorpus(src=str(empty), tgt=str(empty))] * 2**15 + [last]
-    target = Plan(corpora, {"corpora": [{}] * len(corpora)}, tmp_path / "many", [[]] * len(corpora))
-    shards_module.write_shards(cfg, target, tokenizers, workers=1)
+    target = shardwriter.Plan(
+        corpora, {"corpora": [{}] * len(corpora)}, tmp_path / "many", [[]] * len(corpora)
+    )
+    shardwriter.write_shards(cfg, target, tokenizers, workers=1)
     shards = open_shards(target.folder)
     assert shards.corpus.dtype == np.int32
     assert len(shards) == 3000 and set(shards.corpus.tolist()) == {2**15}
