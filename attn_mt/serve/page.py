@@ -1,6 +1,8 @@
 """The page at GET /: try the model in a browser. Self-contained (no CDN, no network): a
 textarea, a button, the translation, and its cross-attention drawn on a canvas from
-POST /v1/attention (rows: output pieces, columns: source pieces; darker = more attention)."""
+POST /v1/attention (rows: output pieces, columns: source pieces; darker = more attention).
+A model of several target languages gets a picker of them (from GET /languages), whose
+choice is sent as `tgt_lang`; a bilingual model's page has none."""
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -17,19 +19,34 @@ PAGE = """<!doctype html>
 <body>
 <h1>attn-mt</h1>
 <textarea id="source" placeholder="A sentence to translate"></textarea>
-<p><button id="go">Translate</button> <span id="error"></span></p>
+<p><label id="into" hidden>into <select id="target"></select></label>
+<button id="go">Translate</button> <span id="error"></span></p>
 <div id="translation"></div>
 <canvas id="heatmap" width="10" height="10"></canvas>
 <script>
 const CELL = 28, FONT = "12px sans-serif";
 
+async function listTargets() {
+  const reply = await fetch("/languages");
+  if (!reply.ok) return;
+  const targets = [...new Set((await reply.json()).flatMap((lang) => lang.targets))];
+  if (targets.length < 2) return;  // one target language: nothing to choose
+  const select = document.getElementById("target");
+  for (const code of targets) select.add(new Option(code, code));
+  document.getElementById("into").hidden = false;
+}
+
 async function translate() {
   const text = document.getElementById("source").value;
   document.getElementById("error").textContent = "";
+  const body = {text: text};
+  if (!document.getElementById("into").hidden) {
+    body.tgt_lang = document.getElementById("target").value;
+  }
   const reply = await fetch("/v1/attention", {
     method: "POST",
     headers: {"Content-Type": "application/json"},
-    body: JSON.stringify({text: text}),
+    body: JSON.stringify(body),
   });
   const data = await reply.json();
   if (!reply.ok) {
@@ -69,6 +86,7 @@ function draw(data) {
 }
 
 document.getElementById("go").addEventListener("click", translate);
+listTargets();
 </script>
 </body>
 </html>

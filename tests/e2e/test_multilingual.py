@@ -270,5 +270,13 @@ def test_server_takes_each_target_language(multi_run: Path, tmp_path: Path):
             {"code": "en", "name": "English", "targets": []},
             {"code": "fr", "name": "French", "targets": []},
         ]
+        from helpers.browser import open_page, translate_on
+
+        with open_page(server.url) as page:  # the try-it page offers each target language
+            page.wait_for_selector("#into", state="visible")
+            offered = page.eval_on_selector_all("#target option", "os => os.map(o => o.value)")
+            shown = {lang: translate_on(page, lines[0], lang) for lang in ("fr", "en")}
+        assert offered == ["en", "fr"]
+        assert shown == {lang: ours.translate(lines[:1], tgt_lang=lang)[0] for lang in shown}
     finally:
         assert server.stop() == 0

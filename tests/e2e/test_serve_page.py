@@ -1,46 +1,25 @@
 """The page at GET / in a real headless Chromium: type a sentence, click, and the translation
-and its cross-attention heatmap appear.
-
-Needs the Python driver (`playwright`, in the dev extra) and the system's Chromium
-(`apt-get install -y chromium`, /usr/bin/chromium; Playwright's own browser download is not
-used). Missing either, the test fails saying which, rather than skipping.
+and its cross-attention heatmap appear (`helpers.browser` says what the test needs).
 """
 
 from __future__ import annotations
 
-import shutil
-
 import httpx
+from helpers.browser import open_page, translate_on
 from helpers.serving import Server
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 def test_page_translates_and_draws_the_heatmap(served: Server) -> None:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as err:
-        raise AssertionError("the page test needs playwright: pip install -e '.[dev]'") from err
-    assert shutil.which(CHROMIUM), "the page test needs Chromium: apt-get install -y chromium"
     sentence = "qb qc qd qf"
     expected = httpx.post(served.url + "/v1/translate", json={"text": [sentence]}).json()
-    with sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            page = browser.new_page()
-            page.goto(served.url + "/")
-            page.fill("#source", sentence)
-            page.click("#go")
-            page.wait_for_function(
-                "document.getElementById('heatmap').dataset.drawn", timeout=30_000
-            )
-            shown = page.inner_text("#translation")
-            rows = int(page.get_attribute("#heatmap", "data-drawn"))
-            painted = page.evaluate(_PAINTED_CELLS)
-        finally:
-            browser.close()
+    with open_page(served.url) as page:
+        shown = translate_on(page, sentence)
+        rows = int(page.get_attribute("#heatmap", "data-drawn"))
+        painted = page.evaluate(_PAINTED_CELLS)
+        picker_hidden = page.is_hidden("#into")  # its languages were asked for before the click
     assert shown == expected["translations"][0]
     assert rows > 0 and painted > 0, "the heatmap canvas is blank"
+    assert picker_hidden, "a bilingual model's page offers a choice of target language"
 
 
 # Counts the canvas's pixels that are neither white nor black: the heatmap's shaded cells.
