@@ -18,6 +18,7 @@ LAYERS = [
     "errors",
     "world",  # who this process is, without torch
     "configkeys",  # how a config key is declared and checked
+    "configdata",  # the config schema's data section
     "config",
     "fileio",
     "precision",
