@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,7 +34,6 @@ from attn_mt.config import Config
 from attn_mt.configfile import save_config
 from attn_mt.data.batching import Batch, collate
 from attn_mt.decode.translator import Translator
-from attn_mt.fileio import Terminated
 from attn_mt.model.transformer import Transformer
 from attn_mt.precision import (
     DTYPES,
@@ -55,14 +52,12 @@ from attn_mt.train.onednn import choose_for_run
 from attn_mt.train.runfolder import lock_run_folder
 from attn_mt.train.runlog import Monitor, QuietMonitor, RunLog
 from attn_mt.train.schedule import learning_rate, time_driven
+from attn_mt.train.signals import StopSignals
 from attn_mt.train.skips import SkipRule, Update
 from attn_mt.train.state import TrainProgress, build_state, starting_point
 from attn_mt.train.validate import Validator
 
 log = logging.getLogger("attn_mt")
-# A second signal sooner than this is the first one delivered again (a terminal signals torchrun
-# and its workers, and torchrun passes its copy on to them), not a user asking to stop at once.
-REPEAT_SECONDS = 1.0
 
 
 @dataclass
@@ -148,8 +143,7 @@ class Trainer:
         self.objective = SmoothedObjective(self.model, cfg.train.label_smoothing)
         self.train_model = wrap_model(self.objective, world, self.device)  # compiled by run()
         self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
-        self.stop_signal: str | None = None
-        self.signalled_at = 0.0  # time.monotonic() of the first signal
+        self.signals = StopSignals(abandon=lambda: self.state.writer.abandon())
         self.validator = Validator(
             state, self.corpus, self.valid_total, self._translator, self.dtype, self.monitor,
             lambda: self.stop_signal,
@@ -222,16 +216,15 @@ class Trainer:
     def _session(self) -> Iterator[None]:
         """What a run holds while it trains, released however it ends: the signal handlers,
         and on rank 0 train.log, TensorBoard and metrics.jsonl."""
-        previous = {
-            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
-        }
         resume_step = self.progress.step if self.resumed else None
         try:
-            with RunLog(self.out, self.world.is_main, resume_step) as self.runlog:
+            with (
+                self.signals.installed(),
+                RunLog(self.out, self.world.is_main, resume_step) as runlog,
+            ):
+                self.runlog = runlog
                 yield
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             # DDP's reducer holds the process group: let it go with the run, so that
             # `distributed.teardown` really destroys the group (see there).
             self.train_model = self.objective
@@ -250,21 +243,15 @@ class Trainer:
         self.progress.compiled = choice.mode
         log.info("%s", choice.describe(setting))
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        """The first SIGINT/SIGTERM stops after the update in flight and saves last.pt, saying
-        so at once; a second stops at once: a save in progress is abandoned (its temp file is
-        removed as the stack unwinds), so last.pt stays the last one completed."""
-        name = signal.Signals(signum).name
-        again = "Ctrl-C" if signum == signal.SIGINT else name
-        if self.stop_signal is None:
-            self.stop_signal, self.signalled_at = name, time.monotonic()
-            _say("%s: stopping: saving last.pt ... (%s again to stop at once)", name, again)
-            return
-        if time.monotonic() - self.signalled_at < REPEAT_SECONDS:
-            return  # the same stop delivered twice: a terminal's Ctrl-C, then torchrun's copy
-        _say("%s again: stopping at once; last.pt stays the last one completed", again)
-        self.state.writer.abandon()
-        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(128 + signum)
+    @property
+    def stop_signal(self) -> str | None:
+        """SIGINT or SIGTERM once one came (`signals.StopSignals`): the run stops after the update
+        in flight."""
+        return self.signals.name
+
+    @stop_signal.setter
+    def stop_signal(self, name: str | None) -> None:
+        self.signals.name = name
 
     def _seconds(self) -> float:
         """The run's time as the lr schedule reads it. Under torchrun with a time-driven lr, the
@@ -370,15 +357,6 @@ class Trainer:
         distributed.barrier(self.world)  # no rank leaves before rank 0 has written last.pt
         best, share = self.progress.best_score, self.validator.share()
         log_finish(stopped_by, self.stop_signal, step, self.cfg.train, best, share)
-
-
-def _say(message: str, *args: Any) -> None:
-    """Log from a signal handler, on a thread of its own: the handler may have interrupted the
-    main thread inside a write to the same log stream, which a second write from that thread
-    would re-enter (`RuntimeError: reentrant call`); the thread waits for the stream's lock."""
-    speaker = threading.Thread(target=log.info, args=(message, *args), name="attn-mt signal")
-    speaker.start()
-    speaker.join(timeout=1.0)  # at once, unless the main thread holds the stream
 
 
 def wrap_model(

@@ -26,6 +26,7 @@ import attn_mt
 import attn_mt.train.loop as train_module
 import attn_mt.train.loss as loss_module
 import attn_mt.train.saver as saver_module
+import attn_mt.train.signals as signals_module
 import attn_mt.train.validate as validate_module
 from attn_mt import distributed
 from attn_mt.checkpoint import FORMAT, load_checkpoint, model_from, save_checkpoint
@@ -273,7 +274,7 @@ def test_a_second_signal_stops_at_once_abandoning_the_save(
                 time.sleep(0.01)
 
     with monkeypatch.context() as patch:
-        patch.setattr(train_module, "REPEAT_SECONDS", 0.0)  # no time passes here between them
+        patch.setattr(signals_module, "REPEAT_SECONDS", 0.0)  # no time passes here between them
         signal_after_update(patch, 4, signum)  # after step 3's validation and save
         patch.setattr(torch, "save", save_then_signal)
         patch.setattr(Trainer, "finish", lambda self, *a: first.append(1) or finish(self, *a))
