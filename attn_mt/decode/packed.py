@@ -161,21 +161,27 @@ class PackedFeedForward(nn.Module):
         return self.w_2.multiply(self.w_1.multiply(rows))
 
 
-TIMING_ROWS = 256  # input rows of the timed product, as many as a decoding step's batch holds
+TIMING_ROWS = 256  # input rows of the timed block, as many as a decoding step's batch holds
 
 
 @functools.cache
-def packing_pays(in_features: int, out_features: int, threads: int) -> bool:
-    """Whether a prepacked product (`PackedLinear`) beats `nn.Linear` on this CPU by a clear
-    margin (`kernels.onednn_wins`, 3 calls a round), timed here on a layer of this size
-    (TIMING_ROWS input rows); once per process and size. `threads`: torch's thread count,
-    which the answer depends on (part of the cache key)."""
+def packing_pays(d_model: int, d_ff: int, threads: int) -> bool:
+    """Whether the prepacked feed-forward block (`PackedFeedForward`) beats `FeedForward` on
+    this CPU by a clear margin (`kernels.onednn_wins`, 3 calls a round), timed here on a block
+    of this size (TIMING_ROWS input rows); once per process and size. `threads`: torch's
+    thread count, which the answer depends on (part of the cache key).
+
+    The block, not one product: on the AMD EPYC one 256 -> 1024 product took 0.85-0.93 of
+    MKL's time packed, at the margin, so the answer flipped from one process to the next
+    (`attn-mt serve` came up packed, then plain); the block took 0.72-0.87 (its activation
+    fused), the 8k-vocabulary output layer 0.5-0.73, and batched beam search served 16-26%
+    more sentences/s packed."""
     if not packing_available():
         return False
-    layer = nn.Linear(in_features, out_features)
-    fast, x = PackedLinear(layer), torch.randn(TIMING_ROWS, in_features)
+    block = FeedForward(d_model, d_ff, 0.0, "relu").eval()
+    fast, x = PackedFeedForward(block), torch.randn(TIMING_ROWS, d_model)
     with torch.no_grad():
-        return onednn_wins(lambda: layer(x), lambda: fast(x), calls=3)
+        return onednn_wins(lambda: block(x), lambda: fast(x), calls=3)
 
 
 def pack(model: Transformer) -> Transformer:
@@ -208,6 +214,21 @@ def _submodule(module: nn.Module, name: str) -> nn.Module | None:
 
 
 QUANTIZE_SCHEMES = ("int8",)
+
+
+def linear_layers(model: nn.Module) -> str:
+    """How `model`'s linear layers multiply: "int8" (`quantize`), "prepacked" (`pack`, oneDNN)
+    or "plain" (`nn.Linear`), as `GET /info` reports it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecation notices of torch.ao.quantization
+        from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
+
+    for module in model.modules():
+        if isinstance(module, Int8Linear):
+            return "int8"
+        if isinstance(module, PackedLinear):
+            return "prepacked"
+    return "plain"
 
 
 def quantize(model: Model, scheme: str, device: torch.device) -> Model:

@@ -357,7 +357,7 @@ def load(
 
 def _packs(prepack: bool | str, model: Transformer) -> bool:
     """Whether `load` prepacks float32 CPU models: as told, or for "auto" as timed on this CPU
-    on the model's widest layer shape (d_model -> d_ff)."""
+    on a feed-forward block of the model's size (d_model -> d_ff -> d_model)."""
     if prepack != "auto":
         return bool(prepack)
     first_ff = model.decoder_layers[0].ff.w_1

@@ -180,6 +180,7 @@ class Service:
     def info(self) -> dict[str, Any]:
         """The model, its settings and the server's limits, for GET /info."""
         from attn_mt import __version__
+        from attn_mt.decode.packed import linear_layers
 
         translator = self.translator
         return {
@@ -194,6 +195,7 @@ class Service:
             ),
             "parameters": sum(p.numel() for p in translator.model.parameters()),
             "device": str(translator.device),
+            "linear_layers": linear_layers(translator.model),  # --prepack auto's choice
             "decode": asdict(translator.config.decode),
             "limits": asdict(self.limits),
             "batching": {

@@ -118,6 +118,14 @@ def test_packing_is_in_place_and_keeps_the_state_dict_keys() -> None:
     assert list(model.state_dict()) != keys  # in_proj.all.weight, ...: inference only
 
 
+def test_linear_layers_says_how_the_model_multiplies() -> None:
+    assert packed.linear_layers(random_model(0)) == "plain"
+    int8 = packed.quantize(random_model(0), "int8", torch.device("cpu"))
+    assert packed.linear_layers(int8) == "int8"
+    if packed.packing_available():
+        assert packed.linear_layers(packed.pack(random_model(0))) == "prepacked"
+
+
 def test_without_the_op_pack_returns_the_model_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     model = random_model(0)
     monkeypatch.setattr(packed, "packing_available", lambda: False)
@@ -158,9 +166,9 @@ def test_load_packs_by_default_where_packing_pays(
 def test_packing_pays_where_the_packed_product_is_faster(
     monkeypatch: pytest.MonkeyPatch, slow: str
 ) -> None:
-    """The timing answers by which product is faster here: each side slowed down by 2 ms a
-    call in turn (far beyond the products of this small layer) flips the answer."""
-    slowed = packed.PackedLinear if slow == "packed" else nn.Linear
+    """The timing answers by which feed-forward block is faster here: each side slowed down by
+    2 ms a call in turn (far beyond the products of this small block) flips the answer."""
+    slowed = packed.PackedFeedForward if slow == "packed" else FeedForward
     forward = slowed.forward
 
     def slow_forward(self, x):
