@@ -171,11 +171,9 @@ def packing_pays(d_model: int, d_ff: int, threads: int) -> bool:
     of this size (TIMING_ROWS input rows); once per process and size. `threads`: torch's
     thread count, which the answer depends on (part of the cache key).
 
-    The block, not one product: on the AMD EPYC one 256 -> 1024 product took 0.85-0.93 of
-    MKL's time packed, at the margin, so the answer flipped from one process to the next
-    (`attn-mt serve` came up packed, then plain); the block took 0.72-0.87 (its activation
-    fused), the 8k-vocabulary output layer 0.5-0.73, and batched beam search served 16-26%
-    more sentences/s packed."""
+    The block, not one of its products: it is what `pack` swaps in (the activation fused), and
+    a single product's gain can sit at the margin, so that the answer flips from one process
+    to the next (docs/decoding.md)."""
     if not packing_available():
         return False
     block = FeedForward(d_model, d_ff, 0.0, "relu").eval()

@@ -15,13 +15,14 @@ import torch
 
 from attn_mt import distributed
 from attn_mt.config import TrainConfig
+from attn_mt.train.schedule import time_driven
 from attn_mt.train.state import TrainProgress
 
 # The stopping rules whose value can differ between ranks (a signal, the clock, rank 0's
 # validations): under torchrun every rank takes any rank's.
 RANK_RULES = ("early stopping", "signal", "max_minutes")
 # Before any validation, max_minutes keeps back this share of the budget, at most RESERVE_CAP
-# seconds, for the final validation (a 2-minute budget: 18 s; configs/tiny.yaml's took 18.7 s).
+# seconds, for the final validation (a 2-minute budget keeps back 18 s).
 RESERVE_SHARE, RESERVE_CAP = 0.15, 120.0
 
 
@@ -124,6 +125,14 @@ class RankAgreement:
         """Read `figures` summed over the ranks: any rank's rule, the mean clock."""
         self.rules = [flag > 0 for flag in sums[: len(RANK_RULES)]]
         self.seconds = sums[len(RANK_RULES)] / self.world.size
+
+    def schedule_seconds(self, clock: RunClock, train: TrainConfig) -> float:
+        """The run's time as the lr schedule reads it: under torchrun with a time-driven lr the
+        ranks' mean clock as they last agreed on it, so all ranks set the same lr; else this
+        rank's own."""
+        if self.world.distributed and time_driven(train):
+            return self.seconds
+        return clock.schedule_seconds(train)
 
     def forget(self) -> None:
         """Drop the agreed rules (after a validation: rank 0 alone knows whether it improved)."""

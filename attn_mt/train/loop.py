@@ -34,7 +34,6 @@ from attn_mt.config import Config
 from attn_mt.configfile import save_config
 from attn_mt.data.batching import Batch, collate
 from attn_mt.decode.translator import Translator
-from attn_mt.model.transformer import Transformer
 from attn_mt.precision import (
     DTYPES,
     autocast_context,
@@ -51,7 +50,7 @@ from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
 from attn_mt.train.onednn import choose_for_run
 from attn_mt.train.runfolder import lock_run_folder
 from attn_mt.train.runlog import Monitor, QuietMonitor, RunLog
-from attn_mt.train.schedule import learning_rate, time_driven
+from attn_mt.train.schedule import learning_rate
 from attn_mt.train.signals import StopSignals
 from attn_mt.train.skips import SkipRule, Update
 from attn_mt.train.state import TrainProgress, build_state, starting_point
@@ -146,7 +145,7 @@ class Trainer:
         self.signals = StopSignals(abandon=lambda: self.state.writer.abandon())
         self.validator = Validator(
             state, self.corpus, self.valid_total, self._translator, self.dtype, self.monitor,
-            lambda: self.stop_signal,
+            lambda: self.signals.name,
         )  # fmt: skip
         self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, self.state.ckpt_dir / "last.pt")
         self.agreement = RankAgreement(world, self.device)  # under torchrun: the ranks' stops
@@ -156,13 +155,10 @@ class Trainer:
         """Where training stands (saved in last.pt)."""
         return self.state.progress
 
-    @property
-    def eval_model(self) -> Transformer:
-        """The weights that validate, go into best.pt and translate: the EMA when kept."""
-        return self.state.eval_model
-
     def _translator(self, dtype: torch.dtype | None = None) -> Translator:
-        return Translator(self.eval_model, self.cfg, self.src_tok, self.tgt_tok, self.device, dtype)
+        return Translator(
+            self.state.eval_model, self.cfg, self.src_tok, self.tgt_tok, self.device, dtype
+        )
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -179,7 +175,7 @@ class Trainer:
             self.source.prepare(t.accumulate, self._place)
             while not (stopped_by := self._stop_reason()):
                 step = self.progress.step + 1
-                lr = learning_rate(step, t, self._seconds())
+                lr = learning_rate(step, t, self.agreement.schedule_seconds(self.clock, t))
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 update = self.update()
@@ -209,7 +205,7 @@ class Trainer:
                 self.runlog.training(self.progress.step, line, metrics)
             self.progress.elapsed = self.clock.elapsed()
             self.finish(stopped_by)
-        p, signal_name = self.progress, self.stop_signal
+        p, signal_name = self.progress, self.signals.name
         return TrainResult(p.step, p.best_score, t.select_metric, stopped_by, self.out, signal_name)
 
     @contextlib.contextmanager
@@ -243,23 +239,6 @@ class Trainer:
         self.progress.compiled = choice.mode
         log.info("%s", choice.describe(setting))
 
-    @property
-    def stop_signal(self) -> str | None:
-        """SIGINT or SIGTERM once one came (`signals.StopSignals`): the run stops after the update
-        in flight."""
-        return self.signals.name
-
-    @stop_signal.setter
-    def stop_signal(self, name: str | None) -> None:
-        self.signals.name = name
-
-    def _seconds(self) -> float:
-        """The run's time as the lr schedule reads it. Under torchrun with a time-driven lr, the
-        ranks' mean clock as they last agreed on it, so all ranks set the same lr."""
-        if self.world.distributed and time_driven(self.cfg.train):
-            return self.agreement.seconds
-        return self.clock.schedule_seconds(self.cfg.train)
-
     def _stop_reason(self) -> str:
         """Which stopping rule fires before the next update ('' if none); agreed by all ranks
         (`budget.RankAgreement`: folded into the last update's all-reduce, or one of its own)."""
@@ -269,7 +248,7 @@ class Trainer:
         return next((name for name, hit in rules.items() if hit), "")
 
     def _stop_rules(self) -> dict[str, bool]:
-        signalled = self.stop_signal is not None
+        signalled = self.signals.name is not None
         epochs_done = self.source.epochs_done
         return stop_rules(self.cfg.train, self.progress, signalled, self.clock, epochs_done)
 
@@ -280,13 +259,10 @@ class Trainer:
         does not depend on how a batch is split (DDP averages gradients, hence `* world size`).
         Under torchrun that count is all-reduced while the first batch's forward pass runs
         (launched before it, waited for only before the backward pass), so the forward never
-        waits for it. (Rescaling the gradients after the backward instead, the count in the
-        loss sums' all-reduce, rounded them otherwise than one process does, and the DDP
-        equivalence test failed: most likely in the key biases, whose exact gradient is zero,
-        so that Adam scales rounding noise up to a full step.) Nothing waits for the GPU until
-        the figures are read back, once, at the end: the next update's batches are made and
-        copied meanwhile, and a NaN/inf skips the step on the device (the fused optimizer's
-        `found_inf`).
+        waits for it (why not after the backward: docs/distributed.md). Nothing waits for the
+        GPU until the figures are read back, once, at the end: the next update's batches are
+        made and copied meanwhile, and a NaN/inf skips the step on the device (the fused
+        optimizer's `found_inf`).
         """
         t = self.cfg.train
         batches = [self._place(self.source.next()) for _ in range(t.accumulate)]  # prepared
@@ -356,7 +332,7 @@ class Trainer:
         self.state.writer.wait()  # the final checkpoints are on disk before the run returns
         distributed.barrier(self.world)  # no rank leaves before rank 0 has written last.pt
         best, share = self.progress.best_score, self.validator.share()
-        log_finish(stopped_by, self.stop_signal, step, self.cfg.train, best, share)
+        log_finish(stopped_by, self.signals.name, step, self.cfg.train, best, share)
 
 
 def wrap_model(

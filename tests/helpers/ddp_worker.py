@@ -43,7 +43,7 @@ def record_batches(trainer: Trainer, sigterm_at: int = 0) -> list[tuple[int, lis
         if trainer.world.is_main and len(rows) == sigterm_at:
             os.kill(os.getppid(), signal.SIGTERM)
             deadline = time.monotonic() + 20
-            while trainer.stop_signal is None and time.monotonic() < deadline:
+            while trainer.signals.name is None and time.monotonic() < deadline:
                 time.sleep(0.01)
         return batch
 

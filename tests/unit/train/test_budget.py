@@ -46,7 +46,7 @@ def timed_run(cfg: Config, clock: FakeTime, resume: bool = False, stop_after: in
         result = update()
         clock.now += UPDATE_SECONDS
         if len(clock.lrs) == stop_after:
-            trainer.stop_signal = "SIGTERM"
+            trainer.signals.name = "SIGTERM"
         return result
 
     def slow_validation(runlog) -> None:

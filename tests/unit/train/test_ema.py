@@ -137,5 +137,5 @@ def test_resuming_a_run_without_ema_starts_the_average_at_its_weights(
     before = load_raw(out / "checkpoints" / "last.pt")["model"]
     trainer = Trainer(ema_config(toy_data, out, ema_decay=DECAY), resume=True)
     assert_identical(trainer.ema.state_dict(), before)
-    assert trainer.eval_model is trainer.ema.model is trainer._translator().model
+    assert trainer.state.eval_model is trainer.ema.model is trainer._translator().model
     assert trainer.ema.model is not trainer.model
