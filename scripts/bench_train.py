@@ -60,8 +60,9 @@ from attn_mt.model.positions import sinusoidal_table  # noqa: E402
 from attn_mt.model.transformer import Transformer, build_model  # noqa: E402
 from attn_mt.model.vocab import PAD_ID  # noqa: E402
 from attn_mt.precision import configure_kernels  # noqa: E402
+from attn_mt.train.compile import vary_batch_shape  # noqa: E402
 from attn_mt.train.corpus import training_data  # noqa: E402
-from attn_mt.train.loss import label_smoothed_loss, projected_loss  # noqa: E402
+from attn_mt.train.loss import SmoothedObjective, label_smoothed_loss  # noqa: E402
 from attn_mt.train.onednn import route_through_onednn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,29 +185,36 @@ def autocast(device: torch.device, dtype: torch.dtype):
 
 
 def logits_loss(model: nn.Module, batch: Batch, dtype: torch.dtype) -> torch.Tensor:
-    """The trainer's loss today: the full (B, T, V) logits, then the label-smoothed loss."""
+    """The full (B, T, V) logits, then the label-smoothed loss (the trainer's loss before
+    `projected_loss`; `nn.Transformer`'s here)."""
     with autocast(batch.src.device, dtype):
         logits = model(batch.src, batch.tgt_in)  # (B, T, V)
     return label_smoothed_loss(logits, batch.tgt_out, 0.1)[0]
 
 
 def projected_loss_of(model: Transformer, batch: Batch, dtype: torch.dtype) -> torch.Tensor:
-    """`projected_loss` on the decoder's final states: no (B, T, V) logits are kept."""
+    """The trainer's loss, as `SmoothedObjective` runs it: `projected_loss` on the decoder's
+    final states, no (B, T, V) logits kept."""
+    objective = SmoothedObjective(model, 0.1)
+    objective.tokens = batch.num_tgt_tokens
     with autocast(batch.src.device, dtype):
-        hidden = features(model, batch.src, batch.tgt_in)  # (B, T, D)
-        return projected_loss(hidden, model.output.weight, batch.tgt_out, 0.1,
-                              tokens=batch.num_tgt_tokens)[0]  # fmt: skip
+        return objective(batch.src, batch.tgt_in, batch.tgt_out)[0]
 
 
-def features(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-    """The decoder's final normed states (B, T, D): `Transformer.forward` and `decode` without
-    the output layer (until the model has a method for them)."""
-    src_mask = (src != PAD_ID)[:, None, None, :]  # (B, 1, 1, S)
-    memory = model.encode(src, src_mask)  # (B, S, D)
-    y = model.tgt_embed(tgt_in)  # (B, T, D)
-    for layer in model.decoder:
-        y = model._run(layer, y, memory, None, src_mask, None, True)  # causal, no cache
-    return model.decoder_norm(y)
+def compiled_step(loss: str, model: Transformer):
+    """`LOSSES[loss]` through torch.compile as train.compile runs it: for `projected`, the
+    `SmoothedObjective` compiled (its loss eager, the token count read outside the graph)."""
+    if loss == "logits":
+        return torch.compile(logits_loss)
+    objective = SmoothedObjective(model, 0.1)
+    module = torch.compile(objective)
+
+    def step(_model: Transformer, batch: Batch, dtype: torch.dtype) -> torch.Tensor:
+        objective.tokens = batch.num_tgt_tokens
+        with autocast(batch.src.device, dtype):
+            return module(batch.src, batch.tgt_in, batch.tgt_out)[0]
+
+    return step
 
 
 LOSSES = {"logits": logits_loss, "projected": projected_loss_of}  # --loss
@@ -418,14 +426,14 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
     rounds = args.rounds or (1 if args.quick else 3)
     losses = list(LOSSES) if args.loss == "both" else [args.loss]
     compiled = {"off": (False,), "on": (True,), "both": (False, True)}[args.compile]
-    steps = {(loss, c): torch.compile(LOSSES[loss], dynamic=True) if c else LOSSES[loss]
-             for loss in losses for c in compiled}  # fmt: skip
     lengths = wmt_lengths(args.pairs)
     src_ids = RandomSentences(lengths[:, 0], vocab, seed=1)
     tgt_ids = RandomSentences(lengths[:, 1], vocab, seed=2)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg, vocab, vocab).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    steps = {(loss, c): compiled_step(loss, model) if c else LOSSES[loss]
+             for loss in losses for c in compiled}  # fmt: skip
     print(f"model d={m.d_model} {m.encoder_layers}+{m.decoder_layers} layers d_ff={m.d_ff}, "
           f"vocab {vocab}; {args.pairs:,} synthetic pairs, source mean "
           f"{lengths[:, 0].mean():.1f} tokens (99.9th pct {np.quantile(lengths[:, 0], 0.999):.0f}),"
@@ -438,6 +446,8 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
         pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0))
         bucketed = [collate(src_ids, tgt_ids, rows[i]).to(device) for i in pick[:per_window]]
         middle = collate(src_ids, tgt_ids, rows[len(rows) // 2]).to(device)  # a typical shape
+        for batch in (middle, *bucketed):  # as train.compile marks them: one graph for all
+            vary_batch_shape(batch)
         shapes = {"fixed": [middle] * per_window, "bucketed": bucketed}
         # Every timed shape once, then more until `warmup`: a new shape's first step can cost
         # far more than a step (kernel choice, allocator growth).
@@ -453,6 +463,8 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
             warm_s = {}
             for key, step in steps.items():  # a compiled step compiles here
                 warm_s[key] = timed_window(model, optimizer, warm, device, dtype, step)[0]
+                print(f"warm-up {batch_tokens} {name} {key[0]} compiled={key[1]}: "
+                      f"{warm_s[key]:.1f} s", flush=True)  # fmt: skip
             runs = {(loss, c, kind): [] for loss, c in steps for kind in shapes}
             for _ in range(rounds):  # in turns: noise hits every loss and shape alike
                 for (loss, c, kind), done in runs.items():
@@ -474,6 +486,7 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
                     "matmul_peak_tflops": peaks[name] / 1e12,
                     "spec_peak_tflops": spec / 1e12 if spec else None,
                 })  # fmt: skip
+                print("result", json.dumps(results[-1]), flush=True)  # kept if a timeout stops us
 
     print(f"\n{'tokens':>7} {'prec':<5}{'loss':<10}{'mode':<9}{'shapes':<9}{'pad':>6}"
           f"{'tgt tok/s':>10}{'ms/step':>9}{'MFU':>7}{'MFU spec':>9}{'peak MiB':>9}"

@@ -444,11 +444,11 @@ BASE = ("model.d_model=512", "model.heads=8", "model.encoder_layers=6",
 
 def wmt_base_bench(ctx: Context) -> Figures:
     """bench_train at transformer-base over a 32k vocabulary on WMT-shaped batches of 12,500
-    tokens, bf16: eager and torch.compile'd, the full logits and projected_loss, in turns
+    and 25,000 tokens, bf16: eager and torch.compile'd, the full logits and projected_loss, in turns
     (tokens/s, ms/step, peak MiB, and the compile's warm-up seconds)."""
     script = ROOT / "scripts" / "bench_train.py"
     args = [sys.executable, str(script), "--device", "cuda", "--size", "base", "--vocab", "32000",
-            "--batch-tokens", "12500", "--precisions", "bf16", "--pairs", "500000",
+            "--batch-tokens", "12500", "25000", "--precisions", "bf16", "--pairs", "500000",
             "--compile", "both", "--loss", "both", "--rounds", "2", "--batches", "20"]  # fmt: skip
     proc = subprocess.run(args, capture_output=True, text=True, timeout=ctx.seconds_left())
     if proc.returncode != 0:

@@ -51,8 +51,11 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor):
         log_probs, target = ctx.saved_tensors
-        if log_probs.dtype == ctx.logits_dtype:
-            return _gradient(log_probs, target, ctx.epsilon, grad_loss), None, None
+        if log_probs.dtype == ctx.logits_dtype or torch.compiler.is_compiling():
+            # Compiled, the gradient is one fused kernel (no float32 copy is made), and a
+            # chunk loop would tie the graph to the batch's token count: a recompile per shape.
+            gradient = _gradient(log_probs, target, ctx.epsilon, grad_loss)
+            return gradient.to(ctx.logits_dtype), None, None
         # bf16/fp16 logits: written GRAD_CHUNK elements at a time into a tensor of their dtype,
         # so the float32 log-probs are the only full float32 (N, V) tensor alive.
         grad = torch.empty(log_probs.shape, dtype=ctx.logits_dtype, device=log_probs.device)
@@ -73,8 +76,11 @@ def _gradient(
     return grad.mul_((target != PAD_ID).unsqueeze(-1) * grad_loss)
 
 
-# Logit elements one step of `projected_loss` makes at a time (4M: 16 MiB of float32).
+# Logit elements one step of `projected_loss` makes at a time: 4M (16 MiB of float32) on the
+# CPU; 64M on a GPU, where 4M (131 rows of a 32k vocabulary) made products too thin to fill
+# the card and took twice the full logits' step time on an H200 (docs/gpu.md).
 PROJECTION_CHUNK = 2**22
+PROJECTION_CHUNK_GPU = 2**26
 
 
 def projected_loss(
@@ -124,7 +130,8 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros_like(weight, dtype=softmax_dtype) if ctx.needs_input_grad[1] else None
         loss = torch.zeros((), dtype=softmax_dtype, device=hidden.device)
         nll_sum = torch.zeros((), dtype=softmax_dtype, device=hidden.device)
-        step = max(PROJECTION_CHUNK // weight.size(0), 1)
+        chunk = PROJECTION_CHUNK if device_type == "cpu" else PROJECTION_CHUNK_GPU
+        step = max(chunk // weight.size(0), 1)
         with torch.autocast(device_type, enabled=False):
             for start in range(0, rows.size(0), step):
                 part = slice(start, start + step)

@@ -136,3 +136,28 @@ def test_projected_loss_keeps_no_vocabulary_sized_tensor_for_the_backward() -> N
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         label_smoothed_loss(hidden @ weight.t(), target, 0.1)
     assert max(saved) >= target.numel() * 3000, "the reference keeps the (N, V) log-probs"
+
+
+def test_compiled_label_smoothed_loss_serves_every_batch_shape_with_one_graph(monkeypatch) -> None:
+    """Under torch.compile the bf16 gradient is not chunked: a chunk loop ties the graph to
+    the token count, a recompile for every batch shape (seen on an H200, docs/gpu.md)."""
+    monkeypatch.setattr("attn_mt.train.loss.GRAD_CHUNK", 3 * 50)  # eagerly: 3 rows at a time
+    graphs = []
+
+    def counting_backend(graph, _inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    def step(logits, target):
+        return label_smoothed_loss(logits, target, 0.1)[0]
+
+    compiled = torch.compile(step, backend=counting_backend, dynamic=True)
+    for rows, length in [(4, 7), (5, 9), (3, 11)]:
+        logits = torch.randn(rows, length, 50).bfloat16().requires_grad_()
+        target = torch.randint(4, 50, (rows, length))
+        target[0, 3:] = PAD_ID
+        (got,) = torch.autograd.grad(compiled(logits, target), logits)
+        (want,) = torch.autograd.grad(step(logits, target), logits)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want)
+    assert len(graphs) == 1
