@@ -179,6 +179,21 @@ def test_cli(trained_run: Path, tmp_path: Path) -> None:
     ]
 
 
+def test_validation_plots_the_last_layers_heads(translator, monkeypatch) -> None:
+    """One row at every validation (a base-size grid of 48 panels took seconds)."""
+    maps = viz.attention_maps(translator, SENTENCE, "cross")
+    deeper = dataclasses.replace(maps, weights=torch.cat([maps.weights * 0.5, maps.weights]))
+    monkeypatch.setattr(viz, "attention_maps", lambda *args, **kwargs: deeper)
+    figure = viz.validation_attention_figure(translator, SENTENCE)
+    last = deeper.weights.size(0) - 1
+    heads = deeper.weights.size(1)
+    assert [ax.get_title() for ax in figure.axes[:-1]] == [
+        f"layer {last} head {head}" for head in range(heads)
+    ]
+    shown = torch.as_tensor(figure.axes[0].images[0].get_array())
+    torch.testing.assert_close(shown, deeper.weights[last, 0])
+
+
 def test_validation_writes_attention_image(toy_config) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
