@@ -306,6 +306,11 @@ class ShardBatches:
             )
         return [rows[positions] for positions in batches]
 
+    def first_batches(self, count: int) -> list[Batch]:
+        """The current epoch's first `count` batches, made apart from the position (a sample
+        for timing: train.compile auto)."""
+        return [collate(self.shards.src, self.shards.tgt, rows) for rows in self.batches[:count]]
+
     @property
     def epochs_done(self) -> int:
         """Whole epochs consumed so far."""

@@ -32,7 +32,7 @@ from attn_mt import distributed
 from attn_mt.checkpoint import tokenizers_from
 from attn_mt.config import Config
 from attn_mt.configfile import save_config
-from attn_mt.data.batching import Batch, collate
+from attn_mt.data.batching import Batch
 from attn_mt.decode.translator import Translator
 from attn_mt.precision import (
     DTYPES,
@@ -228,10 +228,7 @@ class Trainer:
     def _choose_compiled(self) -> None:
         """Compile the updates as train.compile says (`compile.choose_compiled`), timed for
         `auto` on the epoch's first update's batches, and say which in train.log."""
-        rows = self.source.batches[: self.cfg.train.accumulate]
-        batches = [
-            self._place(collate(self.source.shards.src, self.source.shards.tgt, r)) for r in rows
-        ]
+        batches = [self._place(b) for b in self.source.first_batches(self.cfg.train.accumulate)]
         setting, recorded = self.cfg.train.compile, self.progress.compiled
         self.train_model, choice = choose_compiled(
             setting, recorded, self.train_model, self.objective, batches, self.dtype, self.world

@@ -47,6 +47,15 @@ def test_a_restored_position_continues_exactly() -> None:
     assert straight.epochs_done == resumed.epochs_done == 3
 
 
+def test_first_batches_are_the_epochs_first_and_leave_the_position() -> None:
+    source = ShardBatches(corpus(), [1.0], 200, seed=3)
+    take(source, 2)
+    sample = source.first_batches(2)
+    fresh = ShardBatches(corpus(), [1.0], 200, seed=3)
+    assert [b.src.tolist() for b in sample] == [fresh.next().src.tolist() for _ in range(2)]
+    assert (source.epoch, source.index) == (0, 2)
+
+
 def test_epochs_done_counts_a_finished_epoch_before_the_next_batch() -> None:
     source = ShardBatches(corpus(), [1.0], 400, seed=1)
     take(source, len(source.batches) - 1)
