@@ -94,18 +94,9 @@ def train_tokenizer(
     for line in lines:
         digest.update(line.encode("utf-8") + b"\n")
     cached = cache / f"{digest.hexdigest()[:32]}.model"
-    try:
-        if cached.is_file():
-            tokenizer = Tokenizer(cached.read_bytes())
-            log.info("SentencePiece: found in the cache (%s)", cached)
-            return tokenizer
-        cache.mkdir(parents=True, exist_ok=True)
-        if not writable_dir(cache):  # known before SentencePiece trains, not after
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-    except RuntimeError:
-        pass  # a damaged cache entry: train again and replace it
-    except OSError as err:
-        raise _cache_error(cache, err) from None
+    found = _from_cache(cached)
+    if found is not None:
+        return found
     log.info(
         "SentencePiece: training a %d-piece %s model on %s lines ...",
         cfg.vocab_size,
@@ -128,30 +119,54 @@ def train_tokenizer(
             **settings,
         )
     except RuntimeError as err:
-        reason = str(err).splitlines()[-1] if str(err) else "unknown"
-        hint = ""
-        if "input_sentence_size" in reason or (
-            "ocabulary size" in reason and cfg.max_sentences < len(lines)
-        ):  # the cap left too few sentences for the vocabulary
-            hint = (
-                f"; tokenizer.max_sentences {cfg.max_sentences} leaves too few sentences for it: "
-                "raise tokenizer.max_sentences or lower tokenizer.vocab_size"
-            )
-        elif cfg.byte_fallback and cfg.vocab_size < 300:
-            hint = (
-                "; byte_fallback takes 256 byte pieces plus one per character: raise "
-                "tokenizer.vocab_size or set tokenizer.byte_fallback: false"
-            )
-        raise ConfigError(
-            f"tokenizer: SentencePiece could not train with vocab_size {cfg.vocab_size} "
-            f"({reason}){hint}"
-        ) from None
+        raise _training_error(cfg, len(lines), err) from None
     try:
         with atomic_write(cached) as out:
             out.write(model.getvalue())
     except OSError as err:
-        raise _cache_error(cache, err) from None
+        raise _cache_error(cached.parent, err) from None
     return Tokenizer(model.getvalue())
+
+
+def _from_cache(cached: Path) -> Tokenizer | None:
+    """The tokenizer cached at `cached`, or None (after checking that the cache folder can take
+    one, before SentencePiece trains rather than after); a damaged entry is trained again."""
+    cache = cached.parent
+    try:
+        if cached.is_file():
+            tokenizer = Tokenizer(cached.read_bytes())
+            log.info("SentencePiece: found in the cache (%s)", cached)
+            return tokenizer
+        cache.mkdir(parents=True, exist_ok=True)
+        if not writable_dir(cache):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except RuntimeError:
+        pass  # a damaged cache entry: train again and replace it
+    except OSError as err:
+        raise _cache_error(cache, err) from None
+    return None
+
+
+def _training_error(cfg: TokenizerConfig, lines: int, err: RuntimeError) -> ConfigError:
+    """SentencePiece's refusal to train as one line, with the setting to change."""
+    reason = str(err).splitlines()[-1] if str(err) else "unknown"
+    hint = ""
+    if "input_sentence_size" in reason or (
+        "ocabulary size" in reason and cfg.max_sentences < lines
+    ):  # the cap left too few sentences for the vocabulary
+        hint = (
+            f"; tokenizer.max_sentences {cfg.max_sentences} leaves too few sentences for it: "
+            "raise tokenizer.max_sentences or lower tokenizer.vocab_size"
+        )
+    elif cfg.byte_fallback and cfg.vocab_size < 300:
+        hint = (
+            "; byte_fallback takes 256 byte pieces plus one per character: raise "
+            "tokenizer.vocab_size or set tokenizer.byte_fallback: false"
+        )
+    return ConfigError(
+        f"tokenizer: SentencePiece could not train with vocab_size {cfg.vocab_size} "
+        f"({reason}){hint}"
+    )
 
 
 def _cache_error(cache: Path, err: OSError) -> UserError:
