@@ -23,8 +23,10 @@ against the measured and the data-sheet peak.
     python scripts/bench_train.py --size base --vocab 32000 --batch-tokens 12500 25000
     python scripts/bench_train.py --size base --vocab 32000 --compile both   # eager and compiled
 
-With `--compile on|both`, each loss also through `torch.compile(dynamic=True)` (what
-train.compile does to the update), its compilation in the warm-up and its seconds reported.
+With `--compile on|both`, each loss also through `torch.compile` as train.compile runs the
+update (batch dims marked dynamic), its compilation in the warm-up: its seconds and the graphs
+it made reported (each graph break and each recompile adds one; on the CPU every dropout breaks
+the graph); a graph made in a timed window, a recompile there, is warned about.
 
 The last line is one JSON object with every figure.
 """
@@ -199,6 +201,14 @@ def projected_loss_of(model: Transformer, batch: Batch, dtype: torch.dtype) -> t
     objective.tokens = batch.num_tgt_tokens
     with autocast(batch.src.device, dtype):
         return objective(batch.src, batch.tgt_in, batch.tgt_out)[0]
+
+
+def compiled_graphs() -> int:
+    """The graphs torch.compile has made in this process so far (pieces between graph breaks;
+    each recompile adds more)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def compiled_step(loss: str, model: Transformer):
@@ -460,24 +470,30 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
             if name not in peaks:
                 peaks[name] = matmul_peak(dtype, device, 1.0 if args.quick else 3.0)
             spec = spec_peak(hardware, name) if device.type == "cuda" else None
-            warm_s = {}
+            warm_s, graphs = {}, {}
             for key, step in steps.items():  # a compiled step compiles here
+                made = compiled_graphs()
                 warm_s[key] = timed_window(model, optimizer, warm, device, dtype, step)[0]
+                graphs[key] = compiled_graphs() - made
                 print(f"warm-up {batch_tokens} {name} {key[0]} compiled={key[1]}: "
-                      f"{warm_s[key]:.1f} s", flush=True)  # fmt: skip
+                      f"{warm_s[key]:.1f} s, {graphs[key]} graph(s)", flush=True)  # fmt: skip
+            made = compiled_graphs()
             runs = {(loss, c, kind): [] for loss, c in steps for kind in shapes}
             for _ in range(rounds):  # in turns: noise hits every loss and shape alike
                 for (loss, c, kind), done in runs.items():
                     window = functools.partial(timed_window, model, optimizer, shapes[kind],
                                                device, dtype, steps[loss, c])  # fmt: skip
                     done.append(peak_memory(window, device))
+            if compiled_graphs() > made:  # a timed window compiled: its time is not a step's
+                print(f"warning: {compiled_graphs() - made} graph(s) compiled in timed windows")
             for (loss, c, kind), done in runs.items():
                 seconds = sum(s for (s, _), _ in done)
                 mib = [x for _, x in done if x is not None]
                 achieved = rounds * flops[kind] / seconds
                 results.append({
                     "batch_tokens": batch_tokens, "precision": name, "loss": loss,
-                    "compiled": c, "warmup_s": warm_s[loss, c], "shapes": kind,
+                    "compiled": c, "warmup_s": warm_s[loss, c], "graphs": graphs[loss, c],
+                    "shapes": kind,
                     "padding": padding_share(shapes[kind]),
                     "tokens_per_s": sum(t for (_, t), _ in done) / seconds,
                     "step_ms": 1e3 * seconds / (rounds * per_window),

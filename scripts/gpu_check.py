@@ -455,10 +455,16 @@ def wmt_base_bench(ctx: Context) -> Figures:
         raise CheckFailed(f"bench_train.py exited {proc.returncode}: {proc.stderr[-400:]}")
     (ctx.out / "bench_train_wmt_base.txt").write_text(proc.stdout)
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    keys = ("tokens_per_s", "step_ms", "peak_mib", "warmup_s", "graphs", "mfu_spec")
     rows = {
-        f"{r['loss']} {'compiled' if r['compiled'] else 'eager'} {r['shapes']}": {
-            k: r[k] for k in ("tokens_per_s", "step_ms", "peak_mib", "warmup_s", "mfu_spec")
-        }
+        " ".join(
+            [
+                str(r["batch_tokens"]),
+                r["loss"],
+                "compiled" if r["compiled"] else "eager",
+                r["shapes"],
+            ]
+        ): {k: r.get(k) for k in keys}
         for r in figures["results"]
     }
     ratios = {"projected/logits": figures["projected_over_logits"]}

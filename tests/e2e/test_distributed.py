@@ -30,7 +30,8 @@ from helpers.toy import epoch_lists, toy_config_dict, toy_pairs, write_lines
 
 import attn_mt
 from attn_mt.checkpoint import load_checkpoint
-from attn_mt.configfile import config_from_dict
+from attn_mt.configfile import config_from_dict, load_config
+from attn_mt.data.prepare import prepare_shards
 from attn_mt.train.loop import Trainer
 
 pytestmark = pytest.mark.slow
@@ -335,11 +336,11 @@ def test_every_shipped_multi30k_config_trains_under_torchrun(shipped, tmp_path):
         budget["train.max_minutes"] = 0.05
     overrides = {**TINY_AND_SHORT, **budget, "train.out_dir": tmp_path / "run"}
     sets = [arg for k, v in overrides.items() for arg in ("--set", f"{k}={v}")]
-    # The tokenizer and the shards first: the budget counts start-up, and six corpora's took
-    # all of it on a loaded machine (a final validation at step 0, no update).
-    prepare = [str(BIN / "attn-mt"), "prepare", "--config", str(shipped), *sets, "--workers", "2"]
-    made = subprocess.run(prepare, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert made.returncode == 0, made.stderr[-3000:]
+    # The tokenizer and the shards first, as `attn-mt prepare` makes them (here in this
+    # process, which has torch imported already): the budget counts start-up, and six
+    # corpora's took all of it on a loaded machine (a final validation at step 0, no update).
+    settings = [f"{k}={v}" for k, v in overrides.items()]
+    prepare_shards(load_config(shipped, settings, training=False), workers=1, repair=True)
     proc = torchrun("-m", "attn_mt", "train", "--config", str(shipped), *sets, *ON_CPU)
     check(proc)
     assert "is up to date" in proc.stderr, "the run prepared its data again"
