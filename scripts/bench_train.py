@@ -194,15 +194,6 @@ def logits_loss(model: nn.Module, batch: Batch, dtype: torch.dtype) -> torch.Ten
     return label_smoothed_loss(logits, batch.tgt_out, 0.1)[0]
 
 
-def projected_loss_of(model: Transformer, batch: Batch, dtype: torch.dtype) -> torch.Tensor:
-    """The trainer's loss, as `SmoothedObjective` runs it: `projected_loss` on the decoder's
-    final states, no (B, T, V) logits kept."""
-    objective = SmoothedObjective(model, 0.1)
-    objective.tokens = batch.num_tgt_tokens
-    with autocast(batch.src.device, dtype):
-        return objective(batch.src, batch.tgt_in, batch.tgt_out)[0]
-
-
 def compiled_graphs() -> int:
     """The graphs torch.compile has made in this process so far (pieces between graph breaks;
     each recompile adds more)."""
@@ -211,13 +202,16 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def compiled_step(loss: str, model: Transformer):
-    """`LOSSES[loss]` through torch.compile as train.compile runs it: for `projected`, the
-    `SmoothedObjective` compiled (its loss eager, the token count read outside the graph)."""
+def loss_step(loss: str, model: Transformer, compiled: bool):
+    """The step of `--loss` `loss` (`step(model, batch, dtype)` -> the summed loss), through
+    torch.compile as train.compile runs the update when `compiled`. `projected` is the trainer's
+    loss as it runs it: the `SmoothedObjective` (`projected_loss` on the decoder's final states,
+    no (B, T, V) logits kept; compiled, the loss stays eager and the token count is read outside
+    the graph)."""
     if loss == "logits":
-        return torch.compile(logits_loss)
+        return torch.compile(logits_loss) if compiled else logits_loss
     objective = SmoothedObjective(model, 0.1)
-    module = torch.compile(objective)
+    module = torch.compile(objective) if compiled else objective
 
     def step(_model: Transformer, batch: Batch, dtype: torch.dtype) -> torch.Tensor:
         objective.tokens = batch.num_tgt_tokens
@@ -227,7 +221,7 @@ def compiled_step(loss: str, model: Transformer):
     return step
 
 
-LOSSES = {"logits": logits_loss, "projected": projected_loss_of}  # --loss
+LOSSES = ("logits", "projected")  # --loss
 
 
 def train_steps(model: nn.Module, optimizer, batches: list[Batch], device, dtype,
@@ -442,8 +436,7 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg, vocab, vocab).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    steps = {(loss, c): compiled_step(loss, model) if c else LOSSES[loss]
-             for loss in losses for c in compiled}  # fmt: skip
+    steps = {(loss, c): loss_step(loss, model, c) for loss in losses for c in compiled}
     print(f"model d={m.d_model} {m.encoder_layers}+{m.decoder_layers} layers d_ff={m.d_ff}, "
           f"vocab {vocab}; {args.pairs:,} synthetic pairs, source mean "
           f"{lengths[:, 0].mean():.1f} tokens (99.9th pct {np.quantile(lengths[:, 0], 0.999):.0f}),"
