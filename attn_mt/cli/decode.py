@@ -157,15 +157,7 @@ def translate(
         alignment=alignment,
         tgt_lang=tgt_lang,
     )
-    written = 0  # input lines whose output is written
-
-    def write(out: TextIO, found: list[list[Translation]]) -> None:
-        nonlocal written
-        for index, entries in enumerate(found, start=written):
-            out.write(io.format_entries(index, entries, nbest, nbest_format))
-        out.flush()
-        written += len(found)
-
+    lines = _LineWriter(nbest, nbest_format)
     try:
         with (
             io.input_file(input_) as (stream, total),
@@ -173,7 +165,7 @@ def translate(
             progress.sentences(total, "translate") as advance,
         ):
             for chunk in io.line_chunks(stream, str(input_) if input_ else "stdin"):
-                first_line = written + 1
+                first_line = lines.written + 1
                 sources, prefixes, terms = io.line_fields(chunk, prefix, constraints, first_line)
                 done: dict[int, list[Translation]] = {}  # the chunk's finished lines, by row
                 try:
@@ -189,19 +181,11 @@ def translate(
                         ),
                     )
                 except KeyboardInterrupt:  # Ctrl-C: the lines finished in order are written
-                    write(out, [done[row] for row in takewhile(done.__contains__, count())])
+                    lines.write(out, [done[row] for row in takewhile(done.__contains__, count())])
                     raise
-                write(out, found)
+                lines.write(out, found)
     except KeyboardInterrupt:
-        if output is None:
-            print(f"attn-mt: interrupted; the first {written} line(s) are written", file=sys.stderr)
-        else:  # the file is whole or not at all, even on Ctrl-C
-            print(
-                f"attn-mt: interrupted; --output {output} not written ({written} line(s) were "
-                "done; to keep finished lines, translate to stdout: > FILE)",
-                file=sys.stderr,
-            )
-        raise typer.Exit(130) from None
+        raise _interrupted(output, lines.written) from None
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): end quietly, without a flush error at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -210,6 +194,36 @@ def translate(
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise UserError(f"stdout: cannot write ({os_reason(err)})") from None
+
+
+class _LineWriter:
+    """Writes finished input lines' translations in input order and counts them."""
+
+    def __init__(self, nbest: int, nbest_format: NbestFormat):
+        self.nbest, self.nbest_format = nbest, nbest_format
+        self.written = 0  # input lines whose output is written
+
+    def write(self, out: TextIO, found: list[list[Translation]]) -> None:
+        from attn_mt.cli import io
+
+        for index, entries in enumerate(found, start=self.written):
+            out.write(io.format_entries(index, entries, self.nbest, self.nbest_format))
+        out.flush()
+        self.written += len(found)
+
+
+def _interrupted(output: Path | None, written: int) -> typer.Exit:
+    """Ctrl-C during translate: say what was written (stdout keeps the finished lines; an
+    --output file is whole or not at all), then exit 130."""
+    if output is None:
+        print(f"attn-mt: interrupted; the first {written} line(s) are written", file=sys.stderr)
+    else:
+        print(
+            f"attn-mt: interrupted; --output {output} not written ({written} line(s) were "
+            "done; to keep finished lines, translate to stdout: > FILE)",
+            file=sys.stderr,
+        )
+    return typer.Exit(130)
 
 
 @app.command(epilog="Example: attn-mt evaluate -m runs/multi30k --split test -b 5")
