@@ -159,7 +159,7 @@ def validation_attention_figure(
 ) -> Figure:
     """The last decoder layer's cross-attention heads for one sentence, for TensorBoard at every
     validation. One row: a grid of every layer was most of a base-size validation's time
-    (8 of 9.5 s on an H200, docs/gpu.md); `attn-mt plot attention` draws them all."""
+    (docs/gpu.md); `attn-mt plot attention` draws them all."""
     maps = attention_maps(translator, sentence, "cross", tgt_lang)
     return plot_attention(maps, layer=maps.weights.size(0) - 1)
 

@@ -186,14 +186,13 @@ def translate(
                 lines.write(out, found)
     except KeyboardInterrupt:
         raise _interrupted(output, lines.written) from None
-    except BrokenPipeError:
-        # The reader went away (e.g. `| head`): end quietly, without a flush error at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except OSError as err:  # stdout on a full disk or /dev/full (--output's are its own)
-        if output is not None:
-            raise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise UserError(f"stdout: cannot write ({os_reason(err)})") from None
+    except OSError as err:  # the reader went away (`| head`: end quietly), or a full disk
+        gone = isinstance(err, BrokenPipeError)
+        if output is not None and not gone:
+            raise  # --output's errors are its own
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        if not gone:
+            raise UserError(f"stdout: cannot write ({os_reason(err)})") from None
 
 
 class _LineWriter:

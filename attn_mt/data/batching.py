@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from attn_mt.config import Config
-from attn_mt.data.shards import Shards, TokenView, temperature_weights
+from attn_mt.data.shards import Shards, TokenView, mix_weights
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.distributed import World
 from attn_mt.errors import DataError
@@ -307,8 +307,7 @@ class ShardBatches:
         return [rows[positions] for positions in batches]
 
     def first_batches(self, count: int) -> list[Batch]:
-        """The current epoch's first `count` batches, made apart from the position (a sample
-        for timing: train.compile auto)."""
+        """The current epoch's first `count` batches, made apart from the position (a sample)."""
         return [collate(self.shards.src, self.shards.tgt, rows) for rows in self.batches[:count]]
 
     @property
@@ -371,19 +370,12 @@ class ShardBatches:
 
     def describe(self) -> str:
         """Batches per epoch and the padding share of the first 50 (for the start-up log)."""
-        sample = [collate(self.shards.src, self.shards.tgt, rows) for rows in self.batches[:50]]
         per = " per process" if self.world.size > 1 else ""
-        padding = 100 * padding_fraction(sample)
+        padding = 100 * padding_fraction(self.first_batches(50))
         line = f"{len(self.batches)} batches per epoch{per}, padding {padding:.1f}%"
         if self.resampler:
             line += f", segmentations sampled (alpha {self.resampler.alpha:g})"
         return f"{line}; {self.rescaled}" if self.rescaled else line
-
-
-def mix_weights(shards: Shards, weights: Sequence[float], temperature: float) -> list[float]:
-    """The weights an epoch of `shards` takes its corpora with (`temperature_weights`)."""
-    counts = np.bincount(shards.corpus, minlength=len(weights))
-    return temperature_weights(weights, counts, temperature)
 
 
 MAX_EPOCH_PAIRS = 2**31  # an epoch's row numbers, held in memory at once

@@ -227,3 +227,9 @@ def temperature_weights(
         float(w * share * sizes.sum() / size) if size else float(w)
         for w, share, size in zip(weights, shares, sizes, strict=True)
     ]
+
+
+def mix_weights(shards: Shards, weights: Sequence[float], temperature: float) -> list[float]:
+    """The weights an epoch of `shards` takes its corpora with (`temperature_weights`)."""
+    counts = np.bincount(shards.corpus, minlength=len(weights))
+    return temperature_weights(weights, counts, temperature)

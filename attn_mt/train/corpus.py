@@ -12,10 +12,9 @@ import numpy as np
 from attn_mt import distributed
 from attn_mt.config import Config
 from attn_mt.configdata import language_tag
-from attn_mt.data.batching import mix_weights
 from attn_mt.data.corpora import split_files, valid_directions
 from attn_mt.data.prepare import shards_for_run
-from attn_mt.data.shards import Shards, TokenView, corpus_lines
+from attn_mt.data.shards import Shards, TokenView, corpus_lines, mix_weights
 from attn_mt.data.text import FilterStats, read_parallel
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import DataError

@@ -77,8 +77,7 @@ def _gradient(
 
 
 # Logit elements one step of `projected_loss` makes at a time: 4M (16 MiB of float32) on the
-# CPU; 64M on a GPU, where 4M (131 rows of a 32k vocabulary) made products too thin to fill
-# the card and took twice the full logits' step time on an H200 (docs/gpu.md).
+# CPU; more on a GPU, where thin products leave the card idle (docs/gpu.md).
 PROJECTION_CHUNK = 2**22
 PROJECTION_CHUNK_GPU = 2**26
 
