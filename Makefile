@@ -5,6 +5,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= configs/multi30k_de_en.yaml
 ARGS   ?=  # more `attn-mt train` options, e.g. ARGS='--set train.max_minutes=3'
+# The suite runs on every core (up to 4 pytest-xdist workers, one torch thread each where
+# cores are few; tests/conftest.py shares them out). TESTFLAGS='-n 0' runs it in one process.
+TESTFLAGS ?= -n auto --maxprocesses 4 --dist worksteal
 
 .PHONY: setup train test lint bench clean
 
@@ -21,7 +24,7 @@ train: setup
 	$(BIN)/attn-mt train --config $(CONFIG) $(ARGS)
 
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(TESTFLAGS)
 
 lint: setup
 	$(BIN)/ruff check .

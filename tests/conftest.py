@@ -30,7 +30,16 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     # float32 training multiplies through nn.Linear unless a test asks for oneDNN: a choice
     # timed in each process could differ between a run and its resumed half on a noisy machine.
     os.environ["ATTN_MT_FP32_PRODUCTS"] = "mkl"
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    threads = _threads_per_process()
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # the children this process starts, too
+    torch.set_num_threads(threads)
+
+
+def _threads_per_process() -> int:
+    """Two torch threads, or the cores' fair share when pytest-xdist runs several workers
+    (`make test`): two workers of two threads on two cores ran the suite twice as slowly."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, min(2, len(os.sched_getaffinity(0)) // workers))
 
 
 @pytest.fixture(autouse=True)
