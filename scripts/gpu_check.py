@@ -493,6 +493,30 @@ def auto_compile_run(ctx: Context) -> Figures:
     return figures | {"wall s": wall, "validation share of wall": validated / wall}
 
 
+def read_later(ctx: Context) -> Figures:
+    """Multi30k at transformer-base size in this process, 300 updates logged every 100: each
+    update read one update later (what the trainer does) against each read at once; target
+    tokens/s of the last 200 and the last logged loss each way (bit-for-bit equality is
+    tests/unit/train/test_pending.py's, on the CPU: here atomics make any two runs differ)."""
+    from attn_mt.configfile import load_config
+    from attn_mt.train.loop import Trainer
+
+    figures = {}
+    for mode in ("at once", "one later"):
+        out = ctx.out / "runs" / f"read-{mode.replace(' ', '-')}"
+        sets = (*BASE, "train.max_steps=300", "train.log_every=100", "train.eval_every=1000",
+                f"train.out_dir={out}")  # fmt: skip
+        trainer = Trainer(load_config(CONFIGS / "multi30k_de_en_gpu.yaml", sets), device=ctx.device)
+        if mode == "at once":
+            trainer._read_now = lambda: True  # type: ignore[method-assign]
+        trainer.run()
+        rows = metrics(out, "train")[1:]  # the first window holds the warm-up
+        figures[f"tgt tok/s, read {mode}"] = sum(r["tokens_per_sec"] for r in rows) / len(rows)
+        figures[f"loss at 300, read {mode}"] = rows[-1]["loss"]
+    later, now = figures["tgt tok/s, read one later"], figures["tgt tok/s, read at once"]
+    return figures | {"speed-up": later / now}
+
+
 def peak_memory(ctx: Context) -> Figures:
     """One AdamW update of transformer-base and -big at a 32k vocabulary, at the config's batch
     of its longest sentences (max_len), with and without activation checkpointing."""
@@ -522,6 +546,7 @@ CHECKS = [
     Check("GPU presets load", presets, gpu_only=False),
     Check("WMT base bench: compile off/on, projected vs logits", wmt_base_bench, gpu_only=True),
     Check("base-size train.compile auto, phase seconds", auto_compile_run, gpu_only=True),
+    Check("update read one later vs at once", read_later, gpu_only=True),
     Check("cached == full decoding", cached_decoding, gpu_only=False),
     Check("mask-free decoder == masked", mask_free_attention, gpu_only=False),
     Check("decoding: host reads, ms per step", decoding, gpu_only=False),

@@ -26,9 +26,18 @@ class WeightEMA:
         self._weights: list[torch.Tensor] = list(model.parameters())
 
     @torch.no_grad()
-    def update(self) -> None:
-        """avg <- avg + (1 - decay) * (weights - avg), in place, all tensors in one call."""
-        torch._foreach_lerp_(self._averages, self._weights, 1.0 - self.decay)
+    def update(self, taken: torch.Tensor | None = None) -> None:
+        """avg <- avg + (1 - decay) * (weights - avg), in place, all tensors in one call; with
+        `taken` (a bool on the device: the optimizer took the step) only if it is true, decided
+        on the device (a weight of 0 leaves every average exactly as it was)."""
+        weight = 1.0 - self.decay
+        if taken is None:
+            torch._foreach_lerp_(self._averages, self._weights, weight)
+        else:
+            # One 0-d weight per tensor: a tensor as the scalar weight would be read back to
+            # the host (`.item()`), a wait for the GPU.
+            gated = taken.to(self._averages[0].dtype) * weight
+            torch._foreach_lerp_(self._averages, self._weights, [gated] * len(self._averages))
 
     def state_dict(self) -> dict[str, Any]:
         """The averaged weights as the model's state_dict."""

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -48,11 +47,12 @@ from attn_mt.train.loglines import TrainWindow, log_finish, log_start, window_li
 from attn_mt.train.loss import SmoothedObjective
 from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
 from attn_mt.train.onednn import choose_for_run
+from attn_mt.train.pending import Pending, chosen_lr
 from attn_mt.train.runfolder import lock_run_folder
 from attn_mt.train.runlog import Monitor, QuietMonitor, RunLog
 from attn_mt.train.schedule import learning_rate
 from attn_mt.train.signals import StopSignals
-from attn_mt.train.skips import SkipRule, Update
+from attn_mt.train.skips import SkipRule
 from attn_mt.train.state import TrainProgress, build_state, starting_point
 from attn_mt.train.validate import Validator
 
@@ -149,6 +149,8 @@ class Trainer:
         )  # fmt: skip
         self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, self.state.ckpt_dir / "last.pt")
         self.agreement = RankAgreement(world, self.device)  # under torchrun: the ranks' stops
+        self.window, self.taken = TrainWindow(), True  # the updates read since the last log
+        self.line: tuple[str, dict[str, float]] = ("", {})  # the last read update's figures
 
     @property
     def progress(self) -> TrainProgress:
@@ -171,38 +173,21 @@ class Trainer:
             self._choose_compiled()
             p = self.progress
             self.clock = RunClock(self.began - p.elapsed, p.step, p.validation_seconds, self.now)
-            window = TrainWindow()
             self.source.prepare(t.accumulate, self._place)
+            pending: Pending | None = None  # launched, not read yet
             while not (stopped_by := self._stop_reason()):
-                step = self.progress.step + 1
-                lr = learning_rate(step, t, self.agreement.schedule_seconds(self.clock, t))
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-                update = self.update()
-                if not self.skips.accept(update, step):
-                    self.progress.skipped += 1
-                    continue
-                self.progress.step = step
-                if self.ema:
-                    self.ema.update()
-                window.add(update.loss, update.nll, update.tokens, update.grad_norm)
-                line, metrics = window_line(
-                    step, window, lr, t, self.clock, self.source, self.device
-                )
-                self.monitor.training(line)
-                if step % t.log_every == 0:
-                    self.runlog.training(step, line, metrics)
-                    window = TrainWindow()
-                if step % t.eval_every == 0:
-                    began = self.now()
-                    self.progress.elapsed = self.clock.elapsed()
-                    self.validator.validate_and_save(self.runlog)
-                    self.agreement.forget()  # rank 0 alone knows whether it improved
-                    took = self.progress.validation_seconds = self.now() - began
-                    self.clock.validated(took)
-                    window.pause(took)  # tokens/s counts training only
-            if window.updates:  # a run shorter than log_every has its curves too
-                self.runlog.training(self.progress.step, line, metrics)
+                lrs = self._set_lr(pending)
+                launched = replace(self.update(), lrs=lrs, after_pending=pending is not None)
+                if pending is not None:
+                    self._read(pending)
+                pending = launched
+                if self._read_now():
+                    self._read(pending, last=True)
+                    pending = None
+            if pending is not None:
+                self._read(pending, last=True)
+            if self.window.updates:  # a run shorter than log_every has its curves too
+                self.runlog.training(self.progress.step, *self.line)
             self.progress.elapsed = self.clock.elapsed()
             self.finish(stopped_by)
         p, signal_name = self.progress, self.signals.name
@@ -249,17 +234,72 @@ class Trainer:
         epochs_done = self.source.epochs_done
         return stop_rules(self.cfg.train, self.progress, signalled, self.clock, epochs_done)
 
-    def update(self) -> Update:
-        """One optimizer update over `accumulate` batches on every rank.
+    def _read_now(self) -> bool:
+        """Whether the update just launched is read before the next is queued: when its step
+        would be logged, validated or the last of max_steps, and under fp16 (the loss scale
+        is read with the update), else it is read one update later (`pending`)."""
+        t, step = self.cfg.train, self.progress.step + 1
+        boundary = step % t.log_every == 0 or step % t.eval_every == 0
+        return boundary or step == t.max_steps or self.scaler is not None
+
+    def _read(self, pending: Pending, last: bool = False) -> None:
+        """Read an update launched earlier: count its step (or the skip), follow it in the
+        live line and the logs, and validate at eval_every. `last`: nothing was launched after
+        it, so the optimizer's lr becomes this update's as a float (as a checkpoint keeps it)."""
+        t = self.cfg.train
+        update, agreed = pending.read()
+        if self.world.distributed:
+            self.agreement.take(agreed)
+        lr, step = pending.lr(self.taken), self.progress.step + 1
+        if last:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        self.taken = self.skips.accept(update, step)
+        if not self.taken:
+            self.progress.skipped += 1
+            return
+        self.progress.step = step
+        window = self.window
+        window.add(update.loss, update.nll, update.tokens, update.grad_norm)
+        self.line = window_line(step, window, lr, t, self.clock, self.source, self.device)
+        self.monitor.training(self.line[0])
+        if step % t.log_every == 0:
+            self.runlog.training(step, *self.line)
+            self.window = TrainWindow()
+        if step % t.eval_every == 0:
+            began = self.now()
+            self.progress.elapsed = self.clock.elapsed()
+            self.validator.validate_and_save(self.runlog)
+            self.agreement.forget()  # rank 0 alone knows whether it improved
+            took = self.progress.validation_seconds = self.now() - began
+            self.clock.validated(took)
+            self.window.pause(took)  # tokens/s counts training only
+
+    def _set_lr(self, before: Pending | None) -> tuple[float, float]:
+        """Give the optimizer the next update's learning rate; return it for the two cases of
+        `before` (the update launched before it, not read yet): taken, skipped."""
+        t = self.cfg.train
+        step = self.progress.step + 1  # or the one after, if `before` is taken
+        seconds = self.agreement.schedule_seconds(self.clock, t)
+        taken_lr = learning_rate(step + (before is not None), t, seconds)
+        lrs = (taken_lr, learning_rate(step, t, seconds))
+        lr = chosen_lr(lrs, before, self.device)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lrs
+
+    def update(self) -> Pending:
+        """One optimizer update over `accumulate` batches on every rank, launched and not
+        read (`_read` reads it).
 
         The loss is normalised by the target tokens of all batches on all ranks, so the update
         does not depend on how a batch is split (DDP averages gradients, hence `* world size`).
         Under torchrun that count is all-reduced while the first batch's forward pass runs
         (launched before it, waited for only before the backward pass), so the forward never
-        waits for it (why not after the backward: docs/distributed.md). Nothing waits for the
-        GPU until the figures are read back, once, at the end: the next update's batches are
-        made and copied meanwhile, and a NaN/inf skips the step on the device (the fused
-        optimizer's `found_inf`).
+        waits for it (why not after the backward: docs/distributed.md). Nothing here waits for
+        the GPU: the next update's batches are made and copied meanwhile, a NaN/inf skips the
+        step on the device (the fused optimizer's `found_inf`, and the EMA's), and the figures
+        stay there until `_read` (train/pending.py).
         """
         t = self.cfg.train
         batches = [self._place(self.source.next()) for _ in range(t.accumulate)]  # prepared
@@ -300,15 +340,13 @@ class Trainer:
         self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
         self.optimizer.step()
         del self.optimizer.found_inf  # type: ignore[attr-defined]
+        if self.ema:
+            self.ema.update(finite)  # a skipped step leaves it as it was
         if self.scaler is not None:
             self.scaler.update()  # halves the scale after an overflow
         self.optimizer.zero_grad(set_to_none=True)
-        figures = torch.cat([sums, tokens, norm.double().view(1)]).tolist()  # one sync
-        if self.world.distributed:
-            self.agreement.take(figures[2:-2])
-        loss, nll, tokens_all, grad_norm = *figures[:2], figures[-2], figures[-1]
-        ok = math.isfinite(loss) and math.isfinite(nll) and math.isfinite(grad_norm)
-        return Update(loss, nll, int(tokens_all), grad_norm, ok)
+        figures = torch.cat([sums, tokens, norm.double().view(1)])
+        return Pending(figures, finite)
 
     def _place(self, batch: Batch) -> Batch:
         """`batch` on the training device (a batch already there stays as it is)."""

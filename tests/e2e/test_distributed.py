@@ -254,8 +254,10 @@ def test_resume_under_ddp_ends_where_a_straight_run_does(stopped, straight):
 
 def test_two_ranks_equal_one_rank_accumulating_two(data, folder, straight):
     """One epoch on two ranks (`python -m attn_mt` under torchrun) and one process taking the
-    same batches two at a time reach the same parameters: the loss is normalised over both."""
-    config = write_config(data, folder, "one-epoch", dropout=0.0, max_epochs=1)
+    same batches two at a time reach the same parameters: the loss is normalised over both.
+    Logged every other update, so that odd updates are read one update later (with the stop
+    flags that travel with them)."""
+    config = write_config(data, folder, "one-epoch", dropout=0.0, max_epochs=1, log_every=2)
     check(torchrun("-m", "attn_mt", "train", "--config", str(config), *ON_CPU))
     ddp = load_checkpoint(folder / "one-epoch" / "checkpoints" / "last.pt")
 
@@ -279,7 +281,8 @@ def test_two_ranks_equal_one_rank_accumulating_two(data, folder, straight):
     assert moved > 1e-3, "the parameters should move far beyond the tolerance"
     # Adam hides a constant factor in the gradients; the logged loss and norm do not.
     ddp_log, single_log = (train_lines(folder / name) for name in ("one-epoch", "single"))
-    assert len(ddp_log) == len(single_log) == ddp["step"]
+    assert [r["step"] for r in ddp_log] == [r["step"] for r in single_log] == [2, 4]
+    assert ddp["step"] == 4
     for ours, theirs in zip(ddp_log, single_log, strict=True):
         for key in ("loss", "ppl", "grad_norm"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-5), (ours["step"], key)

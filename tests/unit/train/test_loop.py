@@ -50,8 +50,8 @@ def test_target_tokens_are_counted_when_the_batch_is_made(toy_config) -> None:
 
 
 def test_an_update_reads_the_device_back_once(toy_config, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a GPU each read of a tensor's value waits for all queued work: only the figures at
-    the end of an update are read (`tolist`), nothing else per step."""
+    """On a GPU each read of a tensor's value waits for all queued work: an update reads
+    nothing back, and its figures are read once (`tolist`) when the loop reads it."""
     trainer = Trainer(toy_config(max_steps=2, accumulate=2))
     reads: list[str] = []
     for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
@@ -65,5 +65,7 @@ def test_an_update_reads_the_device_back_once(toy_config, monkeypatch: pytest.Mo
     trainer.source.prepare(2, lambda batch: batch)
     for _ in range(2):
         reads.clear()
-        update = trainer.update()
+        pending = trainer.update()
+        assert reads == []
+        update, _ = pending.read()
         assert update.finite and reads == ["tolist"]
