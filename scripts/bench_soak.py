@@ -106,13 +106,15 @@ class Soak:
         if self.profiling is None and (name := self._profile_due()):
             self.profiling = (name, profile(activities=[ProfilerActivity.CPU]), 0)
             self.profiling[1].start()
-        result = self.update()
+        taken = len(self.batches)
+        result = self.update()  # launched; the trainer reads its figures one update later
+        tokens = sum(batch.num_tgt_tokens for batch in self.batches[taken:])
         now = time.perf_counter()
         loop_seconds = now - self.mark - self.valid_s
         self.valid_s, self.row["steps"], self.updates = 0.0, self.row["steps"] + 1, self.updates + 1
         if self.profiling is None:  # the profiler's overhead would count against attn-mt
             self.chunk["attn_s"] += loop_seconds
-            self.chunk["attn_tok"] += result.tokens
+            self.chunk["attn_tok"] += tokens
         else:
             self._profile_step()
         if self.chunk["attn_tok"] and self.chunk["attn_s"] >= self.args.chunk:
