@@ -47,10 +47,9 @@ from attn_mt.train.loglines import TrainWindow, log_finish, log_start, window_li
 from attn_mt.train.loss import SmoothedObjective
 from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
 from attn_mt.train.onednn import choose_for_run
-from attn_mt.train.pending import Pending, chosen_lr
+from attn_mt.train.pending import Pending, chosen_lr, learning_rates, read_at_once
 from attn_mt.train.runfolder import lock_run_folder
 from attn_mt.train.runlog import Monitor, QuietMonitor, RunLog
-from attn_mt.train.schedule import learning_rate
 from attn_mt.train.signals import StopSignals
 from attn_mt.train.skips import SkipRule
 from attn_mt.train.state import TrainProgress, build_state, starting_point
@@ -235,12 +234,8 @@ class Trainer:
         return stop_rules(self.cfg.train, self.progress, signalled, self.clock, epochs_done)
 
     def _read_now(self) -> bool:
-        """Whether the update just launched is read before the next is queued: when its step
-        would be logged, validated or the last of max_steps, and under fp16 (the loss scale
-        is read with the update), else it is read one update later (`pending`)."""
-        t, step = self.cfg.train, self.progress.step + 1
-        boundary = step % t.log_every == 0 or step % t.eval_every == 0
-        return boundary or step == t.max_steps or self.scaler is not None
+        """Whether the update just launched is read before the next is queued."""
+        return read_at_once(self.progress.step + 1, self.cfg.train, self.scaler is not None)
 
     def _read(self, pending: Pending, last: bool = False) -> None:
         """Read an update launched earlier: count its step (or the skip), follow it in the
@@ -279,10 +274,8 @@ class Trainer:
         """Give the optimizer the next update's learning rate; return it for the two cases of
         `before` (the update launched before it, not read yet): taken, skipped."""
         t = self.cfg.train
-        step = self.progress.step + 1  # or the one after, if `before` is taken
         seconds = self.agreement.schedule_seconds(self.clock, t)
-        taken_lr = learning_rate(step + (before is not None), t, seconds)
-        lrs = (taken_lr, learning_rate(step, t, seconds))
+        lrs = learning_rates(self.progress.step + 1, t, seconds, before)
         lr = chosen_lr(lrs, before, self.device)
         for group in self.optimizer.param_groups:
             group["lr"] = lr

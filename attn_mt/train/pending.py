@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from attn_mt import distributed
+from attn_mt.config import TrainConfig
+from attn_mt.train.schedule import learning_rate
 from attn_mt.train.skips import Update
 
 
@@ -41,6 +43,23 @@ class Pending:
         loss, nll, tokens, grad_norm = *figures[:2], figures[-2], figures[-1]
         finite = math.isfinite(loss) and math.isfinite(nll) and math.isfinite(grad_norm)
         return Update(loss, nll, int(tokens), grad_norm, finite), figures[2:-2]
+
+
+def read_at_once(step: int, train: TrainConfig, fp16: bool) -> bool:
+    """Whether the update that makes `step` is read before the next is queued: when that step
+    is logged, validated or the last of max_steps, and under fp16 (the loss scale is read with
+    the update); else it is read one update later."""
+    logged = step % train.log_every == 0 or step % train.eval_every == 0
+    return logged or step == train.max_steps or fp16
+
+
+def learning_rates(
+    step: int, train: TrainConfig, seconds: float, before: Pending | None
+) -> tuple[float, float]:
+    """The lr of the update after `step - 1` taken steps, after `seconds` of the schedule's
+    clock: if `before` (launched, not read yet) is taken, and if it is skipped."""
+    taken = learning_rate(step + (before is not None), train, seconds)
+    return taken, learning_rate(step, train, seconds)
 
 
 def chosen_lr(
