@@ -11,6 +11,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +33,11 @@ log = logging.getLogger("attn_mt")
 
 # train.select_metric -> whether a higher value is better
 HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False}
+# The validation attention plot takes at most about this share of a run's wall time
+# (`PlotBudget`); its first drawing in a process, matplotlib's import included, takes about
+# PLOT_GUESS seconds on a small CPU.
+PLOT_SHARE = 0.02
+PLOT_GUESS = 1.0
 
 
 @torch.no_grad()
@@ -112,6 +118,30 @@ def search_share(
     return shared_search(search, corpus.valid_src, world)
 
 
+@dataclass
+class PlotBudget:
+    """When a validation draws the attention plot: when the plot's expected seconds (the last
+    plot's, PLOT_GUESS before the first) are at most `share` of the time since the last plot, or
+    since the run began. So the plots take about `share` of the wall time at most: a run of
+    seconds draws none (a first plot would be a good part of it), while the default run, which
+    validates every few minutes, draws one at every validation."""
+
+    share: float
+    clock: Callable[[], float] = time.perf_counter
+    cost: float = PLOT_GUESS
+    since: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.since = self.clock()
+
+    def due(self) -> bool:
+        return self.cost <= self.share * (self.clock() - self.since)
+
+    def spent(self, seconds: float) -> None:
+        """A plot was drawn, in `seconds`, ending now."""
+        self.since, self.cost = self.clock(), seconds
+
+
 class Validator:
     """Rank 0's validation at intervals during training, its log lines, and the checkpoints
     written after it on every rank (best.pt when the score of train.select_metric improved).
@@ -133,6 +163,7 @@ class Validator:
         self.state, self.corpus, self.valid_total = state, corpus, valid_total
         self.translator, self.dtype = translator, dtype
         self.monitor, self.stop_signal = monitor, stop_signal
+        self.plots = PlotBudget(PLOT_SHARE)
 
     def validate(self) -> Validation | None:
         """Validation loss/perplexity (teacher forcing) and BLEU/chrF of search output, on
@@ -169,7 +200,7 @@ class Validator:
         try:  # on every rank: each searches its share of the sentences
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 result = self.validate()
-                if result is not None:
+                if result is not None and self.plots.due():
                     start = time.perf_counter()
                     plotted = next(iter(self.corpus.pairs.values()), self.corpus)
                     runlog.attention(
@@ -179,6 +210,7 @@ class Validator:
                         plotted.valid_tgt_lang,
                     )
                     result.seconds["plot"] = time.perf_counter() - start
+                    self.plots.spent(result.seconds["plot"])
         except Interrupted:
             if state.world.is_main:
                 log.warning("%s: validation at step %d abandoned", self.stop_signal(), step)

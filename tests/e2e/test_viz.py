@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import attn_mt
 from attn_mt import viz
 from attn_mt.errors import UserError
 from attn_mt.model.positions import sinusoidal_table
+from attn_mt.train import validate
 from attn_mt.train.loop import train
 
 SENTENCE = "qb qd qf qg qh"
@@ -194,21 +196,74 @@ def test_validation_plots_the_last_layers_heads(translator, monkeypatch) -> None
     torch.testing.assert_close(shown, deeper.weights[last, 0])
 
 
-def test_validation_writes_attention_image(toy_config) -> None:
+def attention_images(out_dir: Path) -> list:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    result = train(toy_config(max_steps=2, eval_every=2))
-    events = EventAccumulator(str(result.out_dir / "tb"), size_guidance={"images": 0})
+    events = EventAccumulator(str(out_dir / "tb"), size_guidance={"images": 0})
     events.Reload()
-    assert "valid/attention" in events.Tags()["images"]
-    [image] = events.Images("valid/attention")
-    assert image.step == 2 and image.width > 100 and image.height > 100
+    tags = events.Tags()["images"]
+    return events.Images("valid/attention") if "valid/attention" in tags else []
+
+
+def test_validation_writes_attention_image(toy_config, monkeypatch) -> None:
+    monkeypatch.setattr(validate, "PLOT_SHARE", 1e9)  # a plot at every validation
+    result = train(toy_config(max_steps=4, eval_every=2))
+    images = attention_images(result.out_dir)
+    assert [image.step for image in images] == [2, 4]
+    assert all(image.width > 100 and image.height > 100 for image in images)
+    lines = (result.out_dir / "train.log").read_text().splitlines()
+    assert sum("valid step" in line and ", plot " in line for line in lines) == 2
+
+
+def test_a_run_of_seconds_draws_no_plot(toy_config) -> None:
+    """The plot's first drawing (~1 s) would be a good share of such a run: none is drawn."""
+    result = train(toy_config(max_steps=4, eval_every=2))
+    assert attention_images(result.out_dir) == []
+    log = (result.out_dir / "train.log").read_text()
+    assert log.count("valid step") == 2 and ", plot " not in log
+
+
+def simulated_run(share: float, cost: float, intervals: list[float]) -> tuple[int, float, float]:
+    """Validations after `intervals` seconds of training each, on a clock; a plot, when the
+    budget allows it, takes `cost` seconds. Returns (plots drawn, their seconds, the run's)."""
+    now = [0.0]
+    budget = validate.PlotBudget(share, clock=lambda: now[0])
+    drawn, plotted = 0, 0.0
+    for interval in intervals:
+        now[0] += interval
+        if budget.due():
+            now[0] += cost
+            budget.spent(cost)
+            drawn, plotted = drawn + 1, plotted + cost
+    return drawn, plotted, now[0]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_plots_take_their_share_of_the_time_and_no_more(seed: int) -> None:
+    """Validations at random intervals, plots of a random steady cost: the plots take at most
+    `share` of the run's time (plus what the first one cost beyond its guess)."""
+    rng = random.Random(seed)
+    share, cost = rng.choice([0.01, 0.02, 0.1]), rng.uniform(0.05, 3.0)
+    scale = rng.choice([0.5, 5.0, 60.0])
+    intervals = [rng.expovariate(1 / scale) for _ in range(200)]
+    _, plotted, seconds = simulated_run(share, cost, intervals)
+    assert plotted <= share * seconds + max(0.0, cost - validate.PLOT_GUESS)
+
+
+@pytest.mark.parametrize("cost", [0.2, 1.0, 3.0])
+def test_validations_far_enough_apart_each_draw_a_plot(cost: float) -> None:
+    """A default run validates every few minutes: each of its validations has its plot."""
+    share = validate.PLOT_SHARE
+    gap = max(cost, validate.PLOT_GUESS) / share
+    drawn, _, _ = simulated_run(share, cost, [gap * 1.01] * 30)
+    assert drawn == 30
 
 
 def test_plot_failure_does_not_stop_training(toy_config, monkeypatch, caplog) -> None:
     def broken(*args, **kwargs):
         raise RuntimeError("no fonts today")
 
+    monkeypatch.setattr(validate, "PLOT_SHARE", 1e9)
     monkeypatch.setattr(viz, "validation_attention_figure", broken)
     with caplog.at_level(logging.WARNING, logger="attn_mt"):
         result = train(toy_config(max_steps=2, eval_every=2))
