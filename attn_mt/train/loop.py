@@ -43,7 +43,7 @@ from attn_mt.precision import (
 from attn_mt.train.budget import RankAgreement, RunClock, stop_rules
 from attn_mt.train.compile import choose_compiled, vary_batch_shape
 from attn_mt.train.corpus import training_data, valid_subset
-from attn_mt.train.loglines import TrainWindow, log_finish, log_start, window_line
+from attn_mt.train.loglines import TrainWindow, log_start, window_line
 from attn_mt.train.loss import SmoothedObjective
 from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
 from attn_mt.train.onednn import choose_for_run
@@ -83,8 +83,8 @@ def train(
 
 class Trainer:
     """One training run: `setup` (called by `__init__`) prepares everything and holds nothing
-    that needs releasing, `run` trains with `update` until a stopping rule fires, `finish`
-    validates and saves once more."""
+    that needs releasing, `run` trains with `update` until a stopping rule fires, and the
+    validator's `finish` validates and saves once more."""
 
     def __init__(
         self,
@@ -188,7 +188,7 @@ class Trainer:
             if self.window.updates:  # a run shorter than log_every has its curves too
                 self.runlog.training(self.progress.step, *self.line)
             self.progress.elapsed = self.clock.elapsed()
-            self.finish(stopped_by)
+            self.validator.finish(stopped_by, self.runlog)
         p, signal_name = self.progress, self.signals.name
         return TrainResult(p.step, p.best_score, t.select_metric, stopped_by, self.out, signal_name)
 
@@ -262,12 +262,8 @@ class Trainer:
             self.runlog.training(step, *self.line)
             self.window = TrainWindow()
         if step % t.eval_every == 0:
-            began = self.now()
-            self.progress.elapsed = self.clock.elapsed()
-            self.validator.validate_and_save(self.runlog)
+            took = self.validator.at_interval(self.runlog, self.clock)
             self.agreement.forget()  # rank 0 alone knows whether it improved
-            took = self.progress.validation_seconds = self.now() - began
-            self.clock.validated(took)
             self.window.pause(took)  # tokens/s counts training only
 
     def _set_lr(self, before: Pending | None) -> tuple[float, float]:
@@ -326,41 +322,13 @@ class Trainer:
             shared = distributed.to_device(mine, self.device)
             sums = torch.cat([sums, shared])
             torch.distributed.all_reduce(sums)
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)  # and notes overflowed gradients for update()
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
-        finite = torch.isfinite(sums[:2]).all() & torch.isfinite(norm)
-        self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
-        self.optimizer.step()
-        del self.optimizer.found_inf  # type: ignore[attr-defined]
-        if self.ema:
-            self.ema.update(finite)  # a skipped step leaves it as it was
-        if self.scaler is not None:
-            self.scaler.update()  # halves the scale after an overflow
-        self.optimizer.zero_grad(set_to_none=True)
+        norm, finite = self.state.apply_gradients(sums[:2], t.clip_norm)
         figures = torch.cat([sums, tokens, norm.double().view(1)])
         return Pending(figures, finite)
 
     def _place(self, batch: Batch) -> Batch:
         """`batch` on the training device (a batch already there stays as it is)."""
         return batch.to(self.device)
-
-    def finish(self, stopped_by: str) -> None:
-        """End a run: a stopped run saves last.pt; a finished one validates unless it just did."""
-        step = self.progress.step
-        if self.progress.skipped:
-            log.info("%d updates skipped for NaN/inf so far", self.progress.skipped)
-        if stopped_by == "signal":
-            if self.state.saved_step != step:  # not written already by an interrupted validation
-                self.state.save(best=False)
-        elif self.progress.last_valid_step != step:
-            self.validator.validate_and_save(self.runlog)
-        else:
-            self.state.save(best=False)
-        self.state.writer.wait()  # the final checkpoints are on disk before the run returns
-        distributed.barrier(self.world)  # no rank leaves before rank 0 has written last.pt
-        best, share = self.progress.best_score, self.validator.share()
-        log_finish(stopped_by, self.signals.name, step, self.cfg.train, best, share)
 
 
 def wrap_model(

@@ -110,6 +110,28 @@ class TrainState:
         """The weights that validate, go into best.pt and translate: the EMA when kept."""
         return cast(Transformer, self.ema.model) if self.ema else self.model
 
+    def apply_gradients(
+        self, sums: torch.Tensor, clip_norm: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The optimizer step with the accumulated gradients clipped to `clip_norm` (0: not
+        clipped), then the EMA's and the fp16 scale's, and the gradients zeroed. Where the
+        update's loss `sums` or its gradient norm are NaN/inf, the step is skipped on the
+        device (the fused optimizer's `found_inf`, and the EMA's), so nothing waits for it.
+        Returns the gradient norm and whether the step was taken (0-d tensors, not read)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # and notes overflowed gradients for update()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_norm or float("inf"))
+        finite = torch.isfinite(sums).all() & torch.isfinite(norm)
+        self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+        self.optimizer.step()
+        del self.optimizer.found_inf  # type: ignore[attr-defined]
+        if self.ema:
+            self.ema.update(finite)  # a skipped step leaves it as it was
+        if self.scaler is not None:
+            self.scaler.update()  # halves the scale after an overflow
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm, finite
+
     def save(self, best: bool, metrics: dict[str, float] | None = None) -> None:
         """Write last.pt, best.pt when `best`, and after a validation (`metrics` given) step_N.pt
         with the oldest beyond train.keep_checkpoints deleted.

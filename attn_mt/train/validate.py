@@ -15,14 +15,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attn_mt import distributed
 from attn_mt.config import TrainConfig
 from attn_mt.data.batching import collate, length_batches
 from attn_mt.decode.translator import Translator
 from attn_mt.precision import autocast_context
 from attn_mt.scores import score
+from attn_mt.train.budget import RunClock
 from attn_mt.train.corpus import Corpus
 from attn_mt.train.directions import validate_directions
-from attn_mt.train.loglines import valid_share
+from attn_mt.train.loglines import log_finish, valid_share
 from attn_mt.train.loss import SmoothedObjective, perplexity
 from attn_mt.train.runlog import Monitor, RunLog, Validation
 from attn_mt.train.shared_search import Interrupted, shared_search
@@ -144,7 +146,8 @@ class PlotBudget:
 
 class Validator:
     """Rank 0's validation at intervals during training, its log lines, and the checkpoints
-    written after it on every rank (best.pt when the score of train.select_metric improved).
+    written after it on every rank (best.pt when the score of train.select_metric improved);
+    at the end of a run, the last validation and checkpoints (`finish`).
 
     A signal (`stop_signal()` not None) abandons a validation, so last.pt is written at once:
     torchrun kills its workers 30 s after it forwards a SIGTERM.
@@ -190,6 +193,17 @@ class Validator:
         if self.stop_signal():
             raise Interrupted
 
+    def at_interval(self, runlog: RunLog, clock: RunClock) -> float:
+        """A validation at eval_every (`validate_and_save`), timed on the run's clock, which
+        then holds back as much time for the final one; returns its seconds."""
+        progress = self.state.progress
+        began = clock.now()
+        progress.elapsed = clock.elapsed()
+        self.validate_and_save(runlog)
+        took = progress.validation_seconds = clock.now() - began
+        clock.validated(took)
+        return took
+
     def validate_and_save(self, runlog: RunLog) -> None:
         """Validate on rank 0, log it, and write the checkpoints (best.pt if it improved)."""
         state, progress = self.state, self.state.progress
@@ -221,6 +235,25 @@ class Validator:
             runlog.validation(step, result, improved, best, self.share())
         progress.last_valid_step = step
         state.save(best=improved, metrics=result.metrics if result else None)
+
+    def finish(self, stopped_by: str, runlog: RunLog) -> None:
+        """End a run: a stopped run saves last.pt; a finished one validates unless it just did.
+        Returns once the checkpoints are on disk and every rank is here."""
+        state, progress = self.state, self.state.progress
+        step = progress.step
+        if progress.skipped:
+            log.info("%d updates skipped for NaN/inf so far", progress.skipped)
+        if stopped_by == "signal":
+            if state.saved_step != step:  # not written already by an interrupted validation
+                state.save(best=False)
+        elif progress.last_valid_step != step:
+            self.validate_and_save(runlog)
+        else:
+            state.save(best=False)
+        state.writer.wait()
+        distributed.barrier(state.world)  # no rank leaves before rank 0 has written last.pt
+        signal = self.stop_signal()
+        log_finish(stopped_by, signal, step, state.cfg.train, progress.best_score, self.share())
 
     def share(self) -> str:
         """Which share of the validation split is validated on, for the log."""

@@ -277,7 +277,7 @@ def test_a_second_signal_stops_at_once_abandoning_the_save(
         patch.setattr(signals_module, "REPEAT_SECONDS", 0.0)  # no time passes here between them
         signal_after_update(patch, 4, signum)  # after step 3's validation and save
         patch.setattr(torch, "save", save_then_signal)
-        patch.setattr(Trainer, "finish", lambda self, *a: first.append(1) or finish(self, *a))
+        patch.setattr(Validator, "finish", lambda self, *a: first.append(1) or finish(self, *a))
         with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else SystemExit) as err:
             run(resume_config(toy_data, out, "fp32"))
     if signum == signal.SIGTERM:
@@ -291,7 +291,7 @@ def test_a_second_signal_stops_at_once_abandoning_the_save(
     assert signal.getsignal(signum) is before
 
 
-finish = Trainer.finish
+finish = Validator.finish
 
 
 def test_a_signal_delivered_twice_at_once_still_saves(
