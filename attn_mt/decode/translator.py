@@ -159,10 +159,11 @@ class Translator:
         # Blank lines stay "": `nbest` empty entries, as many as any other line gets (with
         # `alignment`, an empty one).
         empty: Alignment | None = [] if request.alignment else None
-        results = [[Translation("", 0.0, [], empty) for _ in range(request.nbest)] for _ in lines]
+        results: list[list[Translation]] = [[] for _ in lines]
         todo = [i for i, seq in enumerate(ids) if seq]
         done = request.on_line or (lambda row, entries: None)
         for row in sorted(set(range(len(lines))) - set(todo)):
+            results[row] = [Translation("", 0.0, [], empty) for _ in range(request.nbest)]
             done(row, results[row])
         if request.on_batch is not None and len(todo) < len(lines):
             request.on_batch(len(lines) - len(todo))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import sentencepiece as spm
 from helpers.toy import toy_pairs
 
 from attn_mt.config import TokenizerConfig
-from attn_mt.data.tokenizer import Tokenizer, build_tokenizers, train_tokenizer
+from attn_mt.data.tokenizer import BATCH_DECODE, Tokenizer, build_tokenizers, train_tokenizer
 from attn_mt.errors import ConfigError
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID
 
@@ -52,6 +53,18 @@ def test_special_ids_match_the_pieces(unicode_tokenizer: Tokenizer):
     assert not {PAD_ID, BOS_ID, EOS_ID} & {i for seq in ids for i in seq}  # the batcher adds them
     with_specials = [[BOS_ID, *seq, EOS_ID, PAD_ID, PAD_ID] for seq in ids]
     assert unicode_tokenizer.decode(with_specials) == SENTENCES
+
+
+@pytest.mark.parametrize("count", [1, 2, BATCH_DECODE - 1, BATCH_DECODE, 3 * BATCH_DECODE])
+def test_decode_one_by_one_and_in_a_batch_agree(unicode_tokenizer: Tokenizer, count: int):
+    """Below BATCH_DECODE sentences decode one by one (no thread), from it on in SentencePiece's
+    batch call: either way the same texts, special ids dropped, empty outputs empty."""
+    rng = random.Random(count)
+    ids = unicode_tokenizer.encode(SENTENCES)
+    seqs = [[BOS_ID, *rng.choice(ids)[: rng.randrange(12)], EOS_ID] for _ in range(count)]
+    expected = unicode_tokenizer.sp.decode([seq[1:-1] for seq in seqs])
+    assert unicode_tokenizer.decode(seqs) == expected
+    assert unicode_tokenizer.decode([seq[1:-1] + [PAD_ID] for seq in seqs]) == expected
 
 
 def test_tokenizer_rebuilds_from_bytes(unicode_tokenizer: Tokenizer):
