@@ -68,8 +68,8 @@ class Tokenizer:
         specials = {PAD_ID, BOS_ID, EOS_ID}
         seqs = [[i for i in seq if i not in specials] for seq in ids]
         if len(seqs) < BATCH_DECODE:
-            # SentencePiece's batch call starts a thread each time (~0.15 ms, more than 50
-            # short sentences take one by one): translate decodes a line's hypotheses at once.
+            # SentencePiece's batch call starts a thread each time, which costs more than a
+            # few sentences one by one (translate decodes a line's hypotheses at once).
             return [self.sp.decode(seq) for seq in seqs]
         return self.sp.decode(seqs)
 

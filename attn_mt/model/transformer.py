@@ -200,11 +200,11 @@ class Transformer(nn.Module):
         max_positions: int = 1024,
         share_embeddings: bool = True,
         tie_output: bool = True,
-        activation_checkpointing: bool = False,
     ):
         super().__init__()
-        # Training keeps only each layer's input and recomputes the rest in the backward pass.
-        self.activation_checkpointing = activation_checkpointing
+        # A training choice, not the architecture (build_model sets it from train.): training
+        # keeps only each layer's input and recomputes the rest in the backward pass.
+        self.activation_checkpointing = False
         if share_embeddings and src_vocab != tgt_vocab:
             raise ValueError("shared embeddings need one vocabulary for both sides")
         d_model = layer.d_model
@@ -334,7 +334,7 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> Transformer:
         activation=m.activation,
         fused_attention=m.fused_attention,
     )
-    return Transformer(
+    model = Transformer(
         src_vocab,
         tgt_vocab,
         layer,
@@ -344,5 +344,6 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> Transformer:
         max_positions=m.max_positions,
         share_embeddings=cfg.tokenizer.joint and m.tie_embeddings,
         tie_output=m.tie_embeddings,
-        activation_checkpointing=cfg.train.activation_checkpointing,
     )
+    model.activation_checkpointing = cfg.train.activation_checkpointing
+    return model

@@ -36,8 +36,8 @@ log = logging.getLogger("attn_mt")
 # train.select_metric -> whether a higher value is better
 HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False}
 # The validation attention plot takes at most about this share of a run's wall time
-# (`PlotBudget`); its first drawing in a process, matplotlib's import included, takes about
-# PLOT_GUESS seconds on a small CPU.
+# (`PlotBudget`); PLOT_GUESS is what its first drawing in a process, matplotlib's import
+# included, is taken to cost before one was timed.
 PLOT_SHARE = 0.02
 PLOT_GUESS = 1.0
 
