@@ -442,33 +442,62 @@ BASE = ("model.d_model=512", "model.heads=8", "model.encoder_layers=6",
         "model.decoder_layers=6", "model.d_ff=2048")  # fmt: skip  # transformer-base
 
 
+WMT_BENCH = ("--device", "cuda", "--size", "base", "--vocab", "32000", "--batch-tokens",
+             "25000", "--precisions", "bf16", "--pairs", "500000", "--rounds", "2",
+             "--batches", "20")  # fmt: skip
+WMT_TURNS = {  # one process each: all four in one process ran past 290 s on the H200
+    "eager": ("--compile", "off", "--loss", "both"),
+    "compiled logits": ("--compile", "on", "--loss", "logits"),
+    "compiled projected": ("--compile", "on", "--loss", "projected"),
+}
+
+
+def bench_turns(ctx: Context, turns: dict[str, list[str]]) -> tuple[list[dict], dict[str, str]]:
+    """Each turn's command (a bench_train.py run) in turn with what is left of the budget: the
+    `result` rows they printed, a turn the budget stopped keeping the rows it printed before,
+    and each turn's outcome ("done", or why not). A turn that fails is a failed check."""
+    rows: list[dict] = []
+    outcome: dict[str, str] = {}
+    for name, command in turns.items():
+        if ctx.seconds_left() <= 0:
+            outcome[name] = "not run: out of time (--minutes)"
+            continue
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True,
+                                  timeout=ctx.seconds_left())  # fmt: skip
+            text, outcome[name] = proc.stdout, "done"
+            if proc.returncode != 0:
+                raise CheckFailed(f"{name}: exited {proc.returncode}: {proc.stderr[-400:]}")
+        except subprocess.TimeoutExpired as error:  # what it printed so far still counts
+            text = error.stdout or ""
+            text = text.decode(errors="replace") if isinstance(text, bytes) else text
+            outcome[name] = f"stopped after {error.timeout:.0f} s, what was left of --minutes"
+        (ctx.out / f"bench_train_{name.replace(' ', '_')}.txt").write_text(text)
+        rows += [json.loads(line[len("result ") :]) for line in text.splitlines()
+                 if line.startswith("result {")]  # fmt: skip
+    return rows, outcome
+
+
 def wmt_base_bench(ctx: Context) -> Figures:
-    """bench_train at transformer-base over a 32k vocabulary on WMT-shaped batches of 12,500
-    and 25,000 tokens, bf16: eager and torch.compile'd, the full logits and projected_loss, in turns
-    (tokens/s, ms/step, peak MiB, and the compile's warm-up seconds)."""
-    script = ROOT / "scripts" / "bench_train.py"
-    args = [sys.executable, str(script), "--device", "cuda", "--size", "base", "--vocab", "32000",
-            "--batch-tokens", "12500", "25000", "--precisions", "bf16", "--pairs", "500000",
-            "--compile", "both", "--loss", "both", "--rounds", "2", "--batches", "20"]  # fmt: skip
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=ctx.seconds_left())
-    if proc.returncode != 0:
-        raise CheckFailed(f"bench_train.py exited {proc.returncode}: {proc.stderr[-400:]}")
-    (ctx.out / "bench_train_wmt_base.txt").write_text(proc.stdout)
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    """bench_train at transformer-base over a 32k vocabulary on WMT-shaped batches of 25,000
+    tokens, bf16: the full logits and projected_loss, eager, then each torch.compile'd (tokens/s,
+    ms/step, peak MiB, MFU of the data sheet, the compile's warm-up seconds and graphs), and
+    the speed ratios of compiled to eager and projected to logits."""
+    script = str(ROOT / "scripts" / "bench_train.py")
+    turns = {name: [sys.executable, script, *WMT_BENCH, *more] for name, more in WMT_TURNS.items()}
+    results, outcome = bench_turns(ctx, turns)
     keys = ("tokens_per_s", "step_ms", "peak_mib", "warmup_s", "graphs", "mfu_spec")
-    rows = {
-        " ".join(
-            [
-                str(r["batch_tokens"]),
-                r["loss"],
-                "compiled" if r["compiled"] else "eager",
-                r["shapes"],
-            ]
-        ): {k: r.get(k) for k in keys}
-        for r in figures["results"]
-    }
-    ratios = {"projected/logits": figures["projected_over_logits"]}
-    return rows | ratios | {"compiled/eager": figures["compiled_over_eager"]}
+    mode = {True: "compiled", False: "eager"}
+    by_name = {f"{r['batch_tokens']} {r['loss']} {mode[r['compiled']]} {r['shapes']}": r
+               for r in results}  # fmt: skip
+    figures: Figures = {name: {k: r.get(k) for k in keys} for name, r in by_name.items()}
+    for name, r in by_name.items():  # each compiled row over its eager twin, projected over logits
+        for mine, theirs, label in (("compiled", "eager", "compiled/eager"),
+                                    ("projected", "logits", "projected/logits")):  # fmt: skip
+            twin = by_name.get(name.replace(mine, theirs))
+            if mine in name.split() and twin:
+                figures[f"{label}, {name}"] = r["tokens_per_s"] / twin["tokens_per_s"]
+    return figures | {"turns": outcome}
 
 
 def train_log_figures(log: str) -> Figures:

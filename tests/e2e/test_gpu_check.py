@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,28 @@ def test_train_log_figures_read_a_real_run(monkeypatch, trained_run):
         parts = dict(p.split(" ") for p in phases.split(", "))
         assert set(parts) >= {"loss", "search", "score"}
         assert float(total) == pytest.approx(sum(map(float, parts.values())), abs=0.2)
+
+
+def test_bench_turns_keep_the_rows_a_stopped_turn_printed_and_skip_the_rest(monkeypatch, tmp_path):
+    """The WMT bench runs each mode in its own process: every turn's `result` rows are kept,
+    including those a turn printed before the budget stopped it; the turns after it are not
+    run, and a turn that fails fails the check."""
+    gpu_check = load_gpu_check(monkeypatch)
+
+    def turn(rows: list[int], then: str = "") -> list[str]:
+        lines = "".join(f"print('result', json.dumps({{'n': {n}}}), flush=True);" for n in rows)
+        return [sys.executable, "-c", f"import json, sys, time; print('noise'); {lines} {then}"]
+
+    ctx = gpu_check.Context(tmp_path, torch.device("cpu"), deadline=time.monotonic() + 5)
+    rows, outcome = gpu_check.bench_turns(
+        ctx, {"a": turn([1, 2]), "b": turn([3], "time.sleep(60)"), "c": turn([4])}
+    )
+    assert rows == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert outcome["a"] == "done"
+    assert outcome["b"].startswith("stopped after")
+    assert outcome["c"] == "not run: out of time (--minutes)"
+    assert "result" in (tmp_path / "bench_train_b.txt").read_text()
+
+    ctx = gpu_check.Context(tmp_path, torch.device("cpu"), deadline=time.monotonic() + 60)
+    with pytest.raises(gpu_check.CheckFailed, match="bad: exited 3"):
+        gpu_check.bench_turns(ctx, {"ok": turn([1]), "bad": turn([], "sys.exit(3)")})
