@@ -146,7 +146,8 @@ class Trainer:
             state, self.corpus, self.valid_total, self._translator, self.dtype, self.monitor,
             lambda: self.signals.name,
         )  # fmt: skip
-        self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, self.state.ckpt_dir / "last.pt")
+        self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, state.ckpt_dir / "last.pt",
+                              settle=lambda: self.state.writer.wait())  # fmt: skip
         self.agreement = RankAgreement(world, self.device)  # under torchrun: the ranks' stops
         self.window, self.taken = TrainWindow(), True  # the updates read since the last log
         self.line: tuple[str, dict[str, float]] = ("", {})  # the last read update's figures

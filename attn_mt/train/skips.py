@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +63,9 @@ class SkipRule:
     max_nonfinite: int  # train.max_nonfinite
     scaler: torch.amp.GradScaler | None
     last: Path  # last.pt, named in the error
+    # Waits for the checkpoint write in flight (CheckpointWriter.wait), so that the error names
+    # last.pt when a save before the divergence is still landing in the background.
+    settle: Callable[[], None] = lambda: None
     nonfinite: int = 0  # updates in a row skipped for a NaN/inf loss
     overflows: int = field(default=0)  # fp16 updates in a row skipped for overflowed gradients
 
@@ -77,6 +81,7 @@ class SkipRule:
                 "step %d: fp16 gradients overflowed; update skipped, loss scale %g", step, scale
             )
             if scale < MIN_LOSS_SCALE:
+                self.settle()
                 raise TrainingDiverged.after(
                     f"fp16 gradients overflowed for {self.overflows} updates in a row and the "
                     f"loss scale fell to {scale:g} (below {MIN_LOSS_SCALE:g})",
@@ -92,6 +97,7 @@ class SkipRule:
             self.nonfinite,
         )
         if self.nonfinite >= max(self.max_nonfinite, 1):
+            self.settle()
             raise TrainingDiverged.after(
                 f"the loss was NaN/inf for {self.nonfinite} updates in a row",
                 step,

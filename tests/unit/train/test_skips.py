@@ -16,7 +16,7 @@ import attn_mt.train.state as state_module
 from attn_mt.train.loop import Trainer
 from attn_mt.train.loss import projected_loss
 from attn_mt.train.schedule import learning_rate
-from attn_mt.train.skips import TrainingDiverged
+from attn_mt.train.skips import SkipRule, TrainingDiverged, Update
 
 
 class _InfiniteGradient(torch.autograd.Function):
@@ -123,3 +123,16 @@ def test_a_loss_scale_below_the_minimum_ends_the_run_in_one_line(
     assert "\n" not in message
     assert "overflowed for 2 updates in a row" in message and "7.5e-05" in message
     assert "at step 1;" in message and "bf16" in message and "no checkpoint" in message
+
+
+def test_the_error_waits_for_a_checkpoint_still_being_written(tmp_path: Path):
+    """A save just before the divergence may still be landing in the background: the rule
+    waits for it (`settle`, the checkpoint writer's wait) before it says whether last.pt is
+    kept, so the line names the checkpoint that is there once the run has ended."""
+    last = tmp_path / "last.pt"
+    rule = SkipRule(2, None, last, settle=lambda: last.write_bytes(b"written"))
+    nan = float("nan")
+    bad = Update(loss=nan, nll=nan, tokens=10, grad_norm=nan, finite=False)
+    assert not rule.accept(bad, 2) and not last.exists()  # one skip: nothing waited for
+    with pytest.raises(TrainingDiverged, match=f"the last good checkpoint is kept: {last}"):
+        rule.accept(bad, 2)
