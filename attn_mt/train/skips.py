@@ -81,12 +81,10 @@ class SkipRule:
                 "step %d: fp16 gradients overflowed; update skipped, loss scale %g", step, scale
             )
             if scale < MIN_LOSS_SCALE:
-                self.settle()
-                raise TrainingDiverged.after(
+                raise self._diverged(
                     f"fp16 gradients overflowed for {self.overflows} updates in a row and the "
                     f"loss scale fell to {scale:g} (below {MIN_LOSS_SCALE:g})",
                     step,
-                    self.last,
                     "train with precision bf16 or fp32, or lower train.lr",
                 )
             return False
@@ -97,11 +95,15 @@ class SkipRule:
             self.nonfinite,
         )
         if self.nonfinite >= max(self.max_nonfinite, 1):
-            self.settle()
-            raise TrainingDiverged.after(
+            raise self._diverged(
                 f"the loss was NaN/inf for {self.nonfinite} updates in a row",
                 step,
-                self.last,
                 "lower train.lr or check the data",
             )
         return False
+
+    def _diverged(self, what: str, step: int, advice: str) -> TrainingDiverged:
+        """The error, once the checkpoint write in flight has landed (so it names last.pt
+        when a save from before the divergence was still being written)."""
+        self.settle()
+        return TrainingDiverged.after(what, step, self.last, advice)
