@@ -186,6 +186,17 @@ class DataConfig:
             return list(dict.fromkeys(found))  # type: ignore[arg-type]
         return [(self.src_lang, self.tgt_lang)]
 
+    def languages(self) -> list[str]:
+        """Every language of the model, in order of first use (a source before its target)."""
+        return list(dict.fromkeys(lang for pair in self.directions() for lang in pair))
+
+    def in_words(self) -> str:
+        """The directions as a person reads them: 'de -> en', or 'de-en, en-de (2 directions)'."""
+        found = self.directions()
+        if len(found) == 1:
+            return f"{found[0][0]} -> {found[0][1]}"
+        return f"{', '.join(f'{s}-{t}' for s, t in found)} ({len(found)} directions)"
+
     def target_languages(self) -> list[str]:
         """The languages the model translates into, in order of first use."""
         return list(dict.fromkeys(tgt for _, tgt in self.directions()))

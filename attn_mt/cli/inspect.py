@@ -104,7 +104,7 @@ def info(
     m = cfg.model
     parameters = sum(t.numel() for t in state["model"].values())
     print(f"{'run' if folder else 'checkpoint'}: {run}")
-    print(f"languages: {cfg.data.src_lang} -> {cfg.data.tgt_lang}")
+    print(f"languages: {cfg.data.in_words()}")
     print(
         f"model: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, "
         f"{m.heads} heads, d_ff {m.d_ff}; {parameters:,} parameters"

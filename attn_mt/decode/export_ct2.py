@@ -352,7 +352,7 @@ def _readme(
     tags = _languages_note(cfg)
     return f"""\
 CTranslate2 model exported by attn-mt from {converter.path.name}
-({cfg.data.src_lang} -> {cfg.data.tgt_lang}, quantization {quantization}).
+({cfg.data.in_words()}, quantization {quantization}).
 Files: model.bin and the vocabularies (CTranslate2), source.model and target.model
 (SentencePiece), decode.json (attn-mt's search settings as translate_batch keywords:
 beam_size {options["beam_size"]}, never <s> or <blank>, </s> may come first).

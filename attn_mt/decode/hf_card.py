@@ -11,10 +11,26 @@ from typing import Any
 
 import yaml
 
+from attn_mt.configdata import DataConfig
 from attn_mt.decode.export_ct2 import license_note
 from attn_mt.decode.hf_parity import Parity
 from attn_mt.decode.translator import Translator
 from attn_mt.scores import score
+
+
+def _tag_usage(data: DataConfig) -> tuple[str, str]:
+    """The example's source and the paragraph on target-language codes: a multilingual
+    model's sources start with `>>xx<<` (Marian's convention, which the tokenizer turns into
+    the `<2xx>` tag attn-mt trained on); a bilingual model's take none."""
+    if not data.language_tags():
+        return "your sentence here", ""
+    targets = data.target_languages()
+    paragraph = (
+        f"\nIt translates into {', '.join(targets)}: start each source with the target "
+        f"language's code, `>>{targets[0]}<<` for {targets[0]} (Marian's convention; the "
+        "tokenizer turns it into the tag attn-mt trained on).\n"
+    )
+    return f">>{targets[0]}<< your sentence here", paragraph
 
 
 def model_card(
@@ -32,18 +48,20 @@ def model_card(
     data = training_data_line(cfg.data)
     table = _scores_table(checkpoint, cfg.train.eval_beam)
     license_text = license_note(license)
+    directions = cfg.data.in_words()
+    sample, tags = _tag_usage(cfg.data)
     return f"""\
 ---
 library_name: transformers
 pipeline_tag: translation
-language: [{cfg.data.src_lang}, {cfg.data.tgt_lang}]
+language: [{", ".join(cfg.data.languages())}]
 license: {license}
 tags: [attn-mt, translation]
 ---
-# {cfg.data.src_lang} -> {cfg.data.tgt_lang} translation model, trained with attn-mt
+# {directions} translation model, trained with attn-mt
 
 A {type(hf_model).__name__} exported by `attn-mt export --format hf` from `{checkpoint.name}`
-(training data: {data}, {cfg.data.src_lang} -> {cfg.data.tgt_lang}). The export checked that
+(training data: {data}, {directions}). The export checked that
 `generate()` gives attn-mt's greedy and beam outputs token for token on a fixed sample of
 {parity.sentences} sources: {parity}.
 
@@ -54,10 +72,10 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 tokenizer = AutoTokenizer.from_pretrained("{out.name}")
 model = AutoModelForSeq2SeqLM.from_pretrained("{out.name}")
-batch = tokenizer(["your sentence here"], return_tensors="pt", padding=True)
+batch = tokenizer(["{sample}"], return_tensors="pt", padding=True)
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
-
+{tags}
 generation_config.json: beam {d.beam}, length penalty {d.length_penalty} (transformers divides
 by length ** penalty; attn-mt by ((5 + length) / 6) ** penalty, so long beam outputs may differ
 unless the penalty is 0), at most {d.max_len_a} x source + {d.max_len_b} tokens in attn-mt,
@@ -73,7 +91,7 @@ one max_length for every sentence in transformers.
   translated poorly, and the model's quality is what the scores above say, no more.
 - It can produce fluent output that is wrong: omissions, additions and mistranslated names or
   numbers. Have a speaker check anything that matters.
-- It translates one sentence at a time, {cfg.data.src_lang} -> {cfg.data.tgt_lang} only;
+- It translates one sentence at a time, {directions} only;
   a source longer than {d.max_input_len} tokens is cut there.
 - It reproduces what its training data hold, biases included.
 

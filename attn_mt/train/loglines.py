@@ -96,9 +96,8 @@ def log_start(
     threads = torch.get_num_threads() if state.device.type == "cpu" else None
     onednn = state.progress.matmul_backend == "onednn"
     log.info(
-        "attn-mt: %s -> %s, %s parameters, device %s%s, precision %s, %d process(es)",
-        cfg.data.src_lang,
-        cfg.data.tgt_lang,
+        "attn-mt: %s, %s parameters, device %s%s, precision %s, %d process(es)",
+        cfg.data.in_words(),
         f"{params:,}",
         state.device,
         f" ({threads} threads)" if threads else "",

@@ -201,7 +201,8 @@ def test_ctranslate2_export_translates_with_the_source_tag(multi_run: Path, tmp_
     from attn_mt.decode.export_ct2 import export_ctranslate2
 
     folder = export_ctranslate2(multi_run, tmp_path / "ct2", decode={"beam": 1})
-    assert '["<2de>"]' in (folder / "README.txt").read_text()
+    readme = (folder / "README.txt").read_text()
+    assert '["<2de>"]' in readme and "(de-en, de-fr (2 directions)," in readme
     engine = ctranslate2.Translator(str(folder), device="cpu")
     source = spm.SentencePieceProcessor(model_file=str(folder / "source.model"))
     target = spm.SentencePieceProcessor(model_file=str(folder / "target.model"))
@@ -221,6 +222,9 @@ def test_hf_export_passes_parity_and_reads_marian_language_codes(multi_run: Path
                     "--beam", "1")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "tokenizer ids identical" in result.output
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "language: [de, en, fr]" in card and "# de-en, de-fr (2 directions) translation" in card
+    assert '[">>en<< your sentence here"]' in card and "`>>en<<` for en" in card
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
     ours = attn_mt.load(multi_run, device="cpu")

@@ -34,12 +34,15 @@ def test_pairs_of_a_named_corpus_give_directions_tags_and_one_corpus_each():
     assert cfg.data.target_languages() == ["en", "de"]
     assert cfg.data.language_tags() and cfg.data.tags() == ["<2en>", "<2de>"]
     assert cfg.data.weights() == [1.0, 1.0, 1.0]
+    assert cfg.data.languages() == ["de", "en", "fr"]
+    assert cfg.data.in_words() == "de-en, en-de, fr-en (3 directions)"
 
 
 def test_a_bilingual_config_has_no_language_tag(tmp_path):
     cfg = config_from_dict(toy_raw(tmp_path))
     assert cfg.data.directions() == [("xx", "yy")] and not cfg.data.language_tags()
     assert cfg.data.tags() == [] and cfg.data.weights() == [1.0]
+    assert cfg.data.languages() == ["xx", "yy"] and cfg.data.in_words() == "xx -> yy"
 
 
 def test_many_to_one_needs_no_tag(files, tmp_path):
@@ -48,6 +51,8 @@ def test_many_to_one_needs_no_tag(files, tmp_path):
     cfg = config_from_dict(raw)
     assert cfg.data.directions() == [("de", "en"), ("fr", "en")]
     assert not cfg.data.language_tags() and cfg.data.tags() == []
+    assert cfg.data.languages() == ["de", "en", "fr"]
+    assert cfg.data.in_words() == "de-en, fr-en (2 directions)"
 
 
 MISTAKES = [
@@ -189,5 +194,6 @@ def test_one_pair_of_a_named_corpus_is_a_bilingual_model_of_that_pair():
         "test_2016_flickr.fr.gz",
         "test_2016_flickr.cs.gz",
     ]
+    assert cfg.data.in_words() == "fr -> cs"
     [corpus] = train_corpora(cfg.data)
     assert (Path(corpus.src).name, Path(corpus.tgt).name) == ("train.fr.gz", "train.cs.gz")
