@@ -206,12 +206,13 @@ def loss_step(loss: str, model: Transformer, compiled: bool):
     """The step of `--loss` `loss` (`step(model, batch, dtype)` -> the summed loss), through
     torch.compile as train.compile runs the update when `compiled`. `projected` is the trainer's
     loss as it runs it: the `SmoothedObjective` (`projected_loss` on the decoder's final states,
-    no (B, T, V) logits kept; compiled, the loss stays eager and the token count is read outside
-    the graph)."""
+    no (B, T, V) logits kept; compiled, the loss stays out of the model's graph, its chunks
+    compiled on their own, `SmoothedObjective.fuse`, and the token count is read outside)."""
     if loss == "logits":
         return torch.compile(logits_loss) if compiled else logits_loss
     objective = SmoothedObjective(model, 0.1)
     module = torch.compile(objective) if compiled else objective
+    objective.fuse(compiled)
 
     def step(_model: Transformer, batch: Batch, dtype: torch.dtype) -> torch.Tensor:
         objective.tokens = batch.num_tgt_tokens

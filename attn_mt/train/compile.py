@@ -7,6 +7,9 @@ dropped and the optimizer never sees them, so the run trains exactly as it would
 the chosen mode asked for outright. The choice is recorded in last.pt (`TrainProgress.compiled`),
 so a resumed run computes as it began (exact resume).
 
+The compiled mode compiles the loss's chunk too (`SmoothedObjective.fuse`): it runs outside
+the model's graph, since its chunk loop depends on the token count.
+
 Rows and lengths of a batch are marked dynamic (`vary_batch_shape`), so one graph serves
 every bucketed batch shape. A compilation that fails (an unsupported backend, a missing
 compiler) is one warning line and the run goes on eagerly.
@@ -87,16 +90,22 @@ def choose_compiled(
         return eager, CompileChoice("eager", "resumed" if resumed else "asked")
     measure = setting == "auto" and not resumed
     compiled = eager
+
+    def timed(module: torch.nn.Module, updates: int) -> float:
+        objective.fuse(module is compiled)  # the compiled model with its loss compiled too
+        return _timed(module, objective, batches, dtype, updates)
+
     try:  # the first call compiles: a failure shows here
         compiled = cast(torch.nn.Module, torch.compile(eager))
-        seconds = _timed(compiled, objective, batches, dtype, 1)
+        seconds = timed(compiled, 1)
         modes = (eager, compiled) if measure else ()
-        times = [_timed(m, objective, batches, dtype, TIMED_UPDATES) for m in modes] or [0.0, 0.0]
+        times = [timed(m, TIMED_UPDATES) for m in modes] or [0.0, 0.0]
         failed = 0.0
     except Exception as err:  # noqa: BLE001 - any compiler failure means: run eagerly
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         log.warning("torch.compile failed (%s: %s); training eagerly", type(err).__name__, reason)
         seconds, times, failed = 0.0, [0.0, 0.0], 1.0
+    objective.fuse(False)
     # Every rank takes the same decision: the ranks' mean times, any rank's failure.
     device = next(objective.parameters()).device  # NCCL reduces GPU tensors only
     shared = distributed.sum_to_device([*times, seconds, failed], world, device)
@@ -104,8 +113,10 @@ def choose_compiled(
     if failed:
         return eager, CompileChoice("eager", "failed")
     if not measure:
+        objective.fuse(True)
         return compiled, CompileChoice("compiled", "resumed" if resumed else "asked")
     faster = compiled_ms < eager_ms
+    objective.fuse(faster)
     choice = CompileChoice("compiled" if faster else "eager", "measured", eager_ms, compiled_ms)
     choice.compile_seconds = seconds
     choice.tokens = sum(batch.num_tgt_tokens for batch in batches)

@@ -60,12 +60,13 @@ def test_compiled_training_compiles_once_over_batch_shapes(
     trainer = loop.Trainer(toy_config(compile=True, max_steps=6, batch_tokens=256, warmup=1))
     assert trainer.run().step == 6
     assert len(shapes) >= 3, shapes
-    assert len(counted_compile) == 1, counted_compile
+    assert len(counted_compile) == 2, counted_compile  # the model's, the loss chunk's (`fuse`)
 
 
 def test_bucketed_shapes_recompile_at_most_twice(toy_config, scripted_validation) -> None:
     """Over a run's many bucketed batch shapes, Dynamo's own counters see at most two graphs
-    (one for the first shape, one dynamic) and as few recompiles."""
+    of the model (one for the first shape, one dynamic) and as few recompiles, and one of the
+    loss chunk (`SmoothedObjective.fuse`, dynamic from the start)."""
     counters = torch._dynamo.utils.counters
     torch._dynamo.reset()
     counters.clear()
@@ -84,7 +85,7 @@ def test_bucketed_shapes_recompile_at_most_twice(toy_config, scripted_validation
         torch.compile = torch.compile.func
         torch._dynamo.reset()
     assert len(seen) >= 8, seen  # the run met many (rows, source, target) shapes
-    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+    assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
     assert sum(counters["recompiles"].values()) <= 2, dict(counters["recompiles"])
 
 
@@ -219,6 +220,15 @@ def test_compiled_ddp_with_accumulation_equals_eager(toy_data, tmp_path: Path) -
             torch.testing.assert_close(compiled["params"][key], weight, rtol=1e-4, atol=1e-5)
 
 
+class FusedLinear(torch.nn.Linear):
+    """An objective's stand-in: notes whether `SmoothedObjective.fuse` was last turned on."""
+
+    fused = False
+
+    def fuse(self, on: bool) -> None:
+        self.fused = on
+
+
 @pytest.mark.parametrize(
     "setting, recorded, mode, why, compiles, timings",
     [
@@ -244,10 +254,11 @@ def test_choice_follows_the_setting_and_what_the_run_recorded(
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     monkeypatch.setattr(compile_module, "_timed", fake_timed)
-    eager = torch.nn.Linear(2, 2)
+    eager = FusedLinear(2, 2)
     module, choice = compile_module.choose_compiled(
         setting, recorded, eager, eager, [], None, distributed.World()
     )
     assert (choice.mode, choice.why) == (mode, why)
     assert (module is eager) == (mode == "eager")
+    assert eager.fused == (mode == "compiled"), "the loss is compiled with the model, only"
     assert (len(compiled_modules), len(timed)) == (compiles, timings)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from attn_mt.model.transformer import LayerSpec, Transformer
 from attn_mt.model.vocab import EOS_ID, PAD_ID
-from attn_mt.train.loss import label_smoothed_loss, projected_loss
+from attn_mt.train.loss import SmoothedObjective, fused_chunk, label_smoothed_loss, projected_loss
 
 
 def test_label_smoothed_loss_matches_the_formula_and_ignores_pads() -> None:
@@ -84,9 +86,11 @@ def _logits_reference(hidden, weight, target, epsilon):
     return (loss, nll, *torch.autograd.grad(loss, (hidden, weight)))
 
 
+@pytest.mark.parametrize("fused", [None, fused_chunk], ids=["eager chunk", "fused chunk"])
 @pytest.mark.parametrize("chunk", [2**22, 37])  # one chunk; many, the last one short
-def test_projected_loss_equals_the_loss_of_the_full_logits(chunk, monkeypatch) -> None:
-    """Loss, NLL and both gradients as through the full logits (float64: to rounding)."""
+def test_projected_loss_equals_the_loss_of_the_full_logits(chunk, fused, monkeypatch) -> None:
+    """Loss, NLL and both gradients as through the full logits (float64: to rounding), with
+    each chunk op by op or as the function train.compile compiles (run eagerly here)."""
     monkeypatch.setattr("attn_mt.train.loss.PROJECTION_CHUNK", chunk)
     torch.manual_seed(0)
     hidden = torch.randn(3, 6, 8, dtype=torch.float64, requires_grad=True)
@@ -95,7 +99,8 @@ def test_projected_loss_equals_the_loss_of_the_full_logits(chunk, monkeypatch) -
     target[0, 4:] = PAD_ID
     target[2, 1:] = PAD_ID
     want = _logits_reference(hidden, weight, target, 0.1)
-    loss, nll = projected_loss(hidden, weight, target, 0.1, tokens=int((target != PAD_ID).sum()))
+    tokens = int((target != PAD_ID).sum())
+    loss, nll = projected_loss(hidden, weight, target, 0.1, tokens=tokens, fused=fused)
     got = (loss, nll, *torch.autograd.grad(loss, (hidden, weight)))
     for name, a, b in zip(("loss", "nll", "d hidden", "d weight"), got, want, strict=True):
         torch.testing.assert_close(a.double(), b.double(), rtol=1e-6, atol=1e-9, msg=name)
@@ -161,3 +166,35 @@ def test_compiled_label_smoothed_loss_serves_every_batch_shape_with_one_graph(mo
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got, want)
     assert len(graphs) == 1
+
+
+def test_fused_loss_compiles_one_graph_for_every_chunk_and_batch(monkeypatch) -> None:
+    """`SmoothedObjective.fuse`: the loss's chunks run through torch.compile, one dynamic graph
+    for chunks of every row count (full ones, a short last one, other batches), with the
+    eager objective's loss and gradients."""
+    monkeypatch.setattr("attn_mt.train.loss.PROJECTION_CHUNK", 7 * 50)  # 7 rows a chunk
+    graphs = []
+
+    def counted(graph, _inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counted))
+    torch.manual_seed(0)
+    model = Transformer(50, 50, LayerSpec(d_model=16, heads=2, d_ff=32), 1, 1)
+    objective = SmoothedObjective(model, 0.1)
+    torch._dynamo.reset()
+    try:
+        for rows, length in [(4, 7), (5, 9), (3, 11)]:
+            src, tgt = torch.randint(4, 50, (rows, 6)), torch.randint(4, 50, (rows, length + 1))
+            tgt[0, 4:] = PAD_ID
+            found = []
+            for fused in (False, True):
+                objective.fuse(fused)
+                loss, nll = objective(src, tgt[:, :-1], tgt[:, 1:])
+                found.append([loss, nll, *torch.autograd.grad(loss, list(model.parameters()))])
+            for a, b in zip(*found, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 1, graphs
