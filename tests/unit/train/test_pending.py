@@ -23,8 +23,8 @@ def nan_on(monkeypatch: pytest.MonkeyPatch, bad: set[int]) -> None:
     """The loss of training forward passes number `bad` (1-based) is NaN."""
     calls = []
 
-    def loss(hidden, weight, target, epsilon, tokens=None):
-        value, nll = projected_loss(hidden, weight, target, epsilon, tokens)
+    def loss(hidden, weight, target, epsilon, tokens=None, fused=None):
+        value, nll = projected_loss(hidden, weight, target, epsilon, tokens, fused)
         if torch.is_grad_enabled():
             calls.append(1)
             if len(calls) in bad:

@@ -41,8 +41,8 @@ def overflow_on(monkeypatch: pytest.MonkeyPatch, bad: set[int] | None, init_scal
     )
     calls = []
 
-    def loss(hidden, weight, target, epsilon, tokens=None):
-        value, nll = projected_loss(hidden, weight, target, epsilon, tokens)
+    def loss(hidden, weight, target, epsilon, tokens=None, fused=None):
+        value, nll = projected_loss(hidden, weight, target, epsilon, tokens, fused)
         if torch.is_grad_enabled():
             calls.append(1)
             if bad is None or len(calls) in bad:

@@ -427,8 +427,8 @@ def nan_on_updates(monkeypatch: pytest.MonkeyPatch, bad: set[int] | None, from_:
     """Make the training loss NaN on the given update numbers (1-based), or on all >= from_."""
     calls = []
 
-    def loss(hidden, weight, target, epsilon, tokens=None):
-        result = projected_loss(hidden, weight, target, epsilon, tokens)
+    def loss(hidden, weight, target, epsilon, tokens=None, fused=None):
+        result = projected_loss(hidden, weight, target, epsilon, tokens, fused)
         if not torch.is_grad_enabled():  # validation
             return result
         calls.append(1)
