@@ -105,22 +105,21 @@ def choose_compiled(
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         log.warning("torch.compile failed (%s: %s); training eagerly", type(err).__name__, reason)
         seconds, times, failed = 0.0, [0.0, 0.0], 1.0
-    objective.fuse(False)
     # Every rank takes the same decision: the ranks' mean times, any rank's failure.
     device = next(objective.parameters()).device  # NCCL reduces GPU tensors only
     shared = distributed.sum_to_device([*times, seconds, failed], world, device)
     eager_ms, compiled_ms, seconds, failed = (shared / world.size).tolist()
     if failed:
-        return eager, CompileChoice("eager", "failed")
-    if not measure:
-        objective.fuse(True)
-        return compiled, CompileChoice("compiled", "resumed" if resumed else "asked")
-    faster = compiled_ms < eager_ms
-    objective.fuse(faster)
-    choice = CompileChoice("compiled" if faster else "eager", "measured", eager_ms, compiled_ms)
-    choice.compile_seconds = seconds
-    choice.tokens = sum(batch.num_tgt_tokens for batch in batches)
-    return (compiled if faster else eager), choice
+        choice = CompileChoice("eager", "failed")
+    elif not measure:
+        choice = CompileChoice("compiled", "resumed" if resumed else "asked")
+    else:
+        faster = compiled_ms < eager_ms
+        choice = CompileChoice("compiled" if faster else "eager", "measured", eager_ms, compiled_ms)
+        choice.compile_seconds = seconds
+        choice.tokens = sum(batch.num_tgt_tokens for batch in batches)
+    objective.fuse(choice.mode == "compiled")  # the loss is compiled with the model, only
+    return (compiled if choice.mode == "compiled" else eager), choice
 
 
 def _timed(

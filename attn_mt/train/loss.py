@@ -237,9 +237,9 @@ class SmoothedObjective(nn.Module):
 
     def fuse(self, on: bool) -> None:
         """Run each chunk of the loss as one compiled function (`fused_chunk` through
-        torch.compile), or op by op. train.compile turns it on with the compiled model: the
-        loss stays outside the model's graph (`score`), and eagerly its softmax, loss and
-        gradient were 0.80x the speed of compiled full logits on an H200 (docs/gpu.md)."""
+        torch.compile), or op by op. train.compile turns it on with the compiled model, whose
+        graph leaves the loss out (`score`): its softmax, loss and gradient would otherwise run
+        op by op beside compiled layers (docs/gpu.md)."""
         self.fused = torch.compile(fused_chunk, dynamic=True) if on else None
 
     def forward(
