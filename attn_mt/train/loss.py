@@ -122,9 +122,7 @@ def eager_chunk(
     rows: torch.Tensor, w: torch.Tensor, labels: torch.Tensor, epsilon: float, gradient: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A `Chunk` op by op, each (n, V) tensor let go as soon as the next is made."""
-    logits = rows @ w.t()  # (n, V)
-    log_probs = F.log_softmax(logits, dim=-1, dtype=torch.promote_types(rows.dtype, torch.float32))
-    del logits
+    log_probs = _projected_log_probs(rows, w)
     loss, nll = _summed(log_probs, labels, epsilon)
     if not gradient:
         return loss, nll, None
@@ -138,15 +136,20 @@ def fused_chunk(
     a comparison, not a scatter, so Inductor can make the softmax, the loss and the gradient in
     a few passes over the logits, with no float32 (n, V) tensor written. Eagerly it would
     make several (n, V) temporaries: `eager_chunk` is the eager one."""
-    logits = rows @ w.t()  # (n, V)
-    log_probs = F.log_softmax(logits, dim=-1, dtype=torch.promote_types(rows.dtype, torch.float32))
+    log_probs = _projected_log_probs(rows, w)
     loss, nll = _summed(log_probs, labels, epsilon)
     if not gradient:
         return loss, nll, None
-    vocab = logits.size(-1)
+    vocab = log_probs.size(-1)
     hit = labels.unsqueeze(-1) == torch.arange(vocab, device=labels.device)  # (n, V)
     grad = log_probs.exp() - epsilon / vocab - (1.0 - epsilon) * hit  # labels are never pad
     return loss, nll, grad.to(rows.dtype)
+
+
+def _projected_log_probs(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """log_softmax(rows @ w^T) (n, V), in float32 at least; the logits die on return."""
+    logits = rows @ w.t()  # (n, V)
+    return F.log_softmax(logits, dim=-1, dtype=torch.promote_types(rows.dtype, torch.float32))
 
 
 def _summed(
