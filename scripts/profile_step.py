@@ -1,0 +1,312 @@
+"""What a training step's milliseconds are made of: the WMT workload of `bench_train.py --vocab`
+under torch.profiler, one `--mode` per process.
+
+The model at `--size` over a `--vocab` vocabulary, the trainer's loss (`SmoothedObjective`,
+`projected_loss`), on synthetic pairs of WMT's lengths in attn-mt's length buckets of
+`--batch-tokens`, fused AdamW and gradient clipping as in `bench_train.py`. `--mode`:
+`eager`; `compiled` (torch.compile as train.compile runs it, the loss's chunks fused);
+`cudagraphs` (the same with `mode="reduce-overhead"`: each batch shape is recorded once as a
+CUDA graph and replayed, so a step launches a few graphs instead of hundreds of kernels).
+
+After `--warmup` updates (each timed shape at least once), it reports for one batch shape
+repeated (`fixed`) and bucketed batches of varied shapes (`bucketed`):
+- ms per step, target tokens/s and MFU (against the data sheet on a known GPU) unprofiled;
+- the host's share: when the host had queued the window's last update, against when the
+  device finished it (near 1: the device waits on the host);
+- then `--profile-steps` steps under torch.profiler: aten operations and (on CUDA) kernels
+  launched per step, the time the device was busy per step (the union of its kernels'
+  intervals), the top kernels by device time and the top host operations, and a Chrome trace
+  (`--out`/MODE_SHAPES_profile.txt and _trace.json.gz; open the trace in Perfetto).
+With `--reference`, eager `nn.Transformer` (bench_train's `Reference`, its full logits and
+loss) is timed on the same batches. `--count-shapes` counts the distinct batch shapes of
+one epoch of the bucketed corpus, as they are and with lengths rounded up to multiples.
+
+    python scripts/profile_step.py --device cuda --size base --vocab 32000 --mode compiled
+    python scripts/profile_step.py --size config --vocab 8000 --batch-tokens 2000 --quick
+
+The last line is one JSON object with every figure (also `--out`/MODE.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import itertools
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_train import (  # noqa: E402
+    DTYPES,
+    SIZES,
+    Reference,
+    compiled_graphs,
+    logits_loss,
+    spec_peak,
+    step_flops,
+    sync,
+)
+from wmt_shape import RandomSentences, wmt_lengths  # noqa: E402
+
+from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
+from attn_mt.data.batching import Batch, collate, length_batches  # noqa: E402
+from attn_mt.model.transformer import build_model  # noqa: E402
+from attn_mt.precision import configure_kernels  # noqa: E402
+from attn_mt.train.compile import vary_batch_shape  # noqa: E402
+from attn_mt.train.loss import SmoothedObjective  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("eager", "compiled", "cudagraphs")
+
+
+def objective_step(model, mode: str):
+    """`step(batch, dtype)` -> the summed loss of the trainer's objective in `mode`."""
+    objective = SmoothedObjective(model, 0.1)
+    if mode == "eager":
+        module = objective
+    else:
+        module = torch.compile(objective, mode="reduce-overhead" if mode == "cudagraphs" else None)
+    objective.fuse(mode != "eager")
+
+    def step(batch: Batch, dtype: torch.dtype) -> torch.Tensor:
+        if mode == "cudagraphs":  # a new update: the graphs' outputs of the last may be reused
+            torch.compiler.cudagraph_mark_step_begin()
+        objective.tokens = batch.num_tgt_tokens
+        with torch.autocast(batch.src.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            return module(batch.src, batch.tgt_in, batch.tgt_out)[0]
+
+    return step
+
+
+def updates(step, params, optimizer, batches, dtype, label: bool = False) -> int:
+    """One update per batch as the trainer makes it; no synchronisation. Returns tgt tokens."""
+    tokens = 0
+    for batch in batches:
+        with torch.profiler.record_function("forward+loss") if label else _nothing():
+            loss = step(batch, dtype)
+        with torch.profiler.record_function("backward") if label else _nothing():
+            (loss / batch.num_tgt_tokens).backward()
+        with torch.profiler.record_function("clip+adamw") if label else _nothing():
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        tokens += batch.num_tgt_tokens
+    return tokens
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def timed(step, params, optimizer, batches, dtype, device) -> dict:
+    """Seconds of a window of updates, the host's queueing time and the tokens."""
+    sync(device)
+    start = time.perf_counter()
+    tokens = updates(step, params, optimizer, batches, dtype)
+    queued = time.perf_counter() - start
+    sync(device)
+    took = time.perf_counter() - start
+    return {"seconds": took, "queued": queued, "tokens": tokens}
+
+
+def profiled(step, params, optimizer, batches, dtype, device, out: Path, name: str) -> dict:
+    """Kernels per step, the device's busy time per step and the profile's tables."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    sync(device)
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        updates(step, params, optimizer, batches, dtype, label=True)
+        sync(device)
+        wall = time.perf_counter() - start
+    intervals, kernels, copies, host_ops = [], 0, 0, 0
+    for event in prof.profiler.kineto_results.events():
+        if event.is_user_annotation():  # the labels' spans, on the GPU's timeline too
+            continue
+        if event.device_type() != torch.autograd.DeviceType.CUDA:
+            host_ops += event.name().startswith("aten::")
+            continue
+        begin = event.start_ns()
+        intervals.append((begin, begin + event.duration_ns()))
+        if event.name().startswith(("Memcpy", "Memset")):
+            copies += 1
+        else:
+            kernels += 1
+    busy = _union_ns(intervals) / 1e9
+    n = len(batches)
+    sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
+    host = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25,
+                                     max_name_column_width=70)  # fmt: skip
+    head = f"{n} updates profiled, wall {wall:.3f} s"
+    (out / f"{name}_profile.txt").write_text(
+        f"{head}\n\nby device time\n{table}\n\nby host time\n{host}\n"
+    )
+    trace = out / f"{name}_trace.json"
+    prof.export_chrome_trace(str(trace))
+    with trace.open("rb") as raw, gzip.open(str(trace) + ".gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    trace.unlink()
+    cuda = device.type == "cuda"
+    return {
+        "steps": n,
+        "profiled_wall_ms_per_step": 1e3 * wall / n,
+        "aten_ops_per_step": host_ops / n,
+        "device_busy_ms_per_step": 1e3 * busy / n if cuda else None,
+        "kernels_per_step": kernels / n if cuda else None,
+        "copies_per_step": copies / n if cuda else None,
+    }
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    total, end = 0, None
+    for begin, stop in sorted(intervals):
+        if end is None or begin > end:
+            total += stop - begin
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total
+
+
+def count_shapes(lengths: np.ndarray, batch_tokens: int) -> dict:
+    """Distinct (rows, source length, target length) shapes of one epoch's batches, as made
+    and with lengths rounded up to multiples of 8, 16, 32 and 64."""
+    rows = length_batches(lengths, batch_tokens)
+    counts = {}
+    for multiple in (1, 8, 16, 32, 64):
+        shapes = set()
+        for picked in rows:
+            src, tgt = lengths[picked, 0].max() + 1, lengths[picked, 1].max() + 1  # + <eos>/<bos>
+            src, tgt = (-(-int(x) // multiple) * multiple for x in (src, tgt))
+            shapes.add((len(picked), src, tgt))
+        counts[f"x{multiple}"] = len(shapes)
+    counts["batches"] = len(rows)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(ROOT / "configs" / "multi30k_de_en.yaml"))
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--size", choices=tuple(SIZES), default="base")
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--batch-tokens", type=int, default=25000)
+    parser.add_argument("--pairs", type=int, default=500_000)
+    parser.add_argument("--precision", choices=tuple(DTYPES), default=None,
+                        help="default: bf16 on CUDA, fp32 on the CPU")  # fmt: skip
+    parser.add_argument("--mode", choices=MODES, default="compiled")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--window", type=int, default=40, help="updates per timed window")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--profile-steps", type=int, default=8)
+    parser.add_argument("--reference", action="store_true", help="also eager nn.Transformer")
+    parser.add_argument("--count-shapes", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="CPU smoke: tiny windows")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "profile_step"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.warmup, args.window, args.rounds, args.profile_steps = 2, 2, 1, 2
+
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if args.device == "auto" else args.device)
+    if args.mode == "cudagraphs" and device.type != "cuda":
+        parser.error("--mode cudagraphs needs CUDA")
+    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    dtype = DTYPES[precision]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    raw = load_config(args.config).to_dict()
+    raw["model"].update(SIZES[args.size])
+    raw["model"]["dropout"] = 0.1
+    cfg = config_from_dict(raw)
+    configure_kernels(deterministic=False, tf32=cfg.train.tf32)
+    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"{hardware}, torch {torch.__version__}, {args.mode}, {precision}", flush=True)
+
+    lengths = wmt_lengths(args.pairs)
+    report: dict = {"mode": args.mode, "hardware": hardware, "torch": torch.__version__,
+                    "precision": precision, "size": args.size, "vocab": args.vocab,
+                    "batch_tokens": args.batch_tokens}  # fmt: skip
+    if args.count_shapes:
+        report["distinct_shapes"] = count_shapes(lengths, args.batch_tokens)
+        print("distinct batch shapes in one epoch:", report["distinct_shapes"], flush=True)
+    src_ids = RandomSentences(lengths[:, 0], args.vocab, seed=1)
+    tgt_ids = RandomSentences(lengths[:, 1], args.vocab, seed=2)
+    rows = length_batches(lengths, args.batch_tokens)
+    pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0)).tolist()
+    bucketed = [collate(src_ids, tgt_ids, rows[i]).to(device) for i in pick[: args.window]]
+    middle = collate(src_ids, tgt_ids, rows[len(rows) // 2]).to(device)
+    for batch in (middle, *bucketed):
+        vary_batch_shape(batch)
+    shapes = {"fixed": [middle] * args.window, "bucketed": bucketed}
+    spec = spec_peak(hardware, precision) if device.type == "cuda" else None
+
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg, args.vocab, args.vocab).to(device).train()
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
+    step = objective_step(model, args.mode)
+    warm = list(itertools.islice(itertools.cycle([middle, *bucketed]),
+                                 max(args.warmup, 1 + len(bucketed))))  # fmt: skip
+    start = time.perf_counter()
+    updates(step, params, optimizer, warm, dtype)
+    sync(device)
+    report["warmup_s"], report["graphs"] = time.perf_counter() - start, compiled_graphs()
+    print(f"warm-up: {report['warmup_s']:.1f} s, {report['graphs']} graph(s)", flush=True)
+
+    models = {"attn-mt": (step, params, optimizer)}
+    if args.reference:
+        m = cfg.model
+        ref = Reference(args.vocab, m.d_model, m.heads, m.encoder_layers, m.decoder_layers,
+                        m.d_ff, m.dropout, m.norm == "pre").to(device).train()  # fmt: skip
+        ref_params = list(ref.parameters())
+        ref_opt = torch.optim.AdamW(ref_params, lr=1e-4, fused=device.type == "cuda")
+
+        def ref_step(batch: Batch, dtype: torch.dtype) -> torch.Tensor:
+            return logits_loss(ref, batch, dtype)
+
+        updates(ref_step, ref_params, ref_opt, warm, dtype)
+        models["nn.Transformer"] = (ref_step, ref_params, ref_opt)
+
+    for kind, batches in shapes.items():
+        flops = sum(step_flops(cfg.model, args.vocab, b) for b in batches)
+        for name, (fn, ps, opt) in models.items():
+            windows = [timed(fn, ps, opt, batches, dtype, device) for _ in range(args.rounds)]
+            seconds = sum(w["seconds"] for w in windows)
+            row = {
+                "ms_per_step": 1e3 * seconds / (args.rounds * len(batches)),
+                "tgt_tokens_per_s": sum(w["tokens"] for w in windows) / seconds,
+                "host_queued_share": sum(w["queued"] for w in windows) / seconds,
+                "mfu_spec": args.rounds * flops / seconds / spec if spec else None,
+            }
+            if name == "attn-mt":
+                profile_batches = batches[: args.profile_steps]
+                row["profile"] = profiled(fn, ps, opt, profile_batches, dtype, device, out,
+                                          f"{args.mode}_{kind}")  # fmt: skip
+            report[f"{name} {kind}"] = row
+            print(f"{name} {kind}: {json.dumps(row)}", flush=True)
+    report["graphs_after_warmup"] = compiled_graphs() - report["graphs"]
+    if device.type == "cuda":
+        report["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    (out / f"{args.mode}.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    main()

@@ -1,0 +1,67 @@
+"""scripts/profile_step.py on the CPU at a toy size: every timed row and profile comes out,
+its figures agree with each other; it and scripts/bench_kernels.py say in one line that what
+they were asked needs CUDA."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import profile_step  # noqa: E402
+
+TOY = ["--size", "config", "--vocab", "300", "--batch-tokens", "400", "--pairs", "2000"]
+
+
+def test_eager_profile_reports_both_models_and_shapes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "profile"
+    profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--count-shapes",
+                       "--device", "cpu", "--out", str(out)])  # fmt: skip
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report == json.loads((out / "eager.json").read_text())
+    shapes = report["distinct_shapes"]
+    counts = [shapes[f"x{m}"] for m in (1, 8, 16, 32, 64)]
+    assert counts == sorted(counts, reverse=True)  # rounding up merges shapes, never splits
+    assert counts[-1] >= 1 and counts[0] <= shapes["batches"]
+    for model in ("attn-mt", "nn.Transformer"):
+        for kind in ("fixed", "bucketed"):
+            row = report[f"{model} {kind}"]
+            assert row["ms_per_step"] > 0 and row["tgt_tokens_per_s"] > 0
+            assert 0 < row["host_queued_share"] <= 1
+    for kind in ("fixed", "bucketed"):
+        profile = report[f"attn-mt {kind}"]["profile"]
+        assert profile["steps"] == 2 and profile["aten_ops_per_step"] > 50
+        assert profile["device_busy_ms_per_step"] is None  # no CUDA kernels on the CPU
+        text = (out / f"eager_{kind}_profile.txt").read_text()
+        assert "by device time" in text and "aten::mm" in text
+        assert (out / f"eager_{kind}_trace.json.gz").stat().st_size > 0
+
+
+NEEDS_CUDA = [
+    (
+        "profile_step.py",
+        [*TOY, "--device", "cpu", "--mode", "cudagraphs"],
+        "--mode cudagraphs needs CUDA",
+    ),
+    ("bench_kernels.py", [], "needs CUDA (the kernels compared are CUDA's)"),
+]
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "message"), NEEDS_CUDA, ids=["profile_step", "bench_kernels"]
+)
+def test_without_cuda_is_one_clear_line(
+    script: str, args: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # as on a machine without a GPU
+    command = [sys.executable, str(ROOT / "scripts" / script), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].endswith(message)
