@@ -3,8 +3,9 @@
 Shape legend: B batch, H heads, T query length, S key length, D model width, Dh = D / H,
 A additive-attention hidden width (= Dh).
 Masks are boolean and broadcast to (B, H, T, S); True means "this query may attend this key".
-A causal self-attention passes no mask but `causal=True`: torch's flash kernel takes no mask,
-only that flag (on CUDA it is the fastest kernel and keeps no (T, T) matrix).
+A causal self-attention passes no mask but `causal=True`: torch's flash and memory-efficient
+kernels take that flag and keep no (T, T) matrix (on CUDA flash is the faster for long
+sequences, memory-efficient for a sentence's: `short_causal`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,21 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 # Additive attention scores this many (B, H, T, S, A) elements at a time (64 MiB in float32):
 # the whole tensor of a batch of 25k tokens would take several GiB, and as much for its gradient.
 ADDITIVE_CHUNK = 2**24
+
+
+# Causal self-attention over fewer positions than this prefers the memory-efficient kernel to
+# flash: on an H200 in bf16 (8 heads of 64, 25,600 tokens, forward and backward) it took 0.48
+# against 0.95 ms at 28 positions, 0.37 against 0.58 at 56, 0.42 against 0.40 at 112; flash
+# computes in tiles of 128 positions, mostly empty for a sentence (docs/gpu.md, the sixth lease).
+SHORT_CAUSAL = 96
+EFFICIENT_FIRST = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+SHORT_CAUSAL_DEVICES = ("cuda",)
 
 # ---------------------------------------------------------------------------------------------
 # Pure scoring functions
@@ -57,9 +68,25 @@ def fused_dot_product_attention(
 ) -> torch.Tensor:
     """The same function as `dot_product_attention` through torch's fused kernel (flash or
     memory-efficient attention where the device has one); weights are not materialised.
-    `causal` (with no mask): query i attends keys 0..i, the one rule the flash kernel takes."""
+    `causal` (with no mask): query i attends keys 0..i, the one rule the flash kernel takes.
+    A short causal self-attention on CUDA prefers the memory-efficient kernel (`short_causal`)."""
+    if short_causal(q, mask, causal):
+        with sdpa_kernel(EFFICIENT_FIRST, set_priority=True):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
+    )
+
+
+def short_causal(q: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> bool:
+    """Whether `fused_dot_product_attention` puts the memory-efficient kernel first: a causal
+    self-attention (no mask) of fewer than SHORT_CAUSAL queries on CUDA. Under torch.compile
+    the length test is a guard: one graph below the bound, one from it."""
+    return (
+        causal
+        and mask is None
+        and q.device.type in SHORT_CAUSAL_DEVICES
+        and q.size(-2) < SHORT_CAUSAL
     )
 
 

@@ -23,6 +23,7 @@ from attn_mt.model.attention import (
     fused_dot_product_attention,
     padding_mask,
     record_attention,
+    short_causal,
 )
 
 B, T, S, D, H = 2, 5, 7, 8, 2  # batch, query length, key length, model width, heads
@@ -329,6 +330,41 @@ def test_causal_flag_equals_the_causal_mask(scoring: str, fused: bool):
     with record_attention(layer):
         torch.testing.assert_close(layer(x, x, causal=True), masked, rtol=0, atol=1e-12)
         assert (layer.last_weights.masked_select(~causal_mask(T)) == 0).all()
+
+
+def test_short_causal_picks_the_efficient_kernel_only_for_short_causal_self_attention(monkeypatch):
+    """The memory-efficient kernel first for a causal self-attention shorter than SHORT_CAUSAL
+    on CUDA only; with the CPU let in, the result and its gradient equal the masked math path,
+    and torch.compile makes one graph below the bound and one from it, no break in either."""
+    from torch._dynamo.utils import counters
+
+    import attn_mt.model.attention as attention
+
+    short, long = randn(B, H, 8, DH), randn(B, H, attention.SHORT_CAUSAL, DH)
+    assert not short_causal(short, None, True)  # the CPU is not in SHORT_CAUSAL_DEVICES
+    monkeypatch.setattr(attention, "SHORT_CAUSAL_DEVICES", ("cpu",))
+    assert short_causal(short, None, True)
+    assert not short_causal(long, None, True)
+    assert not short_causal(short, None, False)
+    assert not short_causal(short, causal_mask(8), True)
+
+    def run(q: torch.Tensor) -> torch.Tensor:
+        return fused_dot_product_attention(q, q, q, causal=True)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(run, backend="aot_eager", fullgraph=True, dynamic=True)
+    for length in (8, 20, attention.SHORT_CAUSAL, attention.SHORT_CAUSAL + 9):
+        q = randn(B, H, length, DH).requires_grad_(True)
+        out = compiled(q)
+        (grad,) = torch.autograd.grad(out.sum(), q)
+        ref_q = q.detach().requires_grad_(True)
+        ref, _ = dot_product_attention(ref_q, ref_q, ref_q, causal_mask(length))
+        (ref_grad,) = torch.autograd.grad(ref.sum(), ref_q)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+        torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-10)
+    assert counters["stats"]["unique_graphs"] == 2
+    torch._dynamo.reset()
 
 
 def test_additive_attention_in_pieces_equals_whole_with_gradients():
