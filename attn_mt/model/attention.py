@@ -31,7 +31,7 @@ ADDITIVE_CHUNK = 2**24
 # against 0.95 ms at 28 positions, 0.37 against 0.58 at 56, 0.42 against 0.40 at 112; flash
 # computes in tiles of 128 positions, mostly empty for a sentence (docs/gpu.md, the sixth lease).
 SHORT_CAUSAL = 96
-EFFICIENT_FIRST = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+SHORT_CAUSAL_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # flash left out
 SHORT_CAUSAL_DEVICES = ("cuda",)
 
 # ---------------------------------------------------------------------------------------------
@@ -69,9 +69,9 @@ def fused_dot_product_attention(
     """The same function as `dot_product_attention` through torch's fused kernel (flash or
     memory-efficient attention where the device has one); weights are not materialised.
     `causal` (with no mask): query i attends keys 0..i, the one rule the flash kernel takes.
-    A short causal self-attention on CUDA prefers the memory-efficient kernel (`short_causal`)."""
+    A short causal self-attention on CUDA takes the memory-efficient kernel (`short_causal`)."""
     if short_causal(q, mask, causal):
-        with sdpa_kernel(EFFICIENT_FIRST, set_priority=True):
+        with sdpa_kernel(SHORT_CAUSAL_BACKENDS):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
@@ -79,9 +79,11 @@ def fused_dot_product_attention(
 
 
 def short_causal(q: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> bool:
-    """Whether `fused_dot_product_attention` puts the memory-efficient kernel first: a causal
-    self-attention (no mask) of fewer than SHORT_CAUSAL queries on CUDA. Under torch.compile
-    the length test is a guard: one graph below the bound, one from it."""
+    """Whether `fused_dot_product_attention` leaves flash out, so that memory-efficient
+    attention (else the math path) takes the call: a causal self-attention (no mask) of fewer
+    than SHORT_CAUSAL queries on CUDA. Under torch.compile the length test is a guard: one
+    graph below the bound, one from it. (The list, not a priority order: `sdpa_kernel`'s
+    `set_priority` came after torch 2.4, the oldest attn-mt runs on.)"""
     return (
         causal
         and mask is None

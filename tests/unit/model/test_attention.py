@@ -332,10 +332,10 @@ def test_causal_flag_equals_the_causal_mask(scoring: str, fused: bool):
         assert (layer.last_weights.masked_select(~causal_mask(T)) == 0).all()
 
 
-def test_short_causal_picks_the_efficient_kernel_only_for_short_causal_self_attention(monkeypatch):
-    """The memory-efficient kernel first for a causal self-attention shorter than SHORT_CAUSAL
-    on CUDA only; with the CPU let in, the result and its gradient equal the masked math path,
-    and torch.compile makes one graph below the bound and one from it, no break in either."""
+def test_short_causal_leaves_flash_out_only_for_short_causal_self_attention(monkeypatch):
+    """Flash left out for a causal self-attention shorter than SHORT_CAUSAL, on CUDA only. With
+    the CPU let in, the result and its gradient equal the masked math path, and torch.compile
+    makes one graph below the bound and one from it, with no break in either."""
     from torch._dynamo.utils import counters
 
     import attn_mt.model.attention as attention
