@@ -12,7 +12,8 @@ kernels, the ones a compiled base step spent 18% of its time in.
     python scripts/bench_kernels.py                      # both, on CUDA
     python scripts/bench_kernels.py --only attention
 
-Each result is one line as it comes (`name: json`); the last line is one JSON object.
+Each result is one line as it comes (`result {"name": ..., ...}`); the last line is one JSON
+object with them all.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def attention(lengths: list[int]) -> dict:
                 figure = f"failed: {str(err).splitlines()[0][:100]}"
             key = f"attention T={length} B={rows} {name}"
             results[key] = figure
-            print(f"{key}: {json.dumps(figure)}", flush=True)
+            print("result", json.dumps({"name": key, "ms": figure}), flush=True)
             q.grad = k.grad = v.grad = None
     return results
 
@@ -146,7 +147,7 @@ def layernorm(length: int) -> dict:
             row = {"ms": timed_ms(run), "first_pass_s": first}
             row |= kernel_ms(run, "layer_norm_backward")
         results[f"layernorm {name}"] = row
-        print(f"layernorm {name}: {json.dumps(row)}", flush=True)
+        print("result", json.dumps({"name": f"layernorm {name}", **row}), flush=True)
     return results
 
 

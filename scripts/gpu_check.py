@@ -455,10 +455,13 @@ WMT_TURNS = {  # one process each: a budget that stops one keeps the rows of tho
 }
 
 
-def bench_turns(ctx: Context, turns: dict[str, list[str]]) -> tuple[list[dict], dict[str, str]]:
-    """Each turn's command (a bench_train.py run) in turn with what is left of the budget: the
+def bench_turns(
+    ctx: Context, turns: dict[str, list[str]], prefix: str = "bench_train"
+) -> tuple[list[dict], dict[str, str]]:
+    """Each turn's command (a scripts/*.py run) in turn with what is left of the budget: the
     `result` rows they printed, a turn the budget stopped keeping the rows it printed before,
-    and each turn's outcome ("done", or why not). A turn that fails is a failed check."""
+    and each turn's outcome ("done", or why not). A turn that fails is a failed check. Each
+    turn's output is kept as `prefix`_TURN.txt."""
     rows: list[dict] = []
     outcome: dict[str, str] = {}
     for name, command in turns.items():
@@ -475,7 +478,7 @@ def bench_turns(ctx: Context, turns: dict[str, list[str]]) -> tuple[list[dict], 
             text = error.stdout or ""
             text = text.decode(errors="replace") if isinstance(text, bytes) else text
             outcome[name] = f"stopped after {error.timeout:.0f} s, what was left of --minutes"
-        (ctx.out / f"bench_train_{name.replace(' ', '_')}.txt").write_text(text)
+        (ctx.out / f"{prefix}_{name.replace(' ', '_')}.txt").write_text(text)
         rows += [json.loads(line[len("result ") :]) for line in text.splitlines()
                  if line.startswith("result {")]  # fmt: skip
     return rows, outcome
@@ -500,6 +503,28 @@ def wmt_base_bench(ctx: Context) -> Figures:
     figures["projected/logits"] = loss_ratios(results, "loss", "logits", "projected")
     figures["compiled/eager"] = loss_ratios(results, "compiled", False, True)
     return figures | {"turns": outcome}
+
+
+def step_profile(ctx: Context) -> Figures:
+    """profile_step.py --mode compiled --reference: transformer-base over a 32k vocabulary on
+    25,000-token WMT-shaped batches, bf16, the trainer's loss: ms/step, tokens/s, MFU of the
+    data sheet, the profiled kernels' milliseconds per update by kind, and `nn.Transformer`
+    eagerly on the same batches. Its tables and traces go to `--out`/profile_step/."""
+    script = str(ROOT / "scripts" / "profile_step.py")
+    command = [sys.executable, script, "--device", "cuda", "--mode", "compiled", "--reference",
+               "--profile-steps", "5", "--out", str(ctx.out / "profile_step")]  # fmt: skip
+    rows, outcome = bench_turns(ctx, {"compiled": command}, prefix="profile_step")
+    return {row.pop("row"): row for row in rows} | {"turns": outcome}
+
+
+def kernel_bench(ctx: Context) -> Figures:
+    """bench_kernels.py: flash against memory-efficient attention at WMT lengths, then the
+    layer-norm backward kernels of pre-norm blocks eager and compiled four ways; each part in
+    its own process, so the budget stopping the second keeps the first."""
+    script = str(ROOT / "scripts" / "bench_kernels.py")
+    turns = {part: [sys.executable, script, "--only", part] for part in ("attention", "layernorm")}
+    rows, outcome = bench_turns(ctx, turns, prefix="bench_kernels")
+    return {row.pop("name"): row for row in rows} | {"turns": outcome}
 
 
 def train_log_figures(log: str) -> Figures:
@@ -576,6 +601,8 @@ CHECKS = [
     Check("environment", environment, gpu_only=False),
     Check("GPU presets load", presets, gpu_only=False),
     Check("WMT base bench: compile off/on, projected vs logits", wmt_base_bench, gpu_only=True),
+    Check("compiled base step profile", step_profile, gpu_only=True),
+    Check("kernels: attention, layer norm", kernel_bench, gpu_only=True),
     Check("base-size train.compile auto, phase seconds", auto_compile_run, gpu_only=True),
     Check("update read one later vs at once", read_later, gpu_only=True),
     Check("cached == full decoding", cached_decoding, gpu_only=False),

@@ -133,6 +133,7 @@ def profiled(step, params, optimizer, batches, dtype, device, out: Path, name: s
         sync(device)
         wall = time.perf_counter() - start
     intervals, kernels, copies, host_ops = [], 0, 0, 0
+    by_kind: dict[str, float] = {}
     for event in prof.profiler.kineto_results.events():
         if event.is_user_annotation():  # the labels' spans, on the GPU's timeline too
             continue
@@ -141,6 +142,8 @@ def profiled(step, params, optimizer, batches, dtype, device, out: Path, name: s
             continue
         begin = event.start_ns()
         intervals.append((begin, begin + event.duration_ns()))
+        kind = kernel_kind(event.name())
+        by_kind[kind] = by_kind.get(kind, 0.0) + event.duration_ns() / 1e6 / len(batches)
         if event.name().startswith(("Memcpy", "Memset")):
             copies += 1
         else:
@@ -168,7 +171,27 @@ def profiled(step, params, optimizer, batches, dtype, device, out: Path, name: s
         "device_busy_ms_per_step": 1e3 * busy / n if cuda else None,
         "kernels_per_step": kernels / n if cuda else None,
         "copies_per_step": copies / n if cuda else None,
+        "kernel_ms_per_step": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])) or None,
     }
+
+
+KERNEL_KINDS = {  # the first kind whose words a kernel's name holds (docs/gpu.md's breakdown)
+    "attention": ("flash", "fmha", "attention"),  # first: their names hold cutlass::gemm
+    "matrix products": ("nvjet", "gemm", "cublas", "cutlass_80_tensorop", "sm90_xmma"),
+    "layer norm (fused)": ("layer_norm",),
+    "loss chunk (fused)": ("log_softmax",),
+    "dropout, ReLU (fused)": ("dropout", "relu", "threshold"),
+    "clipping, AdamW": ("multi_tensor",),  # foreach kernels (torch's reduce_kernel: "other")
+    "memcpy, memset": ("Memcpy", "Memset"),
+}
+
+
+def kernel_kind(name: str) -> str:
+    """The KERNEL_KINDS entry of a CUDA kernel's name, or "other"."""
+    for kind, words in KERNEL_KINDS.items():
+        if any(word.lower() in name.lower() for word in words):
+            return kind
+    return "other"
 
 
 def _union_ns(intervals: list[tuple[int, int]]) -> int:
@@ -299,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
                 row["profile"] = profiled(fn, ps, opt, profile_batches, dtype, device, out,
                                           f"{args.mode}_{kind}")  # fmt: skip
             report[f"{name} {kind}"] = row
-            print(f"{name} {kind}: {json.dumps(row)}", flush=True)
+            print("result", json.dumps({"row": f"{name} {kind}", **row}), flush=True)
     report["graphs_after_warmup"] = compiled_graphs() - report["graphs"]
     if device.type == "cuda":
         report["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20

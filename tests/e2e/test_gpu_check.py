@@ -189,5 +189,7 @@ def test_bench_turns_keep_the_rows_a_stopped_turn_printed_and_skip_the_rest(monk
     assert "result" in (tmp_path / "bench_train_b.txt").read_text()
 
     ctx = gpu_check.Context(tmp_path, torch.device("cpu"), deadline=time.monotonic() + 60)
+    rows, _ = gpu_check.bench_turns(ctx, {"k": turn([5])}, prefix="bench_kernels")
+    assert rows == [{"n": 5}] and (tmp_path / "bench_kernels_k.txt").exists()
     with pytest.raises(gpu_check.CheckFailed, match="bad: exited 3"):
         gpu_check.bench_turns(ctx, {"ok": turn([1]), "bad": turn([], "sys.exit(3)")})

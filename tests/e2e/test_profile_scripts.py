@@ -24,8 +24,13 @@ def test_eager_profile_reports_both_models_and_shapes(
     out = tmp_path / "profile"
     profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--count-shapes",
                        "--device", "cpu", "--out", str(out)])  # fmt: skip
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    lines = capsys.readouterr().out.strip().splitlines()
+    report = json.loads(lines[-1])
     assert report == json.loads((out / "eager.json").read_text())
+    rows = [json.loads(line[len("result ") :]) for line in lines if line.startswith("result {")]
+    assert {row.pop("row"): row for row in rows} == {  # what gpu_check.py keeps of a stopped run
+        key: value for key, value in report.items() if key.endswith(("fixed", "bucketed"))
+    }
     shapes = report["distinct_shapes"]
     counts = [shapes[f"x{m}"] for m in (1, 8, 16, 32, 64)]
     assert counts == sorted(counts, reverse=True)  # rounding up merges shapes, never splits
@@ -42,6 +47,30 @@ def test_eager_profile_reports_both_models_and_shapes(
         text = (out / f"eager_{kind}_profile.txt").read_text()
         assert "by device time" in text and "aten::mm" in text
         assert (out / f"eager_{kind}_trace.json.gz").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [  # kernels of the sixth lease's compiled base step on an H200 (docs/gpu.md)
+        ("fmha_cutlassB_bf16_aligned_64x64_k64_sm80(PyTorchMemEffAttention::"
+         "AttentionBackwardKernel<cutlass::arch::Sm80, cutlass::bfloat16_t>::Params)", "attention"),
+        ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits"
+         "<64, 128, 128, 8, 4, false, false, cutlass::bfloat16_t>>", "attention"),
+        ("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_splitK_NTT", "matrix products"),
+        ("void cublasLt::splitKreduce_kernel<32, 16, int, float>", "matrix products"),
+        ("triton_per_fused__to_copy_add_native_dropout_backward_native_layer_norm_backward_view_7",
+         "layer norm (fused)"),
+        ("triton_red_fused__log_softmax__to_copy_arange_eq_exp_mean_prepare_softmax_online_sub_0",
+         "loss chunk (fused)"),
+        ("triton_poi_fused_native_dropout_relu_view_13", "dropout, ReLU (fused)"),
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>",
+         "clipping, AdamW"),
+        ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float>>", "other"),
+        ("Memset (Device)", "memcpy, memset"),
+    ],
+)  # fmt: skip
+def test_kernel_kinds_of_real_kernel_names(name: str, kind: str) -> None:
+    assert profile_step.kernel_kind(name) == kind
 
 
 NEEDS_CUDA = [
