@@ -7,7 +7,7 @@ memory-efficient for causal self-attention, and memory-efficient with a key-padd
 under bf16 autocast (as attn-mt's layers run), forward and backward, eagerly and through
 torch.compile with dynamic or static shapes and with Inductor's coordinate-descent tuning or
 without persistent reductions: ms per pass and the device time of the layer-norm backward
-kernels, the ones a compiled base step spent 18% of its time in.
+kernels (a large share of a compiled base step's: docs/gpu.md).
 
     python scripts/bench_kernels.py                      # both, on CUDA
     python scripts/bench_kernels.py --only attention

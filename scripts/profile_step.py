@@ -30,6 +30,7 @@ The last line is one JSON object with every figure (also `--out`/MODE.json).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import itertools
 import json
@@ -89,25 +90,18 @@ def objective_step(model, mode: str):
 def updates(step, params, optimizer, batches, dtype, label: bool = False) -> int:
     """One update per batch as the trainer makes it; no synchronisation. Returns tgt tokens."""
     tokens = 0
+    phase = torch.profiler.record_function if label else lambda _name: contextlib.nullcontext()
     for batch in batches:
-        with torch.profiler.record_function("forward+loss") if label else _nothing():
+        with phase("forward+loss"):
             loss = step(batch, dtype)
-        with torch.profiler.record_function("backward") if label else _nothing():
+        with phase("backward"):
             (loss / batch.num_tgt_tokens).backward()
-        with torch.profiler.record_function("clip+adamw") if label else _nothing():
+        with phase("clip+adamw"):
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         tokens += batch.num_tgt_tokens
     return tokens
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def timed(step, params, optimizer, batches, dtype, device) -> dict:

@@ -20,7 +20,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attn_mt.config import Config
-from attn_mt.model.attention import KVCache, MultiHeadAttention, causal_mask
+from attn_mt.model.attention import MultiHeadAttention, causal_mask
+from attn_mt.model.kv_cache import KVCache
 from attn_mt.model.positions import POSITIONS, Positions
 from attn_mt.model.vocab import PAD_ID
 

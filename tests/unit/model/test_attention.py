@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from attn_mt.model.attention import (
-    KVCache,
     MultiHeadAttention,
     additive_attention,
     causal_mask,
@@ -25,6 +24,7 @@ from attn_mt.model.attention import (
     record_attention,
     short_causal,
 )
+from attn_mt.model.kv_cache import KVCache
 
 B, T, S, D, H = 2, 5, 7, 8, 2  # batch, query length, key length, model width, heads
 DH = D // H
