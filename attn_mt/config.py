@@ -168,6 +168,11 @@ class TrainConfig:
     activation_checkpointing: bool = key(
         False, "recompute each layer's activations in the backward pass: less memory, more time"
     )
+    bf16_stream: bool = key(
+        False,
+        "under bf16 autocast, the residual stream (embeddings, residual sums, layer-norm "
+        "outputs) in bf16, not fp32: half the bytes; weights, gradients, optimizer stay fp32",
+    )
 
     def validate(self) -> None:
         """A decaying schedule needs its length: max_steps, else the max_minutes budget; the

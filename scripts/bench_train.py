@@ -70,6 +70,7 @@ from attn_mt.train.onednn import route_through_onednn  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ONEDNN = "attn-mt oneDNN"  # the fp32 CPU row of attn-mt with its products through oneDNN
+STREAM = "attn-mt bf16 stream"  # the bf16 row of attn-mt with train.bf16_stream
 SIZES = {  # --size: model keys over the config's (Vaswani et al.'s transformer-base and -big)
     "config": {},
     "base": {"d_model": 512, "heads": 8, "encoder_layers": 6, "decoder_layers": 6, "d_ff": 2048},
@@ -365,6 +366,9 @@ def bench_multi30k(args, cfg, device: torch.device, hardware: str, precisions: l
         timed_models = dict(models)
         if name == "fp32" and device.type == "cpu" and packing_available():
             timed_models[ONEDNN] = route_through_onednn(copy.deepcopy(ours))
+        if name == "bf16":
+            timed_models[STREAM] = copy.deepcopy(ours)
+            timed_models[STREAM].bf16_stream = True
         optimizers = {
             k: torch.optim.AdamW(v.parameters(), lr=1e-4, fused=True)
             for k, v in timed_models.items()
@@ -396,21 +400,25 @@ def bench_multi30k(args, cfg, device: torch.device, hardware: str, precisions: l
         row["ratio"] = row["attn-mt"]["tokens_per_s"] / row["nn.Transformer"]["tokens_per_s"]
         if ONEDNN in row:  # > 1: oneDNN's products train faster than MKL's
             row["onednn_gain"] = row[ONEDNN]["tokens_per_s"] / row["attn-mt"]["tokens_per_s"]
+        if STREAM in row:  # > 1: the bf16 residual stream trains faster than the fp32 one
+            row["stream_gain"] = row[STREAM]["tokens_per_s"] / row["attn-mt"]["tokens_per_s"]
         results.append(row)
 
-    print(f"\n{'precision':<10}{'model':<16}{'tgt tok/s':>11}{'MFU':>8}{'MFU spec':>10}"
+    print(f"\n{'precision':<10}{'model':<20}{'tgt tok/s':>11}{'MFU':>8}{'MFU spec':>10}"
           f"{'peak MiB':>10}{'matmul peak':>14}")  # fmt: skip
     for row in results:
-        for key in (k for k in (*models, ONEDNN) if k in row):
+        for key in (k for k in (*models, ONEDNN, STREAM) if k in row):
             r = row[key]
             mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "n/a"
             spec = f"{100 * r['mfu_spec']:.1f}%" if r["mfu_spec"] is not None else "n/a"
             gflops = row["matmul_peak_tflops"] * 1e3
-            print(f"{row['precision']:<10}{key:<16}{r['tokens_per_s']:>11.0f}"
+            print(f"{row['precision']:<10}{key:<20}{r['tokens_per_s']:>11.0f}"
                   f"{100 * r['mfu']:>7.1f}%{spec:>10}{mem:>10}{gflops:>9.0f} GF/s")  # fmt: skip
-        print(f"{'':<10}{'ratio':<16}{row['ratio']:>11.2f}")
+        print(f"{'':<10}{'ratio':<20}{row['ratio']:>11.2f}")
         if "onednn_gain" in row:
-            print(f"{'':<10}{'oneDNN / MKL':<16}{row['onednn_gain']:>11.2f}")
+            print(f"{'':<10}{'oneDNN / MKL':<20}{row['onednn_gain']:>11.2f}")
+        if "stream_gain" in row:
+            print(f"{'':<10}{'stream bf16/fp32':<20}{row['stream_gain']:>11.2f}")
     print(json.dumps({
         "bench": "train", "hardware": hardware, "device": device.type,
         "threads": torch.get_num_threads(), "torch": torch.__version__,

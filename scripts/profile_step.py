@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile-steps", type=int, default=8)
     parser.add_argument("--reference", action="store_true", help="also eager nn.Transformer")
     parser.add_argument("--count-shapes", action="store_true")
+    parser.add_argument("--bf16-stream", action="store_true", help="train.bf16_stream (bf16 only)")
     parser.add_argument("--quick", action="store_true", help="CPU smoke: tiny windows")
     parser.add_argument("--out", default=str(ROOT / "runs" / "profile_step"))
     args = parser.parse_args(argv)
@@ -250,15 +251,18 @@ def main(argv: list[str] | None = None) -> None:
     raw = load_config(args.config).to_dict()
     raw["model"].update(SIZES[args.size])
     raw["model"]["dropout"] = 0.1
+    raw["train"]["bf16_stream"] = args.bf16_stream
     cfg = config_from_dict(raw)
     configure_kernels(deterministic=False, tf32=cfg.train.tf32)
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"{hardware}, torch {torch.__version__}, {args.mode}, {precision}", flush=True)
+    label = args.mode + ("_bf16_stream" if args.bf16_stream else "")  # of the files it writes
+    ours = "attn-mt bf16 stream" if args.bf16_stream else "attn-mt"  # of its rows
+    print(f"{hardware}, torch {torch.__version__}, {label}, {precision}", flush=True)
 
     lengths = wmt_lengths(args.pairs)
     report: dict = {"mode": args.mode, "hardware": hardware, "torch": torch.__version__,
                     "precision": precision, "size": args.size, "vocab": args.vocab,
-                    "batch_tokens": args.batch_tokens}  # fmt: skip
+                    "batch_tokens": args.batch_tokens, "bf16_stream": args.bf16_stream}  # fmt: skip
     if args.count_shapes:
         report["distinct_shapes"] = count_shapes(lengths, args.batch_tokens)
         print("distinct batch shapes in one epoch:", report["distinct_shapes"], flush=True)
@@ -286,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     report["warmup_s"], report["graphs"] = time.perf_counter() - start, compiled_graphs()
     print(f"warm-up: {report['warmup_s']:.1f} s, {report['graphs']} graph(s)", flush=True)
 
-    models = {"attn-mt": (step, params, optimizer)}
+    models = {ours: (step, params, optimizer)}
     if args.reference:
         m = cfg.model
         ref = Reference(args.vocab, m.d_model, m.heads, m.encoder_layers, m.decoder_layers,
@@ -311,16 +315,16 @@ def main(argv: list[str] | None = None) -> None:
                 "host_queued_share": sum(w["queued"] for w in windows) / seconds,
                 "mfu_spec": args.rounds * flops / seconds / spec if spec else None,
             }
-            if name == "attn-mt":
+            if name == ours:
                 profile_batches = batches[: args.profile_steps]
                 row["profile"] = profiled(fn, ps, opt, profile_batches, dtype, device, out,
-                                          f"{args.mode}_{kind}")  # fmt: skip
+                                          f"{label}_{kind}")  # fmt: skip
             report[f"{name} {kind}"] = row
             print("result", json.dumps({"row": f"{name} {kind}", **row}), flush=True)
     report["graphs_after_warmup"] = compiled_graphs() - report["graphs"]
     if device.type == "cuda":
         report["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
-    (out / f"{args.mode}.json").write_text(json.dumps(report, indent=1))
+    (out / f"{label}.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report))
 
 

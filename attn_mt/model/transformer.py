@@ -106,7 +106,8 @@ class Residual(nn.Module):
         """x (B, L, D) -> (B, L, D) with `sublayer` wrapped in the residual block."""
         if self.pre_norm:
             return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+        # CUDA's autocast runs layer norm in fp32: the stream keeps its dtype (`bf16_stream`).
+        return self.norm(x + self.dropout(sublayer(x))).to(x.dtype)
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,8 @@ class Transformer(nn.Module):
         # A training choice, not the architecture (build_model sets it from train.): training
         # keeps only each layer's input and recomputes the rest in the backward pass.
         self.activation_checkpointing = False
+        # Under bf16 autocast, the residual stream in bf16 (`_stream`); set from train. too.
+        self.bf16_stream = False
         if share_embeddings and src_vocab != tgt_vocab:
             raise ValueError("shared embeddings need one vocabulary for both sides")
         d_model = layer.d_model
@@ -258,7 +261,7 @@ class Transformer(nn.Module):
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """Source ids (B, S) and their padding mask (B, 1, 1, S) -> memory (B, S, D)."""
-        x = self.src_embed(src)  # (B, S, D)
+        x = self._stream(self.src_embed(src))  # (B, S, D)
         for layer in self.encoder:
             x = self._run(layer, x, src_mask)
         return self.encoder_norm(x)
@@ -289,7 +292,7 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """`decode` short of the output projection: the decoder's final states (B, T, D)."""
         offset = cache[0][0].length if cache else 0
-        y = self.tgt_embed(tgt, offset)  # (B, T, D)
+        y = self._stream(self.tgt_embed(tgt, offset))  # (B, T, D)
         if cache is not None and tgt.size(1) > 1:
             self_mask = causal_mask(tgt.size(1), tgt.device, offset)  # (1, 1, T, offset + T)
         else:  # whole prefix: the causal flag; one cached step may attend everything cached
@@ -298,6 +301,20 @@ class Transformer(nn.Module):
             layer_cache = cache[i] if cache else None
             y = self._run(layer, y, memory, self_mask, src_mask, layer_cache, cache is None)
         return self.decoder_norm(y)  # (B, T, D)
+
+    def _stream(self, x: torch.Tensor) -> torch.Tensor:
+        """The embeddings in the residual stream's dtype: bf16 with `bf16_stream` under bf16
+        autocast, else as they are (fp32). The layers keep the dtype they are given: each
+        residual sum adds bf16 to bf16, and each layer norm reads and writes bf16 (computing in
+        fp32), half the bytes of an fp32 stream (Megatron-LM's default; fairseq's fp16)."""
+        device = x.device.type
+        if (
+            self.bf16_stream
+            and torch.is_autocast_enabled(device)
+            and torch.get_autocast_dtype(device) == torch.bfloat16
+        ):
+            return x.to(torch.bfloat16)
+        return x
 
     def _run(self, layer: nn.Module, *args) -> torch.Tensor:
         """layer(*args), through `torch.utils.checkpoint` when training with activation
@@ -347,4 +364,5 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> Transformer:
         tie_output=m.tie_embeddings,
     )
     model.activation_checkpointing = cfg.train.activation_checkpointing
+    model.bf16_stream = cfg.train.bf16_stream
     return model

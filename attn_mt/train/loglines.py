@@ -94,14 +94,19 @@ def log_start(
     cfg, stats, (src_tok, tgt_tok) = state.cfg, corpus.stats, state.tokenizers
     params = sum(p.numel() for p in {id(p): p for p in state.model.parameters()}.values())
     threads = torch.get_num_threads() if state.device.type == "cpu" else None
-    onednn = state.progress.matmul_backend == "onednn"
+    stream = cfg.train.bf16_stream
+    notes = {  # said after the precision where they hold
+        ", float32 products through oneDNN": state.progress.matmul_backend == "onednn",
+        ", bf16 residual stream": stream and precision == "bf16",
+        " (train.bf16_stream: no effect outside bf16)": stream and precision != "bf16",
+    }
     log.info(
         "attn-mt: %s, %s parameters, device %s%s, precision %s, %d process(es)",
         cfg.data.in_words(),
         f"{params:,}",
         state.device,
         f" ({threads} threads)" if threads else "",
-        precision + (", float32 products through oneDNN" if onednn else ""),
+        precision + "".join(note for note, holds in notes.items() if holds),
         state.world.size,
     )
     log.info(

@@ -21,12 +21,15 @@ TOY = ["--size", "config", "--vocab", "300", "--batch-tokens", "400", "--pairs",
 def test_eager_profile_reports_both_models_and_shapes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """In bf16 with the bf16 stream: its rows and files are named for it."""
     out = tmp_path / "profile"
     profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--count-shapes",
-                       "--device", "cpu", "--out", str(out)])  # fmt: skip
+                       "--device", "cpu", "--precision", "bf16", "--bf16-stream",
+                       "--out", str(out)])  # fmt: skip
     lines = capsys.readouterr().out.strip().splitlines()
     report = json.loads(lines[-1])
-    assert report == json.loads((out / "eager.json").read_text())
+    assert report["bf16_stream"] is True and report["precision"] == "bf16"
+    assert report == json.loads((out / "eager_bf16_stream.json").read_text())
     rows = [json.loads(line[len("result ") :]) for line in lines if line.startswith("result {")]
     assert {row.pop("row"): row for row in rows} == {  # what gpu_check.py keeps of a stopped run
         key: value for key, value in report.items() if key.endswith(("fixed", "bucketed"))
@@ -35,18 +38,18 @@ def test_eager_profile_reports_both_models_and_shapes(
     counts = [shapes[f"x{m}"] for m in (1, 8, 16, 32, 64)]
     assert counts == sorted(counts, reverse=True)  # rounding up merges shapes, never splits
     assert counts[-1] >= 1 and counts[0] <= shapes["batches"]
-    for model in ("attn-mt", "nn.Transformer"):
+    for model in ("attn-mt bf16 stream", "nn.Transformer"):
         for kind in ("fixed", "bucketed"):
             row = report[f"{model} {kind}"]
             assert row["ms_per_step"] > 0 and row["tgt_tokens_per_s"] > 0
             assert 0 < row["host_queued_share"] <= 1
     for kind in ("fixed", "bucketed"):
-        profile = report[f"attn-mt {kind}"]["profile"]
+        profile = report[f"attn-mt bf16 stream {kind}"]["profile"]
         assert profile["steps"] == 2 and profile["aten_ops_per_step"] > 50
         assert profile["device_busy_ms_per_step"] is None  # no CUDA kernels on the CPU
-        text = (out / f"eager_{kind}_profile.txt").read_text()
+        text = (out / f"eager_bf16_stream_{kind}_profile.txt").read_text()
         assert "by device time" in text and "aten::mm" in text
-        assert (out / f"eager_{kind}_trace.json.gz").stat().st_size > 0
+        assert (out / f"eager_bf16_stream_{kind}_trace.json.gz").stat().st_size > 0
 
 
 @pytest.mark.parametrize(

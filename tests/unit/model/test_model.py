@@ -478,3 +478,75 @@ def test_activation_checkpointing_gives_the_same_gradients(monkeypatch, scoring:
     assert len(calls) == 4  # every layer of the second model, none of the first
     for plain, recomputed in zip(*grads, strict=True):
         torch.testing.assert_close(recomputed, plain, rtol=0, atol=1e-12)
+
+
+class Float32Norm(nn.LayerNorm):
+    """A layer norm that answers in fp32, as CUDA's autocast runs it (the CPU's keeps bf16)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float())
+
+
+def stream_run(
+    model: Transformer, src: torch.Tensor, tgt: torch.Tensor, dtype: torch.dtype | None
+) -> tuple[set[torch.dtype], torch.Tensor]:
+    """One forward and backward pass under autocast to `dtype` (None: none): the dtypes of every
+    encoder and decoder layer's output, and all the gradients in one vector."""
+    seen: set[torch.dtype] = set()
+    hooks = [
+        layer.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
+        for layer in [*model.encoder, *model.decoder]
+    ]
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        model(src, tgt).logsumexp(-1).mean().backward()
+    for hook in hooks:
+        hook.remove()
+    return seen, torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("pre_norm", [True, False], ids=["pre", "post"])
+@pytest.mark.parametrize("cuda_norm", [False, True], ids=["cpu-norm", "fp32-norm"])
+def test_bf16_stream_keeps_every_layer_in_bf16_under_bf16_autocast_only(
+    monkeypatch, pre_norm: bool, cuda_norm: bool
+) -> None:
+    """`bf16_stream`: every layer hands on bf16 under bf16 autocast (layer norms answering in
+    fp32, as on CUDA, included); its gradients are within twice the error the fp32 stream
+    has under the same autocast (against no autocast); without bf16 autocast nothing changes."""
+    if cuda_norm:
+        monkeypatch.setattr(transformer.nn, "LayerNorm", Float32Norm)
+    src, tgt = tokens(3, 9, seed=21), tokens(3, 8, seed=22)
+    models = {}
+    for stream in (False, True):
+        torch.manual_seed(0)
+        layer = LayerSpec(d_model=32, heads=4, d_ff=64, pre_norm=pre_norm)
+        models[stream] = Transformer(VOCAB, VOCAB, layer, 2, 2).train()
+        models[stream].bf16_stream = stream
+    exact = stream_run(models[False], src, tgt, None)[1]
+    fp32_dtypes, fp32_grads = stream_run(models[False], src, tgt, torch.bfloat16)
+    bf16_dtypes, bf16_grads = stream_run(models[True], src, tgt, torch.bfloat16)
+    assert fp32_dtypes == {torch.float32} and bf16_dtypes == {torch.bfloat16}
+    assert bf16_grads.dtype == torch.float32  # the weights and their gradients stay fp32
+    autocast_error = (fp32_grads - exact).norm() / exact.norm()
+    assert 0 < (bf16_grads - exact).norm() / exact.norm() <= 2 * autocast_error
+    for dtype in (None, torch.float16):  # no autocast, or another dtype: no bf16 stream
+        dtypes, grads = stream_run(models[True], src, tgt, dtype)
+        assert dtypes == {torch.float32}
+        assert torch.equal(grads, stream_run(models[False], src, tgt, dtype)[1])
+    for on in (False, True):  # train.bf16_stream sets it
+        raw = {"data": {"dataset": "multi30k"}, "train": {"bf16_stream": on}}
+        assert build_model(config_from_dict(raw), 9, 9).bf16_stream is on
+
+
+def test_bf16_stream_compiles_into_one_graph() -> None:
+    """train.compile traces the stream's autocast test without a graph break, and the traced
+    model hands on what the eager one does."""
+    torch.manual_seed(0)
+    model = Transformer(VOCAB, VOCAB, LayerSpec(d_model=16, heads=2, d_ff=32), 1, 1).eval()
+    model.bf16_stream = True
+    src, tgt = tokens(2, 7, seed=31), tokens(2, 5, seed=32)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, traced = model(src, tgt), compiled(src, tgt)
+    assert traced.dtype == torch.bfloat16
+    torch.testing.assert_close(traced, expected, rtol=0, atol=0)

@@ -58,9 +58,10 @@ RESUME_TRAIN = {
 
 
 def resume_config(toy_data: dict[str, Path], out: Path, precision: str, **train) -> Config:
-    return make_config(
-        toy_data, out, RESUME_MODEL, **{**RESUME_TRAIN, "precision": precision, **train}
-    )
+    """The RESUME run in `precision`: fp32, bf16, or bf16-stream (bf16 with train.bf16_stream)."""
+    stream = precision == "bf16-stream"
+    train = {"precision": "bf16" if stream else precision, "bf16_stream": stream, **train}
+    return make_config(toy_data, out, RESUME_MODEL, **{**RESUME_TRAIN, **train})
 
 
 def metrics_lines(out: Path) -> list[dict[str, Any]]:
@@ -168,7 +169,7 @@ def test_finished_run_has_best_last_and_kept_checkpoints(trained_run: Path) -> N
 # Exact resume
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16-stream"])
 def test_half_then_resume_equals_straight_run(
     precision: str, toy_data: dict[str, Path], tmp_path: Path, straight_states
 ) -> None:
@@ -181,6 +182,11 @@ def test_half_then_resume_equals_straight_run(
     resumed = resumable_state(load_raw(out / "checkpoints" / "last.pt"))
     assert resumed["data"]["epoch"] == 1  # the run crossed an epoch boundary
     assert_identical(resumed, straight_states(precision))
+    stream = precision == "bf16-stream"
+    assert ("precision bf16, bf16 residual stream" in (out / "train.log").read_text()) == stream
+    if stream:  # the trainer's model runs it: its weights part from plain bf16's
+        with pytest.raises(AssertionError, match="differs"):
+            assert_identical(resumed["model"], straight_states("bf16")["model"])
     lines = [(m["step"], m["split"]) for m in metrics_lines(out)]
     # the first run's last update is logged after its loop, though 3 is no multiple of log_every
     assert lines == [
