@@ -71,6 +71,12 @@ class ModelConfig:
     dropout: float = key(
         0.1, "dropout on embeddings, sub-layer outputs and feed-forward hidden", ge=0, lt=1
     )
+    activation_dropout: float | None = key(
+        None,
+        "dropout on the feed-forward hidden layer alone (null: model.dropout; 0 as in the paper)",
+        ge=0,
+        lt=1,
+    )
     attention_dropout: float = key(0.0, "dropout on attention weights", ge=0, lt=1)
     attention: Literal["dot", "additive"] = key("dot", "scaled dot-product or additive scoring")
     norm: Literal["pre", "post"] = key("pre", "layer norm before (pre) or after (post) each block")

@@ -70,8 +70,7 @@ class Soak:
         m = trainer.cfg.model
         vocab = trainer.tgt_tok.vocab_size
         torch.manual_seed(0)
-        sizes = (m.d_model, m.heads, m.encoder_layers, m.decoder_layers, m.d_ff, m.dropout)
-        self.reference = Reference(vocab, *sizes, m.norm == "pre").to(trainer.device)
+        self.reference = Reference(m, vocab).to(trainer.device)
         self.ref_optimizer = torch.optim.AdamW(self.reference.parameters(), lr=1e-4, fused=True)
         self.update, self.validate = trainer.update, trainer.validator.validate_and_save
         self.next_batch = trainer.source.next

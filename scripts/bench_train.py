@@ -59,7 +59,11 @@ from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
 from attn_mt.data.batching import Batch, collate, length_batches  # noqa: E402
 from attn_mt.decode.packed import PackedLinear, packing_available  # noqa: E402
 from attn_mt.model.positions import sinusoidal_table  # noqa: E402
-from attn_mt.model.transformer import Transformer, build_model  # noqa: E402
+from attn_mt.model.transformer import (  # noqa: E402
+    Transformer,
+    build_model,
+    feed_forward_dropout,
+)
 from attn_mt.model.vocab import PAD_ID  # noqa: E402
 from attn_mt.precision import configure_kernels  # noqa: E402
 from attn_mt.train.compile import vary_batch_shape  # noqa: E402
@@ -92,6 +96,13 @@ SPEC_TFLOPS = {
 }
 
 
+def wmt_dropout() -> dict[str, float | None]:
+    """The WMT workload's dropout keys, configs/wmt14_en_de_base.yaml's: Vaswani et al.'s base
+    (0.1 on embeddings and sub-layer outputs only; big en-de used 0.3)."""
+    m = load_config(ROOT / "configs" / "wmt14_en_de_base.yaml").model
+    return {k: getattr(m, k) for k in ("dropout", "activation_dropout", "attention_dropout")}
+
+
 def spec_peak(hardware: str, precision: str) -> float | None:
     """The data-sheet peak FLOP/s of a known GPU in `precision`, or None."""
     for name, (half, fp32) in SPEC_TFLOPS.items():
@@ -101,18 +112,25 @@ def spec_peak(hardware: str, precision: str) -> float | None:
 
 
 class Reference(nn.Module):
-    """`torch.nn.Transformer` dressed as attn-mt's model: the same embeddings (shared, scaled,
-    sinusoidal positions, dropout), pre- or post-norm, tied output projection."""
+    """`torch.nn.Transformer` dressed as attn-mt's model `m` (a `model:` config): the same
+    embeddings (shared, scaled, sinusoidal positions, dropout), pre- or post-norm, the same
+    dropout on sub-layer outputs, the feed-forward hidden layer and attention weights, tied
+    output projection."""
 
-    def __init__(self, vocab: int, d: int, heads: int, enc: int, dec: int, d_ff: int, p: float,
-                 pre_norm: bool):  # fmt: skip
+    def __init__(self, m, vocab: int):
         super().__init__()
-        self.d = d
+        self.d = d = m.d_model
         self.embedding = nn.Embedding(vocab, d, padding_idx=PAD_ID)
         nn.init.normal_(self.embedding.weight, std=d**-0.5)
-        self.dropout = nn.Dropout(p)
-        self.core = nn.Transformer(d, heads, enc, dec, d_ff, p, batch_first=True,
-                                   norm_first=pre_norm)  # fmt: skip
+        self.dropout = nn.Dropout(m.dropout)
+        self.core = nn.Transformer(d, m.heads, m.encoder_layers, m.decoder_layers, m.d_ff,
+                                   m.dropout, batch_first=True,
+                                   norm_first=m.norm == "pre")  # fmt: skip
+        for layer in self.core.modules():
+            if isinstance(layer, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer):
+                layer.dropout.p = feed_forward_dropout(m)  # between linear1 and linear2
+            elif isinstance(layer, nn.MultiheadAttention):
+                layer.dropout = m.attention_dropout
         self.register_buffer("table", sinusoidal_table(1024, d), persistent=False)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -309,7 +327,7 @@ def main() -> None:
     raw = cfg.to_dict()
     raw["model"].update(SIZES[args.size])
     if args.vocab:
-        raw["model"]["dropout"] = 0.1  # Vaswani et al.'s base (big en-de used 0.3)
+        raw["model"].update(wmt_dropout())
     elif args.batch_tokens:
         if len(args.batch_tokens) > 1:
             parser.error("several --batch-tokens only with --vocab")
@@ -348,11 +366,7 @@ def bench_multi30k(args, cfg, device: torch.device, hardware: str, precisions: l
 
     torch.manual_seed(cfg.train.seed)
     ours: Transformer = build_model(cfg, src_tok.vocab_size, vocab).to(device)
-    ref = Reference(vocab, m.d_model, m.heads, m.encoder_layers, m.decoder_layers, m.d_ff,
-                    m.dropout, m.norm == "pre").to(device)  # fmt: skip
-    for module in ref.modules():  # attention-weight dropout as in attn-mt's config
-        if isinstance(module, nn.MultiheadAttention):
-            module.dropout = m.attention_dropout
+    ref = Reference(m, vocab).to(device)
     models = {"attn-mt": ours, "nn.Transformer": ref}
     flops = sum(step_flops(m, vocab, b) for b in timed)
     print(f"model d={m.d_model} {m.encoder_layers}+{m.decoder_layers} layers d_ff={m.d_ff}, "

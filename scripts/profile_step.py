@@ -54,6 +54,7 @@ from bench_train import (  # noqa: E402
     spec_peak,
     step_flops,
     sync,
+    wmt_dropout,
 )
 from wmt_shape import RandomSentences, wmt_lengths  # noqa: E402
 
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     raw = load_config(args.config).to_dict()
     raw["model"].update(SIZES[args.size])
-    raw["model"]["dropout"] = 0.1
+    raw["model"].update(wmt_dropout())
     raw["train"]["bf16_stream"] = args.bf16_stream
     cfg = config_from_dict(raw)
     configure_kernels(deterministic=False, tf32=cfg.train.tf32)
@@ -292,9 +293,7 @@ def main(argv: list[str] | None = None) -> None:
 
     models = {ours: (step, params, optimizer)}
     if args.reference:
-        m = cfg.model
-        ref = Reference(args.vocab, m.d_model, m.heads, m.encoder_layers, m.decoder_layers,
-                        m.d_ff, m.dropout, m.norm == "pre").to(device).train()  # fmt: skip
+        ref = Reference(cfg.model, args.vocab).to(device).train()
         ref_params = list(ref.parameters())
         ref_opt = torch.optim.AdamW(ref_params, lr=1e-4, fused=device.type == "cuda")
 

@@ -47,7 +47,7 @@ from attn_mt.decode.hf_parity import Parity, check_parity
 from attn_mt.decode.translator import Translator, load
 from attn_mt.errors import UserError
 from attn_mt.model.attention import MultiHeadAttention
-from attn_mt.model.transformer import FeedForward, Transformer
+from attn_mt.model.transformer import FeedForward, Transformer, feed_forward_dropout
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
 
 INSTALL_HINT = "pip install 'attn-mt[hf]'"
@@ -143,7 +143,7 @@ def to_transformers(translator: Translator):
         activation_function=m.activation,
         dropout=m.dropout,  # as trained, for fine-tuning; inference runs without
         attention_dropout=m.attention_dropout,
-        activation_dropout=m.dropout,  # ours drops the feed-forward hidden layer too
+        activation_dropout=feed_forward_dropout(m),
         scale_embedding=True,
         max_position_embeddings=max(SINUSOIDAL_ROWS, cfg.decode.max_input_len, output_limit) + 1,
         vocab_size=translator.src_tokenizer.vocab_size,

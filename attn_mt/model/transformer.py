@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from attn_mt.config import Config
+from attn_mt.config import Config, ModelConfig
 from attn_mt.model.attention import MultiHeadAttention, causal_mask
 from attn_mt.model.kv_cache import KVCache
 from attn_mt.model.positions import POSITIONS, Positions
@@ -117,7 +117,8 @@ class LayerSpec:
     d_model: int  # D
     heads: int  # H, divides D
     d_ff: int  # feed-forward hidden width
-    dropout: float = 0.0  # on sub-layer outputs and the feed-forward hidden layer
+    dropout: float = 0.0  # on sub-layer outputs
+    activation_dropout: float = 0.0  # on the feed-forward hidden layer
     attention_dropout: float = 0.0  # on attention weights
     scoring: str = "dot"  # "dot" or "additive"
     pre_norm: bool = True  # LayerNorm before (pre) or after (post) each block
@@ -136,7 +137,7 @@ class LayerSpec:
 
     def feed_forward(self) -> FeedForward:
         """A feed-forward block of this spec."""
-        return FeedForward(self.d_model, self.d_ff, self.dropout, self.activation)
+        return FeedForward(self.d_model, self.d_ff, self.activation_dropout, self.activation)
 
 
 class EncoderLayer(nn.Module):
@@ -338,6 +339,12 @@ class Transformer(nn.Module):
         return [(KVCache(), KVCache(static=True)) for _ in self.decoder]
 
 
+def feed_forward_dropout(m: ModelConfig) -> float:
+    """The dropout rate on the feed-forward hidden layer: model.activation_dropout, or
+    model.dropout where that is null (the default, and every config written before the key)."""
+    return m.dropout if m.activation_dropout is None else m.activation_dropout
+
+
 def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> Transformer:
     """The model a config describes; the only place that reads `cfg.model`."""
     m = cfg.model
@@ -346,6 +353,7 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> Transformer:
         heads=m.heads,
         d_ff=m.d_ff,
         dropout=m.dropout,
+        activation_dropout=feed_forward_dropout(m),
         attention_dropout=m.attention_dropout,
         scoring=m.attention,
         pre_norm=m.norm == "pre",

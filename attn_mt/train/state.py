@@ -49,7 +49,13 @@ RESUME_KEYS = ("model", "tokenizer", "data.src_lang", "data.tgt_lang")
 SAMPLING_KEY = "tokenizer.sampling_alpha"
 # Model and tokenizer keys a run started from a checkpoint (train.init_from) may change: none
 # shapes a weight or a piece.
-INIT_FREE_KEYS = ("model.dropout", "model.attention_dropout", "model.fused_attention", SAMPLING_KEY)
+INIT_FREE_KEYS = (
+    "model.dropout",
+    "model.activation_dropout",
+    "model.attention_dropout",
+    "model.fused_attention",
+    SAMPLING_KEY,
+)
 # A damaged train_state fails with one of these while it is read back.
 _DAMAGE = (KeyError, TypeError, ValueError, IndexError, RuntimeError)
 
@@ -323,7 +329,8 @@ def init_checkpoint(cfg: Config) -> tuple[str, dict[str, Any]] | None:
         raise UserError(
             f"{path}: cannot start from this checkpoint, the config differs in {values}; a run "
             "started from it keeps its model and SentencePiece models (only model.dropout, "
-            "model.attention_dropout, tokenizer.sampling_alpha and train.* may change)"
+            "model.activation_dropout, model.attention_dropout, tokenizer.sampling_alpha and "
+            "train.* may change)"
         )
     return str(path), state
 

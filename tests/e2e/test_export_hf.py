@@ -35,9 +35,16 @@ from attn_mt.model.vocab import EOS_ID
 transformers = pytest.importorskip("transformers")
 
 VARIANTS = {
-    "pre-norm (Pegasus)": ({}, "PegasusForConditionalGeneration"),
+    "pre-norm (Pegasus)": (dict(dropout=0.2), "PegasusForConditionalGeneration"),
     "post-norm gelu, separate vocabularies, untied (Marian)": (
-        dict(norm="post", activation="gelu", joint=False, tie_embeddings=False),
+        dict(
+            norm="post",
+            activation="gelu",
+            joint=False,
+            tie_embeddings=False,
+            dropout=0.2,
+            activation_dropout=0,
+        ),
         "MarianMTModel",
     ),
 }
@@ -85,6 +92,8 @@ def test_random_model_generates_as_attn_mt(variant, tmp_path: Path, toy_data, qu
     assert "SplitFiles(" not in card and "train.src / train.tgt" in card
     model, tokenizer = load_folder(tmp_path / "hf")
     assert type(model).__name__ == cls
+    dropouts = settings.get("activation_dropout", 0.2), 0.2  # as trained, for fine-tuning
+    assert (model.config.activation_dropout, model.config.dropout) == dropouts
     translator = attn_mt.load(checkpoint, device="cpu")
     lines = random_text(1)
     ids = tokenizer(lines)["input_ids"]

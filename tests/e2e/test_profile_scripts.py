@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
+import bench_train  # noqa: E402
 import profile_step  # noqa: E402
 
 TOY = ["--size", "config", "--vocab", "300", "--batch-tokens", "400", "--pairs", "2000"]
@@ -50,6 +51,26 @@ def test_eager_profile_reports_both_models_and_shapes(
         text = (out / f"eager_bf16_stream_{kind}_profile.txt").read_text()
         assert "by device time" in text and "aten::mm" in text
         assert (out / f"eager_bf16_stream_{kind}_trace.json.gz").stat().st_size > 0
+
+
+@pytest.mark.parametrize("activation_dropout", [None, 0.05])
+def test_reference_drops_where_attn_mt_does(activation_dropout: float | None) -> None:
+    """nn.Transformer's reference takes attn-mt's three dropout rates (the feed-forward hidden
+    layer's is model.dropout's unless model.activation_dropout is set), and the WMT workload's
+    are the base preset's: Vaswani et al.'s, on embeddings and sub-layer outputs alone."""
+    keys = dict(dropout=0.2, attention_dropout=0.1, activation_dropout=activation_dropout)
+    raw = {"data": {"dataset": "multi30k"}, "model": {**keys, "d_model": 16, "heads": 2}}
+    ref = bench_train.Reference(bench_train.config_from_dict(raw).model, vocab=50)
+    feed_forward = 0.2 if activation_dropout is None else activation_dropout
+    layers = [*ref.core.encoder.layers, *ref.core.decoder.layers]
+    assert ref.dropout.p == 0.2 and len(layers) == 6  # the config's 3 + 3
+    for layer in layers:
+        assert layer.dropout.p == feed_forward  # between linear1 and linear2
+        residual = [layer.dropout1, layer.dropout2, getattr(layer, "dropout3", layer.dropout1)]
+        assert {module.p for module in residual} == {0.2}
+        attentions = [layer.self_attn, getattr(layer, "multihead_attn", layer.self_attn)]
+        assert {attention.dropout for attention in attentions} == {0.1}
+    assert bench_train.wmt_dropout() == dict(dropout=0.1, activation_dropout=0, attention_dropout=0)
 
 
 @pytest.mark.parametrize(

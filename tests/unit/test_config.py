@@ -60,6 +60,7 @@ def test_wmt14_presets_are_vaswanis_models(name, width, heads, d_ff, dropout):
     cfg = load_config(REPO / "configs" / f"{name}.yaml")
     m, t = cfg.model, cfg.train
     assert (m.d_model, m.heads, m.d_ff, m.dropout) == (width, heads, d_ff, dropout)
+    assert (m.activation_dropout, m.attention_dropout) == (0.0, 0.0)  # residual dropout alone
     assert m.encoder_layers == m.decoder_layers == 6 and t.label_smoothing == 0.1
     assert 20_000 <= t.batch_tokens * t.accumulate <= 30_000
     assert t.lr == pytest.approx(width**-0.5 * t.warmup**-0.5, rel=0.02)
@@ -283,7 +284,7 @@ def float_keys(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
             for i, item in enumerate(value):
                 if dataclasses.is_dataclass(item):
                     yield from float_keys(item, f"{path}[{i}].")
-        elif base_type(hints[f.name]) is float:
+        elif base_type(hints[f.name]) is float and value is not None:  # null: no float to check
             yield path, value
 
 

@@ -340,8 +340,8 @@ def expected_parameters(src_vocab, tgt_vocab, d, heads, enc, dec, ff, **m) -> in
     [
         dict(joint=True),
         dict(joint=False, norm="post", attention="additive", positions="learned", max_positions=50),
-        dict(joint=True, tie_embeddings=False, activation="gelu"),
-        dict(joint=False, tie_embeddings=False, norm="post"),
+        dict(joint=True, tie_embeddings=False, activation="gelu", activation_dropout=0.0),
+        dict(joint=False, tie_embeddings=False, norm="post", activation_dropout=0.35),
     ],
 )
 def test_build_model_reads_the_config(keys: dict):
@@ -362,7 +362,12 @@ def test_build_model_reads_the_config(keys: dict):
         assert attention.heads == 3 and attention.head_dim == 8
         assert attention.scoring == cfg.model.attention and attention.dropout == 0.05
         assert attention.fused == cfg.model.fused_attention
-    assert layer.ff.w_1.out_features == 40 and layer.ff.dropout.p == 0.2
+    # model.activation_dropout drops the feed-forward hidden layer alone; unset, model.dropout
+    ff_dropout = keys.get("activation_dropout", 0.2)
+    for ff in (layer.ff, model.encoder[0].ff):
+        assert ff.w_1.out_features == 40 and ff.dropout.p == ff_dropout
+    residuals = [layer.res_self, layer.res_cross, layer.res_ff, model.encoder[0].res_ff]
+    assert [r.dropout.p for r in residuals] == [0.2] * 4 and model.src_embed.dropout.p == 0.2
     assert layer.ff.activation is (F.gelu if cfg.model.activation == "gelu" else F.relu)
     learned = cfg.model.positions == "learned"
     kind = LearnedPositions if learned else SinusoidalPositions

@@ -85,7 +85,11 @@ def test_resume_keeps_the_record_of_the_start(
     ("model", "tokenizer", "named"),
     [
         ({"d_model": 32, "d_ff": 64, "dropout": 0.3}, {}, ["model.d_model", "model.d_ff"]),
-        ({"attention_dropout": 0.1}, {"vocab_size": 50}, ["tokenizer.vocab_size"]),
+        (
+            {"attention_dropout": 0.1, "activation_dropout": 0.0},
+            {"vocab_size": 50},
+            ["tokenizer.vocab_size"],
+        ),
     ],
     ids=["model", "tokenizer"],
 )
