@@ -69,7 +69,11 @@ class ModelConfig:
     decoder_layers: int = key(3, "number of decoder layers", ge=1)
     d_ff: int = key(1024, "hidden width of the position-wise feed-forward network", ge=1)
     dropout: float = key(
-        0.1, "dropout on embeddings, sub-layer outputs and feed-forward hidden", ge=0, lt=1
+        0.1,
+        "dropout on embeddings, sub-layer outputs and (unless model.activation_dropout) the "
+        "feed-forward hidden layer",
+        ge=0,
+        lt=1,
     )
     activation_dropout: float | None = key(
         None,
