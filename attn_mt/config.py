@@ -156,6 +156,9 @@ class TrainConfig:
     )
     threads: int = key(0, "CPU threads for torch (0 = torch's default)", ge=0)
     eval_every: int = key(1000, "validate every N updates", ge=1)
+    valid_loss_every: int = key(
+        0, "between validations, the validation loss alone every N updates (0 = off)", ge=0
+    )
     log_every: int = key(100, "print and log training figures every N updates", ge=1)
     eval_beam: int = key(1, "beam size for validation BLEU (1 = greedy)", ge=1)
     valid_max_sentences: int = key(

@@ -240,8 +240,9 @@ class Trainer:
 
     def _read(self, pending: Pending, last: bool = False) -> None:
         """Read an update launched earlier: count its step (or the skip), follow it in the
-        live line and the logs, and validate at eval_every. `last`: nothing was launched after
-        it, so the optimizer's lr becomes this update's as a float (as a checkpoint keeps it)."""
+        live line and the logs, validate at eval_every and check the validation loss alone at
+        valid_loss_every. `last`: nothing was launched after it, so the optimizer's lr becomes
+        this update's as a float (as a checkpoint keeps it)."""
         t = self.cfg.train
         update, agreed = pending.read()
         if self.world.distributed:
@@ -266,6 +267,8 @@ class Trainer:
             took = self.validator.at_interval(self.runlog, self.clock)
             self.agreement.forget()  # rank 0 alone knows whether it improved
             self.window.pause(took)  # tokens/s counts training only
+        elif t.valid_loss_every and step % t.valid_loss_every == 0 and step != t.max_steps:
+            self.window.pause(self.validator.loss_at_interval(self.runlog))
 
     def _set_lr(self, before: Pending | None) -> tuple[float, float]:
         """Give the optimizer the next update's learning rate; return it for the two cases of

@@ -76,13 +76,16 @@ class RunLog:
         self.handler.close()
         log.setLevel(self.level)
 
-    def scalars(self, step: int, split: str, metrics: dict[str, float]) -> None:
-        """Write `metrics` as `split/name` TensorBoard scalars and a metrics.jsonl line."""
+    def scalars(
+        self, step: int, split: str, metrics: dict[str, float], record: str | None = None
+    ) -> None:
+        """Write `metrics` as `split/name` TensorBoard scalars and a metrics.jsonl line whose
+        split is `record` (default: `split`)."""
         if not self.enabled:
             return
         for name, value in metrics.items():
             self.tb.add_scalar(f"{split}/{name}", value, step)
-        self.jsonl.write(json.dumps({"step": step, "split": split, **metrics}) + "\n")
+        self.jsonl.write(json.dumps({"step": step, "split": record or split, **metrics}) + "\n")
         self.jsonl.flush()
 
     def direction(self, step: int, pair: str, metrics: dict[str, float]) -> None:
@@ -171,6 +174,21 @@ class RunLog:
             "\n\n".join(f"src: {s}  \nhyp: {h}  \nref: {r}" for s, h, r in result.samples),
             step,
         )
+
+    def validation_loss(
+        self, step: int, metrics: dict[str, float], seconds: float, share: str
+    ) -> None:
+        """A loss-only check's line to the log; its figures to TensorBoard's valid/ curves and
+        to metrics.jsonl as split "valid_loss" (a record no checkpoint was saved for)."""
+        log.info(
+            "valid step %d%s: loss %.3f  ppl %.2f  (loss only)  %.1f s",
+            step,
+            share,
+            metrics["loss"],
+            metrics["ppl"],
+            seconds,
+        )
+        self.scalars(step, "valid", metrics, record="valid_loss")
 
     def attention(
         self,

@@ -55,6 +55,39 @@ def validate(
     translated ("search"). Leaves the model in eval mode. Under torchrun, on rank 0 while the
     other ranks run `search_share`: each rank searches a slice of the sentences.
     """
+    figures, seconds = validation_loss(translator, corpus, t, on_progress)
+    done = 0
+
+    def advance(count: int) -> None:
+        nonlocal done
+        done += count * world.size  # about: the ranks go at the same pace
+        on_progress("search", min(done, len(corpus.valid_src)), len(corpus.valid_src))
+
+    advance(0)  # the search's bar replaces the finished loss bar before its first batch
+    start = time.perf_counter()
+    hyps = search_share(translator, corpus, t, advance, world)
+    seconds["search"] = time.perf_counter() - start
+    start = time.perf_counter()
+    scores = score(hyps, corpus.valid_ref)
+    seconds["score"] = time.perf_counter() - start
+    metrics = figures | {
+        "bleu": scores.bleu,
+        "chrf": scores.chrf,
+        "sentences": len(corpus.valid_src),
+    }
+    samples = list(zip(corpus.valid_src, hyps, corpus.valid_ref, strict=True))[: t.samples]
+    return Validation(metrics, samples, seconds, hypotheses=hyps)
+
+
+@torch.no_grad()
+def validation_loss(
+    translator: Translator,
+    corpus: Corpus,
+    t: TrainConfig,
+    on_progress: Callable[[str, int, int], None],
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The validation split's loss (label-smoothed, per target token) and perplexity by
+    teacher forcing, and the seconds it took ({"loss": s})."""
     objective = SmoothedObjective(translator.model, t.label_smoothing)
     # Summed on the device in float64 (as Python floats would be), read once at the end: a
     # read per batch would make the CPU wait for a GPU each time.
@@ -77,30 +110,8 @@ def validate(
             scored += len(rows)
             on_progress("loss", scored, len(lengths))
     loss, nll = sums.tolist()
-    seconds = {"loss": time.perf_counter() - start}
-    done = 0
-
-    def advance(count: int) -> None:
-        nonlocal done
-        done += count * world.size  # about: the ranks go at the same pace
-        on_progress("search", min(done, len(corpus.valid_src)), len(corpus.valid_src))
-
-    advance(0)  # the search's bar replaces the finished loss bar before its first batch
-    start = time.perf_counter()
-    hyps = search_share(translator, corpus, t, advance, world)
-    seconds["search"] = time.perf_counter() - start
-    start = time.perf_counter()
-    scores = score(hyps, corpus.valid_ref)
-    seconds["score"] = time.perf_counter() - start
-    metrics = {
-        "loss": loss / max(tokens, 1),
-        "ppl": perplexity(nll, tokens),
-        "bleu": scores.bleu,
-        "chrf": scores.chrf,
-        "sentences": len(corpus.valid_src),
-    }
-    samples = list(zip(corpus.valid_src, hyps, corpus.valid_ref, strict=True))[: t.samples]
-    return Validation(metrics, samples, seconds, hypotheses=hyps)
+    figures = {"loss": loss / max(tokens, 1), "ppl": perplexity(nll, tokens)}
+    return figures, {"loss": time.perf_counter() - start}
 
 
 def search_share(
@@ -202,6 +213,29 @@ class Validator:
         self.validate_and_save(runlog)
         took = progress.validation_seconds = clock.now() - began
         clock.validated(took)
+        return took
+
+    def loss_at_interval(self, runlog: RunLog) -> float:
+        """The validation loss alone, at valid_loss_every between validations: on rank 0 (the
+        mean of the directions' for a multilingual run), logged, neither selecting nor saving
+        a checkpoint; the other ranks go on and wait for it in the next update's all-reduce.
+        Returns its seconds on this rank."""
+        began = time.perf_counter()
+        if not self.state.world.is_main:
+            return 0.0
+        translator, t, device = self.translator(self.dtype), self.state.cfg.train, self.state.device
+        figures = []
+        try:
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                for corpus in list(self.corpus.pairs.values()) or [self.corpus]:
+                    figures.append(validation_loss(translator, corpus, t, self._follow)[0])
+        except Interrupted:  # the loop's next check of the signal stops the run
+            figures = []
+        self.state.model.train()
+        took = time.perf_counter() - began
+        if figures:
+            mean = {key: sum(f[key] for f in figures) / len(figures) for key in figures[0]}
+            runlog.validation_loss(self.state.progress.step, mean, took, self.share())
         return took
 
     def validate_and_save(self, runlog: RunLog) -> None:

@@ -256,8 +256,11 @@ def test_two_ranks_equal_one_rank_accumulating_two(data, folder, straight):
     """One epoch on two ranks (`python -m attn_mt` under torchrun) and one process taking the
     same batches two at a time reach the same parameters: the loss is normalised over both.
     Logged every other update, so that odd updates are read one update later (with the stop
-    flags that travel with them)."""
-    config = write_config(data, folder, "one-epoch", dropout=0.0, max_epochs=1, log_every=2)
+    flags that travel with them); the validation loss alone after every update, which rank 0
+    computes while rank 1 waits for it in the next all-reduce."""
+    config = write_config(
+        data, folder, "one-epoch", dropout=0.0, max_epochs=1, log_every=2, valid_loss_every=1
+    )
     check(torchrun("-m", "attn_mt", "train", "--config", str(config), *ON_CPU))
     ddp = load_checkpoint(folder / "one-epoch" / "checkpoints" / "last.pt")
 
@@ -283,6 +286,9 @@ def test_two_ranks_equal_one_rank_accumulating_two(data, folder, straight):
     ddp_log, single_log = (train_lines(folder / name) for name in ("one-epoch", "single"))
     assert [r["step"] for r in ddp_log] == [r["step"] for r in single_log] == [2, 4]
     assert ddp["step"] == 4
+    records = [json.loads(ln) for ln in (folder / "one-epoch" / "metrics.jsonl").open()]
+    # 4 too: the end of the epoch is not known when update 4 is read (an end at max_steps is)
+    assert [r["step"] for r in records if r["split"] == "valid_loss"] == [1, 2, 3, 4]
     for ours, theirs in zip(ddp_log, single_log, strict=True):
         for key in ("loss", "ppl", "grad_norm"):
             assert ours[key] == pytest.approx(theirs[key], rel=1e-5), (ours["step"], key)

@@ -28,12 +28,14 @@ PAIRS = ("de-en", "de-fr")
 
 @pytest.fixture(scope="module")
 def multi_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The toy model of de->en and de->fr, 400 steps, validated every 200."""
+    """The toy model of de->en and de->fr, 400 steps, validated every 200, its loss alone
+    every 100 between."""
     folder = tmp_path_factory.mktemp("multi")
     files = multilingual_files(folder)
     raw = multilingual_raw(files, folder / "run", PAIRS)
     raw["data"]["test"] = {"src": str(files["test.de"]), "tgt": str(files["test.fr"])}
     raw["train"].update(max_steps=400, eval_every=200, valid_max_sentences=20, samples=1)
+    raw["train"]["valid_loss_every"] = 100
     raw["decode"]["beam"] = 2
     run(config_from_dict(raw))
     (folder / "run" / "files.json").write_text(json.dumps({k: str(v) for k, v in files.items()}))
@@ -69,6 +71,13 @@ def test_validation_rows_per_direction_and_their_mean(multi_run: Path):
     assert means[best["step"]] == max(means.values())
     assert best["metrics"]["bleu"] == pytest.approx(max(means.values()))
     assert max(means.values()) > 50  # it learned both directions: the tags steer it
+    # the loss alone between them: the directions' mean, one row a check
+    loss_only = [r for r in rows if r["split"] == "valid_loss"]
+    assert [(r["step"], sorted(r)) for r in loss_only] == [
+        (step, ["loss", "ppl", "split", "step"]) for step in (100, 300)
+    ]
+    loss = {r["step"]: r["loss"] for r in loss_only + valid if "pair" not in r}
+    assert sorted(loss) == [100, 200, 300, 400] and loss[100] > loss[400] > 0  # it learns
 
 
 def test_tensorboard_has_a_curve_per_direction(multi_run: Path):

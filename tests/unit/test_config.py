@@ -65,6 +65,7 @@ def test_wmt14_presets_are_vaswanis_models(name, width, heads, d_ff, dropout):
     assert 20_000 <= t.batch_tokens * t.accumulate <= 30_000
     assert t.lr == pytest.approx(width**-0.5 * t.warmup**-0.5, rel=0.02)
     assert t.max_steps % t.eval_every == 0 and 50 <= t.max_steps // t.eval_every <= 100
+    assert t.eval_every // t.valid_loss_every == 4 and t.eval_every % t.valid_loss_every == 0
     assert t.keep_checkpoints >= 5
 
 

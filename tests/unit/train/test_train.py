@@ -214,6 +214,43 @@ def test_validation_does_not_change_training(
     )
 
 
+def test_loss_checks_between_validations_give_a_validations_loss_and_change_nothing(
+    toy_data: dict[str, Path], tmp_path: Path, straight_states
+) -> None:
+    """train.valid_loss_every: between validations (eval_every 3), the validation loss alone,
+    as a validation at that step has it, on TensorBoard's valid/ curves beside them; no
+    checkpoint selected or saved for it, and the training bits unchanged."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, every = tmp_path / "run", tmp_path / "every"
+    # Not logged at 2 and 4: their updates are read before the next is queued all the same.
+    run(resume_config(toy_data, out, "fp32", valid_loss_every=2, log_every=5, keep_checkpoints=5))
+    lines = [m for m in metrics_lines(out) if m["split"] != "train"]
+    assert [(m["step"], m["split"]) for m in lines] == [
+        (2, "valid_loss"), (3, "valid"), (4, "valid_loss"), (6, "valid"),
+    ]  # fmt: skip
+    assert_identical(
+        resumable_state(load_raw(out / "checkpoints" / "last.pt")), straight_states("fp32")
+    )
+    kept = sorted(p.name for p in (out / "checkpoints").glob("step_*.pt"))
+    assert kept == ["step_3.pt", "step_6.pt"]
+    run(resume_config(toy_data, every, "fp32", eval_every=1))  # a validation at every step
+    validations = {m["step"]: m for m in metrics_lines(every) if m["split"] == "valid"}
+    for m in lines:
+        validation = validations[m["step"]]
+        assert (m["loss"], m["ppl"]) == (validation["loss"], validation["ppl"])
+    loss_only = [m.keys() for m in lines if m["split"] == "valid_loss"]
+    assert loss_only == [{"step", "split", "loss", "ppl"}] * 2
+    log = (out / "train.log").read_text()
+    assert (
+        f"valid step 4: loss {lines[2]['loss']:.3f}  ppl {lines[2]['ppl']:.2f}  (loss only)" in log
+    )
+    events = EventAccumulator(str(out / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("valid/loss")] == [2, 3, 4, 6]
+    assert [e.step for e in events.Scalars("valid/bleu")] == [3, 6]
+
+
 def test_resume_depends_on_the_restored_rng(
     toy_data: dict[str, Path], tmp_path: Path, straight_states
 ) -> None:
