@@ -187,6 +187,12 @@ class TrainConfig:
         "outputs) in bf16, not fp32: half the bytes; weights, gradients, optimizer stay fp32",
     )
 
+    def checks_loss_alone(self, step: int) -> bool:
+        """Whether `step` checks the validation loss alone: at valid_loss_every, but not where
+        a validation falls (at eval_every, and at the end of max_steps)."""
+        due = bool(self.valid_loss_every) and step % self.valid_loss_every == 0
+        return due and step % self.eval_every != 0 and step != self.max_steps
+
     def validate(self) -> None:
         """A decaying schedule needs its length: max_steps, else the max_minutes budget; the
         budget must fit the run's clock (in seconds, as floats); the floor must not be above

@@ -240,9 +240,8 @@ class Trainer:
 
     def _read(self, pending: Pending, last: bool = False) -> None:
         """Read an update launched earlier: count its step (or the skip), follow it in the
-        live line and the logs, validate at eval_every and check the validation loss alone at
-        valid_loss_every. `last`: nothing was launched after it, so the optimizer's lr becomes
-        this update's as a float (as a checkpoint keeps it)."""
+        live line and the logs, and validate when due (`Validator.at_step`). `last`: nothing was
+        launched after it, so the optimizer's lr becomes this update's as a float."""
         t = self.cfg.train
         update, agreed = pending.read()
         if self.world.distributed:
@@ -263,12 +262,10 @@ class Trainer:
         if step % t.log_every == 0:
             self.runlog.training(step, *self.line)
             self.window = TrainWindow()
-        if step % t.eval_every == 0:
-            took = self.validator.at_interval(self.runlog, self.clock)
-            self.agreement.forget()  # rank 0 alone knows whether it improved
+        took = self.validator.at_step(self.runlog, self.clock)  # None: nothing was due
+        if took is not None:
+            self.agreement.forget()  # rank 0 alone knows whether a validation improved
             self.window.pause(took)  # tokens/s counts training only
-        elif t.valid_loss_every and step % t.valid_loss_every == 0 and step != t.max_steps:
-            self.window.pause(self.validator.loss_at_interval(self.runlog))
 
     def _set_lr(self, before: Pending | None) -> tuple[float, float]:
         """Give the optimizer the next update's learning rate; return it for the two cases of

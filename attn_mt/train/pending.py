@@ -50,8 +50,7 @@ def read_at_once(step: int, train: TrainConfig, fp16: bool) -> bool:
     is logged, validated (its loss alone included) or the last of max_steps, and under fp16
     (the loss scale is read with the update); else it is read one update later."""
     logged = step % train.log_every == 0 or step % train.eval_every == 0
-    loss_checked = bool(train.valid_loss_every) and step % train.valid_loss_every == 0
-    return logged or loss_checked or step == train.max_steps or fp16
+    return logged or train.checks_loss_alone(step) or step == train.max_steps or fp16
 
 
 def learning_rates(

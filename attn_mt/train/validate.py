@@ -204,6 +204,14 @@ class Validator:
         if self.stop_signal():
             raise Interrupted
 
+    def at_step(self, runlog: RunLog, clock: RunClock) -> float | None:
+        """After an update: a validation at eval_every (`at_interval`), else the loss alone
+        when due (`loss_at_interval`); the seconds it took, None when neither was due."""
+        t, step = self.state.cfg.train, self.state.progress.step
+        if step % t.eval_every == 0:
+            return self.at_interval(runlog, clock)
+        return self.loss_at_interval(runlog) if t.checks_loss_alone(step) else None
+
     def at_interval(self, runlog: RunLog, clock: RunClock) -> float:
         """A validation at eval_every (`validate_and_save`), timed on the run's clock, which
         then holds back as much time for the final one; returns its seconds."""
