@@ -18,8 +18,10 @@ repeated (`fixed`) and bucketed batches of varied shapes (`bucketed`):
   intervals), the top kernels by device time and the top host operations, and a Chrome trace
   (`--out`/MODE_SHAPES_profile.txt and _trace.json.gz; open the trace in Perfetto).
 With `--reference`, eager `nn.Transformer` (bench_train's `Reference`, its full logits and
-loss) is timed on the same batches. `--count-shapes` counts the distinct batch shapes of
-one epoch of the bucketed corpus, as they are and with lengths rounded up to multiples.
+loss) is timed on the same batches; with `--compiled-reference` also the same through
+torch.compile (the model and its loss in one graph, as `compiled` compiles attn-mt's).
+`--count-shapes` counts the distinct batch shapes of one epoch of the bucketed corpus, as
+they are and with lengths rounded up to multiples.
 
     python scripts/profile_step.py --device cuda --size base --vocab 32000 --mode compiled
     python scripts/profile_step.py --size config --vocab 8000 --batch-tokens 2000 --quick
@@ -86,6 +88,35 @@ def objective_step(model, mode: str):
             return module(batch.src, batch.tgt_in, batch.tgt_out)[0]
 
     return step
+
+
+def reference_steps(cfg, args, device, warm, dtype, report: dict) -> dict:
+    """`nn.Transformer` (bench_train's `Reference`) eagerly with `--reference` and through
+    torch.compile with `--compiled-reference`, warmed up on `warm`: {row name: (step, its
+    parameters, its optimizer)}. The compiled one's warm-up seconds (compiling in them) go
+    into `report`."""
+    ref = Reference(cfg.model, args.vocab).to(device).train()
+    params = list(ref.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
+
+    def step(batch: Batch, dtype: torch.dtype) -> torch.Tensor:
+        return logits_loss(ref, batch, dtype)
+
+    steps = {}
+    if args.reference:
+        steps["nn.Transformer"] = step
+    if args.compiled_reference:
+        steps["nn.Transformer compiled"] = torch.compile(step)
+    models = {}
+    for name, fn in steps.items():
+        start, graphs = time.perf_counter(), compiled_graphs()
+        updates(fn, params, optimizer, warm, dtype)
+        sync(device)
+        if name.endswith("compiled"):
+            report["reference_warmup_s"] = time.perf_counter() - start
+            report["reference_graphs"] = compiled_graphs() - graphs
+        models[name] = (fn, params, optimizer)
+    return models
 
 
 def updates(step, params, optimizer, batches, dtype, label: bool = False) -> int:
@@ -233,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--profile-steps", type=int, default=8)
     parser.add_argument("--reference", action="store_true", help="also eager nn.Transformer")
+    parser.add_argument("--compiled-reference", action="store_true",
+                        help="also nn.Transformer through torch.compile")  # fmt: skip
     parser.add_argument("--count-shapes", action="store_true")
     parser.add_argument("--bf16-stream", action="store_true", help="train.bf16_stream (bf16 only)")
     parser.add_argument("--quick", action="store_true", help="CPU smoke: tiny windows")
@@ -292,17 +325,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"warm-up: {report['warmup_s']:.1f} s, {report['graphs']} graph(s)", flush=True)
 
     models = {ours: (step, params, optimizer)}
-    if args.reference:
-        ref = Reference(cfg.model, args.vocab).to(device).train()
-        ref_params = list(ref.parameters())
-        ref_opt = torch.optim.AdamW(ref_params, lr=1e-4, fused=device.type == "cuda")
-
-        def ref_step(batch: Batch, dtype: torch.dtype) -> torch.Tensor:
-            return logits_loss(ref, batch, dtype)
-
-        updates(ref_step, ref_params, ref_opt, warm, dtype)
-        models["nn.Transformer"] = (ref_step, ref_params, ref_opt)
-
+    if args.reference or args.compiled_reference:
+        models |= reference_steps(cfg, args, device, warm, dtype, report)
+    graphs = compiled_graphs()  # before the timed windows: what they add are recompiles
     for kind, batches in shapes.items():
         flops = sum(step_flops(cfg.model, args.vocab, b) for b in batches)
         for name, (fn, ps, opt) in models.items():
@@ -320,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
                                           f"{label}_{kind}")  # fmt: skip
             report[f"{name} {kind}"] = row
             print("result", json.dumps({"row": f"{name} {kind}", **row}), flush=True)
-    report["graphs_after_warmup"] = compiled_graphs() - report["graphs"]
+    report["graphs_after_warmup"] = compiled_graphs() - graphs
     if device.type == "cuda":
         report["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
     (out / f"{label}.json").write_text(json.dumps(report, indent=1))

@@ -193,3 +193,36 @@ def test_bench_turns_keep_the_rows_a_stopped_turn_printed_and_skip_the_rest(monk
     assert rows == [{"n": 5}] and (tmp_path / "bench_kernels_k.txt").exists()
     with pytest.raises(gpu_check.CheckFailed, match="bad: exited 3"):
         gpu_check.bench_turns(ctx, {"ok": turn([1]), "bad": turn([], "sys.exit(3)")})
+
+
+def test_step_profile_keeps_the_first_turns_rows_and_the_compiled_reference(monkeypatch, tmp_path):
+    """The step profile's last turn times compiled nn.Transformer beside attn-mt again: its
+    nn.Transformer rows join the report, its attn-mt rows do not replace the first turn's,
+    and its files go to a folder of their own."""
+    gpu_check = load_gpu_check(monkeypatch)
+    commands = []
+
+    def bench_turns(ctx, turns, prefix):
+        commands.extend(turns.values())
+        rows = []
+        for name, command in turns.items():
+            models = ["attn-mt", "nn.Transformer"] if "--reference" in command else ["attn-mt"]
+            if "--bf16-stream" in command:
+                models = ["attn-mt bf16 stream"]
+            if "--compiled-reference" in command:
+                models.append("nn.Transformer compiled")
+            rows += [{"row": f"{m} fixed", "turn": name} for m in models]
+        return rows, {name: "done" for name in turns}
+
+    monkeypatch.setattr(gpu_check, "bench_turns", bench_turns)
+    ctx = gpu_check.Context(tmp_path, torch.device("cpu"), deadline=time.monotonic() + 60)
+    figures = gpu_check.step_profile(ctx)
+    assert {row: figures[row]["turn"] for row in figures if row != "turns"} == {
+        "attn-mt fixed": "compiled",
+        "nn.Transformer fixed": "compiled",
+        "attn-mt bf16 stream fixed": "bf16 stream",
+        "nn.Transformer compiled fixed": "compiled reference",
+    }
+    assert list(figures["turns"]) == ["compiled", "bf16 stream", "compiled reference"]
+    outs = [command[command.index("--out") + 1] for command in commands]
+    assert len(set(outs)) == 2 and outs[-1].endswith("profile_step_reference")

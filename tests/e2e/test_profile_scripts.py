@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -51,6 +52,27 @@ def test_eager_profile_reports_both_models_and_shapes(
         text = (out / f"eager_bf16_stream_{kind}_profile.txt").read_text()
         assert "by device time" in text and "aten::mm" in text
         assert (out / f"eager_bf16_stream_{kind}_trace.json.gz").stat().st_size > 0
+
+
+def test_compiled_reference_rows_and_its_graphs_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--compiled-reference` times nn.Transformer through torch.compile beside the eager one
+    (Dynamo's eager backend here: the CPU's Inductor would take minutes). Its graphs are its
+    own, made in its warm-up: the timed windows, whose shapes the warm-up saw, add none."""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend="eager", **kw))
+    profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--compiled-reference",
+                       "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["graphs"] == 0 and report["reference_graphs"] >= 1  # attn-mt ran eagerly
+    assert report["graphs_after_warmup"] == 0
+    assert report["reference_warmup_s"] > 0
+    for model in ("nn.Transformer", "nn.Transformer compiled"):
+        for kind in ("fixed", "bucketed"):
+            row = report[f"{model} {kind}"]
+            assert row["ms_per_step"] > 0 and row["tgt_tokens_per_s"] > 0
+            assert "profile" not in row  # attn-mt's alone are profiled
 
 
 @pytest.mark.parametrize("activation_dropout", [None, 0.05])
