@@ -5,9 +5,11 @@ batch: rows = tokens / length), forward and backward, per kernel: flash against
 memory-efficient for causal self-attention, and memory-efficient with a key-padding mask.
 `layernorm`: six pre-norm residual blocks, x + dropout(linear(LN(x))) with a float32 residual
 under bf16 autocast (as attn-mt's layers run), forward and backward, eagerly and through
-torch.compile with dynamic or static shapes and with Inductor's coordinate-descent tuning or
-without persistent reductions: ms per pass and the device time of the layer-norm backward
-kernels (a large share of a compiled base step's: docs/gpu.md).
+torch.compile with dynamic or static shapes, without Inductor's mix-order reductions or with
+their split size tuned, with coordinate-descent tuning or without persistent reductions: ms
+per pass and the device time of the layer-norm backward kernels (a large share of a compiled
+base step's: docs/gpu.md). A variant this torch's Inductor has no setting for is named with
+its unknown settings and skipped.
 
     python scripts/bench_kernels.py                      # both, on CUDA
     python scripts/bench_kernels.py --only attention
@@ -116,10 +118,27 @@ class Block(nn.Module):
 LAYERNORM_VARIANTS = {  # name: (torch.compile's dynamic, or None for eager; Inductor settings)
     "eager": (None, {}),
     "compiled dynamic": (True, {}),
+    # Inductor fuses the rows' reduction (the input's gradient) with the columns' (the weight's
+    # and bias's) into one "mix-order" kernel, the suspect of the slow backward (docs/gpu.md)
+    "compiled dynamic, no mix-order reduction": (True, {"triton.mix_order_reduction": False}),
+    "compiled dynamic, mix-order split size tuned": (
+        True,
+        {"triton.mix_order_reduction_autotune_split_size": True},
+    ),
     "compiled static": (False, {}),
     "compiled dynamic, coordinate-descent tuning": (True, {"coordinate_descent_tuning": True}),
     "compiled dynamic, no persistent reductions": (True, {"triton.persistent_reductions": False}),
 }
+
+
+def has_setting(key: str) -> bool:
+    """Whether this torch's Inductor has the setting `key` ("triton.persistent_reductions")."""
+    owner: object = torch._inductor.config
+    for part in key.split("."):
+        if not hasattr(owner, part):
+            return False
+        owner = getattr(owner, part)
+    return True
 
 
 def layernorm(length: int) -> dict:
@@ -127,6 +146,10 @@ def layernorm(length: int) -> dict:
     results = {}
     blocks = nn.Sequential(*[Block() for _ in range(6)]).cuda()
     for name, (dynamic, settings) in LAYERNORM_VARIANTS.items():
+        unknown = [key for key in settings if not has_setting(key)]
+        if unknown:  # an older torch's Inductor
+            print("result", json.dumps({"name": f"layernorm {name}", "unknown": unknown}))
+            continue
         torch._dynamo.reset()
         x = torch.randn(TOKENS // length, length, D_MODEL, device="cuda", requires_grad=True)
         module = blocks if dynamic is None else torch.compile(blocks, dynamic=dynamic)

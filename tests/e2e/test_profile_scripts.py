@@ -140,3 +140,15 @@ def test_without_cuda_is_one_clear_line(
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].endswith(message)
+
+
+def test_layernorm_variants_name_settings_inductor_has() -> None:
+    """bench_kernels.py's variants patch Inductor settings by name: a misspelt one would be
+    skipped as an older torch's on the GPU, so each must exist in this torch's Inductor."""
+    import bench_kernels
+
+    names = [key for _, settings in bench_kernels.LAYERNORM_VARIANTS.values() for key in settings]
+    assert "triton.mix_order_reduction" in names
+    assert all(bench_kernels.has_setting(name) for name in names)
+    assert not bench_kernels.has_setting("triton.mix_order_reductions")
+    assert not bench_kernels.has_setting("no_such_group.persistent_reductions")
