@@ -509,19 +509,33 @@ def step_profile(ctx: Context) -> Figures:
     """profile_step.py --mode compiled --reference: transformer-base over a 32k vocabulary on
     25,000-token WMT-shaped batches, bf16, the trainer's loss: ms/step, tokens/s, MFU of the
     data sheet, the profiled kernels' milliseconds per update by kind, and `nn.Transformer`
-    eagerly on the same batches; then attn-mt again with train.bf16_stream; last,
-    `nn.Transformer` compiled (its rows alone kept: that turn's attn-mt rows repeat the
-    first's). Its tables and traces go to `--out`/profile_step/."""
+    eagerly on the same batches; then attn-mt again with train.bf16_stream. Its tables and
+    traces go to `--out`/profile_step/."""
+    turns = {"compiled": ["--reference"], "bf16 stream": ["--bf16-stream"]}
+    return profile_turns(ctx, turns, "profile_step")
+
+
+def compiled_reference(ctx: Context) -> Figures:
+    """profile_step.py --compiled-reference: `nn.Transformer` through torch.compile on the
+    step profile's batches, its full-logits loss in the same graph (the rows of attn-mt that
+    come with it repeat the step profile's and are left out; its files go to
+    `--out`/profile_reference/)."""
+    figures = profile_turns(ctx, {"compiled reference": ["--compiled-reference"]},
+                            "profile_reference", profile_steps=1)  # fmt: skip
+    return {row: f for row, f in figures.items() if row.startswith(("nn.Transformer", "turns"))}
+
+
+def profile_turns(
+    ctx: Context, turns: dict[str, list[str]], folder: str, profile_steps: int = 5
+) -> Figures:
+    """profile_step.py --mode compiled at the WMT shape, once a turn with the turn's options:
+    its rows by name, and each turn's outcome (`bench_turns`)."""
     script = str(ROOT / "scripts" / "profile_step.py")
     command = [sys.executable, script, "--device", "cuda", "--mode", "compiled",
-               "--profile-steps", "5", "--out", str(ctx.out / "profile_step")]  # fmt: skip
-    turns = {"compiled": [*command, "--reference"], "bf16 stream": [*command, "--bf16-stream"]}
-    rows, outcome = bench_turns(ctx, turns, prefix="profile_step")
-    last = [*command[:-1], str(ctx.out / "profile_step_reference"), "--compiled-reference",
-            "--profile-steps", "1"]  # fmt: skip
-    more, outcome_more = bench_turns(ctx, {"compiled reference": last}, prefix="profile_step")
-    rows += [row for row in more if row["row"].startswith("nn.Transformer compiled")]
-    return {row.pop("row"): row for row in rows} | {"turns": outcome | outcome_more}
+               "--profile-steps", str(profile_steps), "--out", str(ctx.out / folder)]  # fmt: skip
+    runs = {name: [*command, *options] for name, options in turns.items()}
+    rows, outcome = bench_turns(ctx, runs, prefix=folder)
+    return {row.pop("row"): row for row in rows} | {"turns": outcome}
 
 
 def kernel_bench(ctx: Context) -> Figures:
@@ -610,6 +624,7 @@ CHECKS = [
     Check("WMT base bench: compile off/on, projected vs logits", wmt_base_bench, gpu_only=True),
     Check("compiled base step profile", step_profile, gpu_only=True),
     Check("kernels: attention, layer norm", kernel_bench, gpu_only=True),
+    Check("compiled nn.Transformer", compiled_reference, gpu_only=True),
     Check("base-size train.compile auto, phase seconds", auto_compile_run, gpu_only=True),
     Check("update read one later vs at once", read_later, gpu_only=True),
     Check("cached == full decoding", cached_decoding, gpu_only=False),

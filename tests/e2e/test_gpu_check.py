@@ -195,10 +195,10 @@ def test_bench_turns_keep_the_rows_a_stopped_turn_printed_and_skip_the_rest(monk
         gpu_check.bench_turns(ctx, {"ok": turn([1]), "bad": turn([], "sys.exit(3)")})
 
 
-def test_step_profile_keeps_the_first_turns_rows_and_the_compiled_reference(monkeypatch, tmp_path):
-    """The step profile's last turn times compiled nn.Transformer beside attn-mt again: its
-    nn.Transformer rows join the report, its attn-mt rows do not replace the first turn's,
-    and its files go to a folder of their own."""
+def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(monkeypatch, tmp_path):
+    """The compiled nn.Transformer check runs profile_step.py again, attn-mt included: its
+    report holds nn.Transformer's rows alone, so attn-mt's are the step profile's, and its
+    files go to a folder of their own."""
     gpu_check = load_gpu_check(monkeypatch)
     commands = []
 
@@ -206,23 +206,23 @@ def test_step_profile_keeps_the_first_turns_rows_and_the_compiled_reference(monk
         commands.extend(turns.values())
         rows = []
         for name, command in turns.items():
-            models = ["attn-mt", "nn.Transformer"] if "--reference" in command else ["attn-mt"]
-            if "--bf16-stream" in command:
-                models = ["attn-mt bf16 stream"]
+            models = ["attn-mt bf16 stream"] if "--bf16-stream" in command else ["attn-mt"]
+            if "--reference" in command:
+                models.append("nn.Transformer")
             if "--compiled-reference" in command:
                 models.append("nn.Transformer compiled")
-            rows += [{"row": f"{m} fixed", "turn": name} for m in models]
+            rows += [{"row": f"{m} {kind}", "turn": name} for m in models
+                     for kind in ("fixed", "bucketed")]  # fmt: skip
         return rows, {name: "done" for name in turns}
 
     monkeypatch.setattr(gpu_check, "bench_turns", bench_turns)
     ctx = gpu_check.Context(tmp_path, torch.device("cpu"), deadline=time.monotonic() + 60)
-    figures = gpu_check.step_profile(ctx)
-    assert {row: figures[row]["turn"] for row in figures if row != "turns"} == {
-        "attn-mt fixed": "compiled",
-        "nn.Transformer fixed": "compiled",
-        "attn-mt bf16 stream fixed": "bf16 stream",
-        "nn.Transformer compiled fixed": "compiled reference",
-    }
-    assert list(figures["turns"]) == ["compiled", "bf16 stream", "compiled reference"]
+    profile, reference = gpu_check.step_profile(ctx), gpu_check.compiled_reference(ctx)
+    assert profile["turns"] == {"compiled": "done", "bf16 stream": "done"}
+    assert profile["attn-mt fixed"]["turn"] == "compiled"
+    assert profile["nn.Transformer bucketed"]["turn"] == "compiled"
+    assert set(reference) == {"nn.Transformer compiled fixed", "nn.Transformer compiled bucketed",
+                              "turns"}  # fmt: skip
     outs = [command[command.index("--out") + 1] for command in commands]
-    assert len(set(outs)) == 2 and outs[-1].endswith("profile_step_reference")
+    assert len(set(outs)) == 2 and outs[-1].endswith("profile_reference")
+    assert commands[-1][commands[-1].index("--profile-steps") + 1] == "1"
