@@ -20,14 +20,19 @@ import profile_step  # noqa: E402
 TOY = ["--size", "config", "--vocab", "300", "--batch-tokens", "400", "--pairs", "2000"]
 
 
-def test_eager_profile_reports_both_models_and_shapes(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_eager_profile_reports_every_model_and_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """In bf16 with the bf16 stream: its rows and files are named for it."""
+    """In bf16 with the bf16 stream: its rows and files are named for it. nn.Transformer
+    comes eagerly and compiled (Dynamo's eager backend here: the CPU's Inductor would take
+    minutes); the compiled one's graphs are its own, made in its warm-up: the timed windows,
+    whose shapes the warm-ups saw, add none."""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend="eager", **kw))
     out = tmp_path / "profile"
     profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--count-shapes",
                        "--device", "cpu", "--precision", "bf16", "--bf16-stream",
-                       "--out", str(out)])  # fmt: skip
+                       "--compiled-reference", "--out", str(out)])  # fmt: skip
     lines = capsys.readouterr().out.strip().splitlines()
     report = json.loads(lines[-1])
     assert report["bf16_stream"] is True and report["precision"] == "bf16"
@@ -40,11 +45,14 @@ def test_eager_profile_reports_both_models_and_shapes(
     counts = [shapes[f"x{m}"] for m in (1, 8, 16, 32, 64)]
     assert counts == sorted(counts, reverse=True)  # rounding up merges shapes, never splits
     assert counts[-1] >= 1 and counts[0] <= shapes["batches"]
-    for model in ("attn-mt bf16 stream", "nn.Transformer"):
+    for model in ("attn-mt bf16 stream", "nn.Transformer", "nn.Transformer compiled"):
         for kind in ("fixed", "bucketed"):
             row = report[f"{model} {kind}"]
             assert row["ms_per_step"] > 0 and row["tgt_tokens_per_s"] > 0
             assert 0 < row["host_queued_share"] <= 1
+            assert ("profile" in row) == model.startswith("attn-mt")  # attn-mt's alone
+    assert report["graphs"] == 0 and report["reference_graphs"] >= 1  # attn-mt ran eagerly
+    assert report["graphs_after_warmup"] == 0 and report["reference_warmup_s"] > 0
     for kind in ("fixed", "bucketed"):
         profile = report[f"attn-mt bf16 stream {kind}"]["profile"]
         assert profile["steps"] == 2 and profile["aten_ops_per_step"] > 50
@@ -52,27 +60,6 @@ def test_eager_profile_reports_both_models_and_shapes(
         text = (out / f"eager_bf16_stream_{kind}_profile.txt").read_text()
         assert "by device time" in text and "aten::mm" in text
         assert (out / f"eager_bf16_stream_{kind}_trace.json.gz").stat().st_size > 0
-
-
-def test_compiled_reference_rows_and_its_graphs_apart(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`--compiled-reference` times nn.Transformer through torch.compile beside the eager one
-    (Dynamo's eager backend here: the CPU's Inductor would take minutes). Its graphs are its
-    own, made in its warm-up: the timed windows, whose shapes the warm-up saw, add none."""
-    compile_ = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend="eager", **kw))
-    profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--compiled-reference",
-                       "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert report["graphs"] == 0 and report["reference_graphs"] >= 1  # attn-mt ran eagerly
-    assert report["graphs_after_warmup"] == 0
-    assert report["reference_warmup_s"] > 0
-    for model in ("nn.Transformer", "nn.Transformer compiled"):
-        for kind in ("fixed", "bucketed"):
-            row = report[f"{model} {kind}"]
-            assert row["ms_per_step"] > 0 and row["tgt_tokens_per_s"] > 0
-            assert "profile" not in row  # attn-mt's alone are profiled
 
 
 @pytest.mark.parametrize("activation_dropout", [None, 0.05])
