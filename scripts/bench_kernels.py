@@ -118,8 +118,8 @@ class Block(nn.Module):
 LAYERNORM_VARIANTS = {  # name: (torch.compile's dynamic, or None for eager; Inductor settings)
     "eager": (None, {}),
     "compiled dynamic": (True, {}),
-    # Inductor fuses the rows' reduction (the input's gradient) with the columns' (the weight's
-    # and bias's) into one "mix-order" kernel, the suspect of the slow backward (docs/gpu.md)
+    # Inductor may fuse the rows' reduction (the input's gradient) with the columns' (the
+    # weight's and bias's) into one "mix-order" kernel: a suspect of the slow backward
     "compiled dynamic, no mix-order reduction": (True, {"triton.mix_order_reduction": False}),
     "compiled dynamic, mix-order split size tuned": (
         True,
