@@ -36,6 +36,18 @@ TIMED_UPDATES = 3  # per mode, after one untimed update (which compiles)
 MODES = ("eager", "compiled")  # what TrainProgress.compiled records
 
 
+class _NoProfilerRangeNote(logging.Filter):
+    """Drops Dynamo's note that it leaves a profiler range out of the graph: DDP's forward
+    opens one, so a compiled run under torchrun printed the note once per rank, a warning
+    about nothing the user can change (the range only labels profiler traces)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Profiler record function")
+
+
+logging.getLogger("torch._dynamo.variables.ctx_manager").addFilter(_NoProfilerRangeNote())
+
+
 @dataclass
 class CompileChoice:
     """How a run's updates run, and the timing behind an `auto` choice (ms per update)."""

@@ -17,6 +17,7 @@ max_minutes bounds the whole run, and a time-driven schedule anneals exactly as 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -339,10 +340,19 @@ def wrap_model(
     wrapped: torch.nn.Module = objective
     if world.distributed:
         ids = [device.index] if device.type == "cuda" else None
-        # No buffer broadcasts: the only buffers are the fixed positional tables, equal on
-        # every rank, and they grow on demand (a rank's longer batch would change the shape).
         # The gradients are views into DDP's buckets: no copy in and out of them per update.
         wrapped = DistributedDataParallel(
-            objective, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True
+            objective, device_ids=ids, gradient_as_bucket_view=True, **NO_BUFFER_SYNC
         )
     return wrapped
+
+
+# No buffer syncs before each forward: the only buffers are the fixed positional tables, equal on
+# every rank, and they grow on demand (a rank's longer batch would change the shape). torch 2.13
+# renamed the setting and deprecated the old name with a warning each rank printed; the new one
+# still syncs once at start-up, where the tables are equal.
+NO_BUFFER_SYNC: dict[str, Any] = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    else {"broadcast_buffers": False}
+)

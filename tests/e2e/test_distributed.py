@@ -13,6 +13,7 @@ Every launch runs on the CPU (gloo): `attn-mt train` gets `--device cpu`, the wo
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -334,6 +335,27 @@ TINY_AND_SHORT = {
 }
 
 
+def train_shipped(config: Path, overrides: dict[str, Any], run: Path) -> str:
+    """`config` trained by two processes with `overrides` into `run`, its data prepared first,
+    as `attn-mt prepare` makes it (here in this process, which has torch imported already: the
+    budget counts start-up, and six corpora's took all of it on a loaded machine, a final
+    validation at step 0 and no update). Returns torchrun's stderr."""
+    overrides = {**overrides, "train.out_dir": run}
+    sets = [arg for k, v in overrides.items() for arg in ("--set", f"{k}={v}")]
+    settings = [f"{k}={v}" for k, v in overrides.items()]
+    prepare_shards(load_config(config, settings, training=False), workers=1, repair=True)
+    proc = torchrun("-m", "attn_mt", "train", "--config", str(config), *sets, *ON_CPU)
+    check(proc)
+    assert "is up to date" in proc.stderr, "the run prepared its data again"
+    # A shipped config on the torch CI installs warns of nothing (torch 2.13 deprecated
+    # DDP's `broadcast_buffers` with a warning per rank).
+    assert "warning" not in proc.stderr.lower(), proc.stderr[-3000:]
+    steps = [line["step"] for line in train_lines(run)]
+    assert steps and steps[-1] >= 2, f"too few updates:\n{proc.stderr[-3000:]}"
+    assert (run / "checkpoints" / "best.pt").is_file()
+    return proc.stderr
+
+
 @pytest.mark.parametrize("shipped", SHIPPED, ids=lambda path: path.stem)
 def test_every_shipped_multi30k_config_trains_under_torchrun(shipped, tmp_path):
     """Each shipped Multi30k config trains an epoch on two processes and finishes."""
@@ -343,16 +365,51 @@ def test_every_shipped_multi30k_config_trains_under_torchrun(shipped, tmp_path):
     budget = {"train.max_steps": 20} if shipped_train.get("max_steps") else {}
     if shipped_train.get("max_minutes"):
         budget["train.max_minutes"] = 0.05
-    overrides = {**TINY_AND_SHORT, **budget, "train.out_dir": tmp_path / "run"}
-    sets = [arg for k, v in overrides.items() for arg in ("--set", f"{k}={v}")]
-    # The tokenizer and the shards first, as `attn-mt prepare` makes them (here in this
-    # process, which has torch imported already): the budget counts start-up, and six
-    # corpora's took all of it on a loaded machine (a final validation at step 0, no update).
-    settings = [f"{k}={v}" for k, v in overrides.items()]
-    prepare_shards(load_config(shipped, settings, training=False), workers=1, repair=True)
-    proc = torchrun("-m", "attn_mt", "train", "--config", str(shipped), *sets, *ON_CPU)
-    check(proc)
-    assert "is up to date" in proc.stderr, "the run prepared its data again"
-    steps = [line["step"] for line in train_lines(tmp_path / "run")]
-    assert steps and steps[-1] >= 2, f"too few updates:\n{proc.stderr[-3000:]}"
-    assert (tmp_path / "run" / "checkpoints" / "best.pt").is_file()
+    train_shipped(shipped, {**TINY_AND_SHORT, **budget}, tmp_path / "run")
+
+
+WMT_PRESETS = sorted((REPO / "configs").glob("wmt14_*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def wmt_like(folder: Path) -> dict[str, Path]:
+    """Multi30k's en-de standing in for WMT14's files, laid out as the presets read them:
+    the training text gzipped, newstest as plain lines (20 of them for the test set)."""
+    if not os.environ.get("ATTN_MT_DATA"):
+        pytest.fail("set ATTN_MT_DATA to the folder holding multi30k/ (CI: ../shared/data)")
+    multi30k = Path(os.environ["ATTN_MT_DATA"]) / "multi30k"
+    files = {}
+    for lang in ("en", "de"):
+        files[f"train.{lang}"] = shutil.copy(multi30k / f"train.{lang}.gz", folder)
+        for name, split, count in (("newstest2013", "val", None), ("newstest2014", "val", 20)):
+            with gzip.open(multi30k / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = f.read().splitlines()[:count]
+            files[f"{name}.{lang}"] = write_lines(folder / f"{name}.{lang}", lines)
+    return {key: Path(path) for key, path in files.items()}
+
+
+@pytest.mark.parametrize("preset", WMT_PRESETS, ids=lambda path: path.stem)
+def test_wmt14_presets_train_under_torchrun_average_and_evaluate(preset, wmt_like, tmp_path):
+    """Each WMT14 preset, as shipped (its batch, accumulation, schedule, loss-only checks,
+    validation subset and kept checkpoints) but for a tiny model, WMT-like files and 12
+    updates, trains on two processes; then its documented end: the kept step_N.pt averaged
+    and the average evaluated on the test set."""
+    files = {f"data.{split}.{side}": wmt_like[f"{name}.{lang}"]
+             for split, name in (("train", "train"), ("valid", "newstest2013"),
+                                 ("test", "newstest2014"))
+             for side, lang in (("src", "en"), ("tgt", "de"))}  # fmt: skip
+    # Not compiled: Inductor takes 25-50 s on two small cores; compiled DDP is
+    # tests/unit/train/test_compile.py's.
+    short = {"train.max_steps": 12, "train.eval_every": 6, "train.valid_loss_every": 3,
+             "train.compile": "false"}  # fmt: skip
+    run = tmp_path / "run"
+    stderr = train_shipped(preset, {**TINY_AND_SHORT, **files, **short}, run)
+    assert "(loss only)" in (run / "train.log").read_text(), stderr[-3000:]
+    kept = sorted((run / "checkpoints").glob("step_*.pt"))
+    assert [p.name for p in kept] == ["step_12.pt", "step_6.pt"]
+    average = run / "avg.pt"
+    cli = [str(BIN / "attn-mt")]
+    subprocess.run([*cli, "average", "--out", str(average), *map(str, kept)], check=True)
+    evaluate = [*cli, "evaluate", "--model", str(average), "--split", "test", "--json"]
+    score = json.loads(subprocess.run(evaluate, capture_output=True, text=True, check=True).stdout)
+    assert score["sentences"] == 20 and score["beam"] == 4  # the preset's beam
