@@ -19,7 +19,8 @@ repeated (`fixed`) and bucketed batches of varied shapes (`bucketed`):
   (`--out`/MODE_SHAPES_profile.txt and _trace.json.gz; open the trace in Perfetto).
 With `--reference`, eager `nn.Transformer` (bench_train's `Reference`, its full logits and
 loss) is timed on the same batches; with `--compiled-reference` also the same through
-torch.compile (the model and its loss in one graph, as `compiled` compiles attn-mt's).
+torch.compile (the model and its loss in one graph, as `compiled` compiles attn-mt's);
+`--reference-only` times those alone, for a run that compares them with an earlier profile's.
 `--count-shapes` counts the distinct batch shapes of one epoch of the bucketed corpus, as
 they are and with lengths rounded up to multiples.
 
@@ -117,6 +118,21 @@ def reference_steps(cfg, args, device, warm, dtype, report: dict) -> dict:
             report["reference_graphs"] = compiled_graphs() - graphs
         models[name] = (fn, params, optimizer)
     return models
+
+
+def warmed_up(cfg, args, device, warm, dtype, report: dict) -> tuple:
+    """attn-mt's (step, parameters, optimizer) in `--mode`, warmed up on `warm`; its warm-up
+    seconds (compiling in them) and graphs go into `report`."""
+    model = build_model(cfg, args.vocab, args.vocab).to(device).train()
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
+    step = objective_step(model, args.mode)
+    start = time.perf_counter()
+    updates(step, params, optimizer, warm, dtype)
+    sync(device)
+    report["warmup_s"], report["graphs"] = time.perf_counter() - start, compiled_graphs()
+    print(f"warm-up: {report['warmup_s']:.1f} s, {report['graphs']} graph(s)", flush=True)
+    return step, params, optimizer
 
 
 def updates(step, params, optimizer, batches, dtype, label: bool = False) -> int:
@@ -266,6 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference", action="store_true", help="also eager nn.Transformer")
     parser.add_argument("--compiled-reference", action="store_true",
                         help="also nn.Transformer through torch.compile")  # fmt: skip
+    parser.add_argument("--reference-only", action="store_true",
+                        help="time the references alone, not attn-mt")  # fmt: skip
     parser.add_argument("--count-shapes", action="store_true")
     parser.add_argument("--bf16-stream", action="store_true", help="train.bf16_stream (bf16 only)")
     parser.add_argument("--quick", action="store_true", help="CPU smoke: tiny windows")
@@ -278,6 +296,8 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(auto if args.device == "auto" else args.device)
     if args.mode == "cudagraphs" and device.type != "cuda":
         parser.error("--mode cudagraphs needs CUDA")
+    if args.reference_only and not (args.reference or args.compiled_reference):
+        parser.error("--reference-only needs --reference or --compiled-reference")
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     dtype = DTYPES[precision]
     out = Path(args.out)
@@ -312,19 +332,11 @@ def main(argv: list[str] | None = None) -> None:
     spec = spec_peak(hardware, precision) if device.type == "cuda" else None
 
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg, args.vocab, args.vocab).to(device).train()
-    params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
-    step = objective_step(model, args.mode)
     warm = list(itertools.islice(itertools.cycle([middle, *bucketed]),
                                  max(args.warmup, 1 + len(bucketed))))  # fmt: skip
-    start = time.perf_counter()
-    updates(step, params, optimizer, warm, dtype)
-    sync(device)
-    report["warmup_s"], report["graphs"] = time.perf_counter() - start, compiled_graphs()
-    print(f"warm-up: {report['warmup_s']:.1f} s, {report['graphs']} graph(s)", flush=True)
-
-    models = {ours: (step, params, optimizer)}
+    models = {}
+    if not args.reference_only:
+        models[ours] = warmed_up(cfg, args, device, warm, dtype, report)
     if args.reference or args.compiled_reference:
         models |= reference_steps(cfg, args, device, warm, dtype, report)
     graphs = compiled_graphs()  # before the timed windows: what they add are recompiles

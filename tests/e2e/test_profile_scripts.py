@@ -62,6 +62,24 @@ def test_eager_profile_reports_every_model_and_shape(
         assert (out / f"eager_bf16_stream_{kind}_trace.json.gz").stat().st_size > 0
 
 
+def test_reference_only_times_nn_transformer_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--reference-only` (what gpu_check's compiled nn.Transformer check asks, after the step
+    profile timed attn-mt): no attn-mt row, no attn-mt warm-up; without a reference to time,
+    one line and exit 2."""
+    profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--reference-only",
+                       "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = {key for key in report if key.endswith(("fixed", "bucketed"))}
+    assert rows == {"nn.Transformer fixed", "nn.Transformer bucketed"}
+    assert "warmup_s" not in report and report["nn.Transformer fixed"]["ms_per_step"] > 0
+    with pytest.raises(SystemExit) as stop:
+        profile_step.main([*TOY, "--reference-only", "--device", "cpu", "--out", str(tmp_path)])
+    assert stop.value.code == 2
+    assert "--reference-only needs --reference" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("activation_dropout", [None, 0.05])
 def test_reference_drops_where_attn_mt_does(activation_dropout: float | None) -> None:
     """nn.Transformer's reference takes attn-mt's three dropout rates (the feed-forward hidden
