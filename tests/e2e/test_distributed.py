@@ -28,6 +28,7 @@ import yaml
 from helpers import REPO
 from helpers.ddp_worker import record_batches
 from helpers.toy import epoch_lists, toy_config_dict, toy_pairs, write_lines
+from helpers.workspace import run_cli
 
 import attn_mt
 from attn_mt.checkpoint import load_checkpoint
@@ -374,18 +375,22 @@ WMT_PRESETS = sorted((REPO / "configs").glob("wmt14_*.yaml"))
 @pytest.fixture(scope="module")
 def wmt_like(folder: Path) -> dict[str, Path]:
     """Multi30k's en-de standing in for WMT14's files, laid out as the presets read them:
-    the training text gzipped, newstest as plain lines (20 of them for the test set)."""
+    6,000 training pairs gzipped, newstest as plain lines (20 of them for the test set)."""
     if not os.environ.get("ATTN_MT_DATA"):
         pytest.fail("set ATTN_MT_DATA to the folder holding multi30k/ (CI: ../shared/data)")
     multi30k = Path(os.environ["ATTN_MT_DATA"]) / "multi30k"
     files = {}
     for lang in ("en", "de"):
-        files[f"train.{lang}"] = shutil.copy(multi30k / f"train.{lang}.gz", folder)
-        for name, split, count in (("newstest2013", "val", None), ("newstest2014", "val", 20)):
+        for name, split, count in (("train", "train", 6000), ("newstest2013", "val", None),
+                                   ("newstest2014", "val", 20)):  # fmt: skip
             with gzip.open(multi30k / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
                 lines = f.read().splitlines()[:count]
-            files[f"{name}.{lang}"] = write_lines(folder / f"{name}.{lang}", lines)
-    return {key: Path(path) for key, path in files.items()}
+            path = folder / (f"{name}.{lang}" + (".gz" if name == "train" else ""))
+            opener = gzip.open if name == "train" else open
+            with opener(path, "wt", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+            files[f"{name}.{lang}"] = path
+    return files
 
 
 @pytest.mark.parametrize("preset", WMT_PRESETS, ids=lambda path: path.stem)
@@ -408,8 +413,9 @@ def test_wmt14_presets_train_under_torchrun_average_and_evaluate(preset, wmt_lik
     kept = sorted((run / "checkpoints").glob("step_*.pt"))
     assert [p.name for p in kept] == ["step_12.pt", "step_6.pt"]
     average = run / "avg.pt"
-    cli = [str(BIN / "attn-mt")]
-    subprocess.run([*cli, "average", "--out", str(average), *map(str, kept)], check=True)
-    evaluate = [*cli, "evaluate", "--model", str(average), "--split", "test", "--json"]
-    score = json.loads(subprocess.run(evaluate, capture_output=True, text=True, check=True).stdout)
+    averaged = run_cli(["average", "--out", average, *kept], stdin=None, env={})
+    assert averaged.returncode == 0, averaged.stderr.decode()[-2000:]
+    scored = run_cli(["evaluate", "--model", average, "--split", "test", "--json"], None, {})
+    assert scored.returncode == 0, scored.stderr.decode()[-2000:]
+    score = json.loads(scored.stdout)
     assert score["sentences"] == 20 and score["beam"] == 4  # the preset's beam
