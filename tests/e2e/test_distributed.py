@@ -396,7 +396,7 @@ def wmt_like(folder: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("preset", WMT_PRESETS, ids=lambda path: path.stem)
 def test_wmt14_presets_train_under_torchrun_average_and_evaluate(preset, wmt_like, tmp_path):
     """Each WMT14 preset, as shipped (its batch, accumulation, schedule, loss-only checks,
-    validation subset and kept checkpoints) but for a tiny model, WMT-like files and 12
+    validation subset and kept checkpoints) but for a tiny model, WMT-like files and 6
     updates, trains on two processes; then its documented end: the kept step_N.pt averaged
     and the average evaluated on the test set."""
     files = {f"data.{split}.{side}": wmt_like[f"{name}.{lang}"]
@@ -405,13 +405,13 @@ def test_wmt14_presets_train_under_torchrun_average_and_evaluate(preset, wmt_lik
              for side, lang in (("src", "en"), ("tgt", "de"))}  # fmt: skip
     # Not compiled: Inductor takes 25-50 s on two small cores; compiled DDP is
     # tests/unit/train/test_compile.py's.
-    short = {"train.max_steps": 12, "train.eval_every": 6, "train.valid_loss_every": 3,
+    short = {"train.max_steps": 6, "train.eval_every": 3, "train.valid_loss_every": 2,
              "train.compile": "false"}  # fmt: skip
     run = tmp_path / "run"
     stderr = train_shipped(preset, {**TINY_AND_SHORT, **files, **short}, run)
     assert "(loss only)" in (run / "train.log").read_text(), stderr[-3000:]
     kept = sorted((run / "checkpoints").glob("step_*.pt"))
-    assert [p.name for p in kept] == ["step_12.pt", "step_6.pt"]
+    assert [p.name for p in kept] == ["step_3.pt", "step_6.pt"]
     average = run / "avg.pt"
     averaged = run_cli(["average", "--out", average, *kept], stdin=None, env={})
     assert averaged.returncode == 0, averaged.stderr.decode()[-2000:]
