@@ -208,8 +208,10 @@ def test_compiled_ddp_with_accumulation_equals_eager(toy_data, tmp_path: Path) -
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
-    # Neither DDP's setting nor Dynamo's trace through DDP's forward prints a warning.
-    assert not re.findall(r".*(?:warning|W\d{4} ).*", proc.stderr, re.I), proc.stderr[-6000:]
+    # Neither DDP's setting nor Dynamo's trace through DDP's forward prints a warning (torch
+    # 2.13 deprecated `broadcast_buffers`; Dynamo notes the profiler range DDP's forward opens).
+    noted = re.findall(r".*(?:Warning|Profiler record function).*", proc.stderr)
+    assert not noted, proc.stderr[-6000:]
     for rank in (0, 1):
         eager, compiled = (
             torch.load(tmp_path / f"{name}-rank{rank}.pt", weights_only=True)
