@@ -43,6 +43,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -123,9 +124,11 @@ class Reference(nn.Module):
         self.embedding = nn.Embedding(vocab, d, padding_idx=PAD_ID)
         nn.init.normal_(self.embedding.weight, std=d**-0.5)
         self.dropout = nn.Dropout(m.dropout)
-        self.core = nn.Transformer(d, m.heads, m.encoder_layers, m.decoder_layers, m.d_ff,
-                                   m.dropout, batch_first=True,
-                                   norm_first=m.norm == "pre")  # fmt: skip
+        with warnings.catch_warnings():  # pre-norm: its inference fast path is off; we train
+            warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
+            self.core = nn.Transformer(d, m.heads, m.encoder_layers, m.decoder_layers, m.d_ff,
+                                       m.dropout, batch_first=True,
+                                       norm_first=m.norm == "pre")  # fmt: skip
         for layer in self.core.modules():
             if isinstance(layer, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer):
                 layer.dropout.p = feed_forward_dropout(m)  # between linear1 and linear2
@@ -138,7 +141,8 @@ class Reference(nn.Module):
         return self.dropout(x)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), src.device)
+        length = tgt_in.size(1)  # True: may not attend (boolean, as the padding masks are)
+        causal = torch.ones(length, length, dtype=torch.bool, device=src.device).triu(1)
         hidden = self.core(
             self.embed(src),
             self.embed(tgt_in),
