@@ -135,6 +135,7 @@ def run_row(row: Row, model: str, lines: list[str], threads: int, ct2_folder: st
     if row.engine == "attn-mt":
         translate = attn_mt_engine(model, row)
     else:
+        assert ct2_folder is not None  # a CTranslate2 row always names its export
         translate = ctranslate2_engine(Path(ct2_folder), row, threads)
     translate(lines[:WARMUP_SENTENCES])
     start = time.perf_counter()
@@ -255,9 +256,11 @@ def report(rows: list[Row], lines: list[str], refs: list[str] | None, args, info
     print("-" * len(header))
     figures = []
     for row in rows:
+        baseline = ours[row.beam].outputs
+        assert row.outputs is not None and baseline is not None  # run_row set them, in the child
         bleu = score(row.outputs, refs).bleu if refs else None
         ratio = row.seconds / theirs[row.beam].seconds
-        same = sum(a == b for a, b in zip(row.outputs, ours[row.beam].outputs, strict=True))
+        same = sum(a == b for a, b in zip(row.outputs, baseline, strict=True))
         figures.append(
             {
                 "engine": row.engine,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +85,7 @@ def attention(lengths: list[int]) -> dict:
         kept = torch.randint(length // 2, length + 1, (rows,), device="cuda")
         mask = (torch.arange(length, device="cuda") < kept[:, None])[:, None, None, :]
         for name, (backend, rule) in choices.items():
-            kwargs = {"is_causal": True} if rule == "causal" else {}
+            kwargs: dict[str, Any] = {"is_causal": True} if rule == "causal" else {}
             if rule == "mask":
                 kwargs["attn_mask"] = mask  # (B, 1, 1, S), True = attend
 

@@ -120,13 +120,14 @@ def _measure(url: str, sentences: list[str], args: argparse.Namespace) -> dict[s
     target = urlparse(url)
     if target.hostname not in ("127.0.0.1", "localhost"):
         raise SystemExit(f"{url}: this benchmark talks to 127.0.0.1 only")
+    host = target.hostname  # str here (checked above), for the clients' closures
     start = time.monotonic()
     measure_from, stop_at = start + args.warmup, start + args.warmup + args.seconds
     latencies: list[list[float]] = [[] for _ in range(args.clients)]
     errors = [0]
 
     def client(number: int) -> None:
-        conn = http.client.HTTPConnection(target.hostname, target.port, timeout=120)
+        conn = http.client.HTTPConnection(host, target.port, timeout=120)
         i = number
         while (now := time.monotonic()) < stop_at:
             body = json.dumps({"text": [sentences[i % len(sentences)]]})
@@ -159,13 +160,14 @@ def _soak(url: str, sentences: list[str], args: argparse.Namespace, pid: int) ->
     target = urlparse(url)
     if target.hostname not in ("127.0.0.1", "localhost"):
         raise SystemExit(f"{url}: this benchmark talks to 127.0.0.1 only")
+    host = target.hostname  # str here (checked above), for the clients' closures
     stop_at = time.monotonic() + 60 * args.soak
     first: dict[str, str] = {}  # sentence -> the first translation the server gave it
     counts = {"requests": 0, "lines": 0, "errors": 0, "lost": 0, "changed": 0}
     lock = threading.Lock()
 
     def client(number: int) -> None:
-        conn = http.client.HTTPConnection(target.hostname, target.port, timeout=120)
+        conn = http.client.HTTPConnection(host, target.port, timeout=120)
         i = number
         while time.monotonic() < stop_at:
             lines = [sentences[(i + k) % len(sentences)] for k in range(1 + i % 3)]

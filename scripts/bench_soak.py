@@ -74,8 +74,10 @@ class Soak:
         self.ref_optimizer = torch.optim.AdamW(self.reference.parameters(), lr=1e-4, fused=True)
         self.update, self.validate = trainer.update, trainer.validator.validate_and_save
         self.next_batch = trainer.source.next
-        trainer.update, trainer.validator.validate_and_save = self._update, self._validate
-        trainer.source.next = self._next_batch
+        # The trainer's methods, wrapped on this instance on purpose (mypy flags method assignment)
+        trainer.update = self._update  # type: ignore[method-assign]
+        trainer.validator.validate_and_save = self._validate  # type: ignore[method-assign]
+        trainer.source.next = self._next_batch  # type: ignore[method-assign]
         self.batches: list[Any] = []  # this chunk's, on the CPU
         self.chunk = {"attn_s": 0.0, "attn_tok": 0, "ref_s": 0.0, "ref_tok": 0}
         self.row = dict(self.chunk, steps=0)
@@ -127,7 +129,8 @@ class Soak:
         if self.profiling:
             self.profiling[1].stop()
             self._write_profile(self.profiling[1], self.profiling[0], "attn-mt")
-            self.profiling, self.ref_profile = None, self.profiling[0]
+            self.ref_profile = self.profiling[0]
+            self.profiling = None
         if self.batches:
             self._reference_chunk()
         self._end_chunk()
@@ -199,6 +202,7 @@ class Soak:
 
     def _profile_step(self) -> None:
         """Count one profiled update; after --profile-steps, write attn-mt's table."""
+        assert self.profiling is not None  # called only while a profile is running
         name, prof, done = self.profiling
         if done + 1 < self.args.profile_steps:
             self.profiling = (name, prof, done + 1)

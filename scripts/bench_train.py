@@ -45,6 +45,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,6 +118,8 @@ class Reference(nn.Module):
     embeddings (shared, scaled, sinusoidal positions, dropout), pre- or post-norm, the same
     dropout on sub-layer outputs, the feed-forward hidden layer and attention weights, tied
     output projection."""
+
+    table: torch.Tensor  # the sinusoidal positions, a buffer
 
     def __init__(self, m, vocab: int):
         super().__init__()
@@ -385,8 +388,9 @@ def bench_multi30k(args, cfg, device: torch.device, hardware: str, precisions: l
         if name == "fp32" and device.type == "cpu" and packing_available():
             timed_models[ONEDNN] = route_through_onednn(copy.deepcopy(ours))
         if name == "bf16":
-            timed_models[STREAM] = copy.deepcopy(ours)
-            timed_models[STREAM].bf16_stream = True
+            stream = copy.deepcopy(ours)  # a Transformer, as typed (the dict holds Modules)
+            stream.bf16_stream = True
+            timed_models[STREAM] = stream
         optimizers = {
             k: torch.optim.AdamW(v.parameters(), lr=1e-4, fused=True)
             for k, v in timed_models.items()
@@ -405,8 +409,8 @@ def bench_multi30k(args, cfg, device: torch.device, hardware: str, precisions: l
                 tokens[key] += train_steps(model, optimizers[key], timed, device, dtype)
                 seconds[key] += time.perf_counter() - start
         spec = spec_peak(hardware, name) if device.type == "cuda" else None
-        row = {"precision": name, "matmul_peak_tflops": peak / 1e12,
-               "spec_peak_tflops": spec / 1e12 if spec else None}  # fmt: skip
+        row: dict[str, Any] = {"precision": name, "matmul_peak_tflops": peak / 1e12,
+                               "spec_peak_tflops": spec / 1e12 if spec else None}  # fmt: skip
         for key in timed_models:
             achieved = rounds * flops / seconds[key]
             row[key] = {
@@ -428,10 +432,10 @@ def bench_multi30k(args, cfg, device: torch.device, hardware: str, precisions: l
         for key in (k for k in (*models, ONEDNN, STREAM) if k in row):
             r = row[key]
             mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "n/a"
-            spec = f"{100 * r['mfu_spec']:.1f}%" if r["mfu_spec"] is not None else "n/a"
+            spec_mfu = f"{100 * r['mfu_spec']:.1f}%" if r["mfu_spec"] is not None else "n/a"
             gflops = row["matmul_peak_tflops"] * 1e3
             print(f"{row['precision']:<10}{key:<20}{r['tokens_per_s']:>11.0f}"
-                  f"{100 * r['mfu']:>7.1f}%{spec:>10}{mem:>10}{gflops:>9.0f} GF/s")  # fmt: skip
+                  f"{100 * r['mfu']:>7.1f}%{spec_mfu:>10}{mem:>10}{gflops:>9.0f} GF/s")  # fmt: skip
         print(f"{'':<10}{'ratio':<20}{row['ratio']:>11.2f}")
         if "onednn_gain" in row:
             print(f"{'':<10}{'oneDNN / MKL':<20}{row['onednn_gain']:>11.2f}")
@@ -498,7 +502,9 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
                 print(f"warm-up {batch_tokens} {name} {key[0]} compiled={key[1]}: "
                       f"{warm_s[key]:.1f} s, {graphs[key]} graph(s)", flush=True)  # fmt: skip
             made = compiled_graphs()
-            runs = {(loss, c, kind): [] for loss, c in steps for kind in shapes}
+            runs: dict[tuple[str, bool, str], list[tuple[Any, float | None]]] = {
+                (loss, c, kind): [] for loss, c in steps for kind in shapes
+            }
             for _ in range(rounds):  # in turns: noise hits every loss and shape alike
                 for (loss, c, kind), done in runs.items():
                     window = functools.partial(timed_window, model, optimizer, shapes[kind],
@@ -529,11 +535,11 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
           f"{'warm-up s':>10}")  # fmt: skip
     for r in results:
         mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "n/a"
-        spec = f"{100 * r['mfu_spec']:.1f}%" if r["mfu_spec"] is not None else "n/a"
+        spec_mfu = f"{100 * r['mfu_spec']:.1f}%" if r["mfu_spec"] is not None else "n/a"
         mode = "compiled" if r["compiled"] else "eager"
         print(f"{r['batch_tokens']:>7} {r['precision']:<5}{r['loss']:<10}{mode:<9}"
               f"{r['shapes']:<9}{100 * r['padding']:>5.1f}%{r['tokens_per_s']:>10.0f}"
-              f"{r['step_ms']:>9.0f}{100 * r['mfu']:>6.1f}%{spec:>9}{mem:>9}"
+              f"{r['step_ms']:>9.0f}{100 * r['mfu']:>6.1f}%{spec_mfu:>9}{mem:>9}"
               f"{r['warmup_s']:>10.1f}")  # fmt: skip
     for name in peaks:
         spec = spec_peak(hardware, name) if device.type == "cuda" else None
@@ -544,9 +550,9 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
     ratios = loss_ratios(results, "loss", "logits", "projected")
     compile_ratios = loss_ratios(results, "compiled", False, True)
     for what, found in (("projected / logits", ratios), ("compiled / eager", compile_ratios)):
-        for key, ratio in found.items():
+        for label, ratio in found.items():
             print(
-                f"{what}, {key}: speed x{ratio['speed']:.2f}, peak memory "
+                f"{what}, {label}: speed x{ratio['speed']:.2f}, peak memory "
                 + (f"x{ratio['memory']:.2f}" if ratio["memory"] is not None else "n/a")
             )
     print(json.dumps({

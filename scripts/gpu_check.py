@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -126,7 +126,10 @@ def gradients(model: Transformer, batch, device: torch.device, precision: str) -
     loss, _ = label_smoothed_loss(logits, tgt_out, 0.1)
     tokens = int((tgt_out != PAD_ID).sum())
     (loss / tokens).backward()
-    grads = {n: p.grad.detach().float().cpu() for n, p in model.named_parameters()}
+    # every parameter takes part in the loss: each has a gradient after backward()
+    grads = {
+        n: cast(torch.Tensor, p.grad).detach().float().cpu() for n, p in model.named_parameters()
+    }
     return {"loss": float(loss.detach()) / tokens, "grads": grads}
 
 
@@ -168,7 +171,7 @@ def metrics(run: Path, split: str) -> list[dict[str, Any]]:
 
 
 def environment(ctx: Context) -> Figures:
-    figures = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    figures: Figures = {"torch": torch.__version__, "python": sys.version.split()[0]}
     figures["device"] = str(ctx.device)
     figures["auto precision"] = resolve_precision("auto", ctx.device)
     figures["PYTORCH_CUDA_ALLOC_CONF"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
@@ -229,7 +232,7 @@ def mask_free_attention(ctx: Context) -> Figures:
             # a decoder that passed one to self-attention is an error here. Cross-attention is
             # given no source mask for this call (flash would refuse it too); not compared.
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                model.decode(tgt_in, memory, None)
+                model.decode(tgt_in, memory, cast(torch.Tensor, None))  # accepts None: no mask
         mask_free = model.decode(tgt_in, memory, src_mask).float()
         self_mask = causal_mask(tgt_in.size(1), ctx.device) & (tgt_in != PAD_ID)[:, None, None]
         y = model.tgt_embed(tgt_in)
@@ -306,7 +309,7 @@ def decoding(ctx: Context) -> Figures:
         "greedy": lambda: greedy_search(model, src, limits),
         "beam 5": lambda: beam_search(model, src, limits, 5),
     }
-    figures = {}
+    figures: Figures = {}
     for name, search in searches.items():
         with torch.no_grad(), autocast_context(ctx.device, DTYPES[precision]):
             search()  # warm-up
@@ -383,7 +386,7 @@ def short_run(precision: str) -> Callable[[Context], Figures]:
         trained = metrics(out, "train")
         if not all(map(lambda m: m["loss"] == m["loss"], trained)):
             raise CheckFailed(f"{precision}: a NaN training loss")
-        figures = {k: last[k] for k in ("step", "loss", "bleu") if k in last}
+        figures: Figures = {k: last[k] for k in ("step", "loss", "bleu") if k in last}
         # train.log's last validation line ends with its seconds by phase.
         log = (out / "train.log").read_text()
         timings = re.findall(r"valid step .*BLEU .*\(best[^)]*\)\s+(.+)$", log, flags=re.M)
@@ -475,8 +478,8 @@ def bench_turns(
             if proc.returncode != 0:
                 raise CheckFailed(f"{name}: exited {proc.returncode}: {proc.stderr[-400:]}")
         except subprocess.TimeoutExpired as error:  # what it printed so far still counts
-            text = error.stdout or ""
-            text = text.decode(errors="replace") if isinstance(text, bytes) else text
+            printed = error.stdout or ""
+            text = printed.decode(errors="replace") if isinstance(printed, bytes) else printed
             outcome[name] = f"stopped after {error.timeout:.0f} s, what was left of --minutes"
         (ctx.out / f"{prefix}_{name.replace(' ', '_')}.txt").write_text(text)
         rows += [json.loads(line[len("result ") :]) for line in text.splitlines()

@@ -47,6 +47,8 @@ def main() -> None:
     args = parser.parse_args()
     translator = attn_mt.load(args.model, device="cpu")
     files = (args.src, args.ref) if args.src else split_files(translator.config.data, "test")
+    if files is None:
+        parser.error("the checkpoint's config has no test split; give --src and --ref")
     src, refs = read_lines(files[0]), read_lines(files[1])
     if args.limit:
         src, refs = src[: args.limit], refs[: args.limit]

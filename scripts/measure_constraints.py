@@ -21,6 +21,7 @@ import platform
 import random
 import time
 from pathlib import Path
+from typing import cast
 
 import sacrebleu
 
@@ -33,7 +34,8 @@ def reference_terms(refs: list[str], seed: int) -> list[list[str]]:
     rng = random.Random(seed)
     terms = []
     for ref in refs:
-        words, chosen, used = ref.split(), [], set()
+        words, chosen = ref.split(), []
+        used: set[int] = set()
         for _ in range(rng.randint(1, 2)):
             size = rng.choice((1, 2)) if len(words) > 1 else 1
             start = rng.randrange(len(words) - size + 1)
@@ -59,6 +61,7 @@ def timed(repeat: int, run) -> tuple[float, list]:
         start = time.perf_counter()
         result = run()
         best = min(best, time.perf_counter() - start)
+    assert result is not None, "--repeat must be at least 1"
     return best, result
 
 
@@ -114,10 +117,12 @@ def main() -> None:
     if args.gold:
         found = translator.translate_nbest(src, beam=args.beam, alignment=True)
         gold = [
-            {tuple(map(int, pair.split("-"))) for pair in line.split()}
+            {cast(tuple[int, int], tuple(map(int, pair.split("-")))) for pair in line.split()}
             for line in read_lines(args.gold)[: args.lines]
         ]
-        figures["aer"] = round(aer([best[0].alignment for best in found], gold), 4)
+        # alignment=True: every translation carries its alignment
+        aligned = [cast(list[tuple[int, int]], best[0].alignment) for best in found]
+        figures["aer"] = round(aer(aligned, gold), 4)
     for name, value in figures.items():
         print(f"{name}: {value}")
     print(json.dumps(figures))

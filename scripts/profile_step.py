@@ -41,7 +41,9 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,6 +77,7 @@ MODES = ("eager", "compiled", "cudagraphs")
 def objective_step(model, mode: str):
     """`step(batch, dtype)` -> the summed loss of the trainer's objective in `mode`."""
     objective = SmoothedObjective(model, 0.1)
+    module: Callable[..., Any]  # the objective, or torch.compile's wrapper of it
     if mode == "eager":
         module = objective
     else:

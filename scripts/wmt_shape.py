@@ -45,6 +45,6 @@ class RandomSentences(Sequence):
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def __getitem__(self, i: int) -> list[int]:
+    def __getitem__(self, i: int) -> list[int]:  # type: ignore[override]  # ints only, no slices
         rng = np.random.default_rng((self.seed, int(i)))
         return rng.integers(EOS_ID + 1, self.vocab, int(self.lengths[i])).tolist()
