@@ -333,6 +333,17 @@ class Trainer:
         return batch.to(self.device)
 
 
+# No buffer syncs before each forward: the only buffers are the fixed positional tables, equal on
+# every rank, and they grow on demand (a rank's longer batch would change the shape). torch 2.13
+# names the setting `forward_sync_buffers` (it still syncs once at start-up, where the tables are
+# equal) and warns on each rank at the older `broadcast_buffers`.
+NO_BUFFER_SYNC: dict[str, Any] = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    else {"broadcast_buffers": False}
+)
+
+
 def wrap_model(
     objective: SmoothedObjective, world: distributed.World, device: torch.device
 ) -> torch.nn.Module:
@@ -345,14 +356,3 @@ def wrap_model(
             objective, device_ids=ids, gradient_as_bucket_view=True, **NO_BUFFER_SYNC
         )
     return wrapped
-
-
-# No buffer syncs before each forward: the only buffers are the fixed positional tables, equal on
-# every rank, and they grow on demand (a rank's longer batch would change the shape). torch 2.13
-# renamed the setting and deprecated the old name with a warning each rank printed; the new one
-# still syncs once at start-up, where the tables are equal.
-NO_BUFFER_SYNC: dict[str, Any] = (
-    {"forward_sync_buffers": False}
-    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-    else {"broadcast_buffers": False}
-)

@@ -34,6 +34,7 @@ import attn_mt
 from attn_mt.checkpoint import load_checkpoint
 from attn_mt.configfile import config_from_dict, load_config
 from attn_mt.data.prepare import prepare_shards
+from attn_mt.data.text import read_lines
 from attn_mt.train.loop import Trainer
 
 pytestmark = pytest.mark.slow
@@ -381,15 +382,13 @@ def wmt_like(folder: Path) -> dict[str, Path]:
     multi30k = Path(os.environ["ATTN_MT_DATA"]) / "multi30k"
     files = {}
     for lang in ("en", "de"):
-        for name, split, count in (("train", "train", 6000), ("newstest2013", "val", None),
-                                   ("newstest2014", "val", 20)):  # fmt: skip
-            with gzip.open(multi30k / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-                lines = f.read().splitlines()[:count]
-            path = folder / (f"{name}.{lang}" + (".gz" if name == "train" else ""))
-            opener = gzip.open if name == "train" else open
-            with opener(path, "wt", encoding="utf-8") as f:
-                f.write("\n".join(lines) + "\n")
-            files[f"{name}.{lang}"] = path
+        train, valid = (read_lines(multi30k / f"{split}.{lang}.gz") for split in ("train", "val"))
+        files[f"train.{lang}"] = folder / f"train.{lang}.gz"
+        files[f"train.{lang}"].write_bytes(
+            gzip.compress("".join(f"{line}\n" for line in train[:6000]).encode())
+        )
+        files[f"newstest2013.{lang}"] = write_lines(folder / f"newstest2013.{lang}", valid)
+        files[f"newstest2014.{lang}"] = write_lines(folder / f"newstest2014.{lang}", valid[:20])
     return files
 
 
@@ -403,7 +402,7 @@ def test_wmt14_presets_train_under_torchrun_average_and_evaluate(preset, wmt_lik
              for split, name in (("train", "train"), ("valid", "newstest2013"),
                                  ("test", "newstest2014"))
              for side, lang in (("src", "en"), ("tgt", "de"))}  # fmt: skip
-    # Not compiled: Inductor takes 25-50 s on two small cores; compiled DDP is
+    # Not compiled: Inductor's C++ build would take most of a minute here; compiled DDP is
     # tests/unit/train/test_compile.py's.
     short = {"train.max_steps": 6, "train.eval_every": 3, "train.valid_loss_every": 2,
              "train.compile": "false"}  # fmt: skip
