@@ -232,7 +232,7 @@ def mask_free_attention(ctx: Context) -> Figures:
             # a decoder that passed one to self-attention is an error here. Cross-attention is
             # given no source mask for this call (flash would refuse it too); not compared.
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                model.decode(tgt_in, memory, cast(torch.Tensor, None))  # accepts None: no mask
+                model.decode(tgt_in, memory, None)
         mask_free = model.decode(tgt_in, memory, src_mask).float()
         self_mask = causal_mask(tgt_in.size(1), ctx.device) & (tgt_in != PAD_ID)[:, None, None]
         y = model.tgt_embed(tgt_in)

@@ -173,7 +173,7 @@ class DecoderLayer(nn.Module):
         y: torch.Tensor,
         memory: torch.Tensor,
         self_mask: torch.Tensor | None,
-        src_mask: torch.Tensor,
+        src_mask: torch.Tensor | None,
         cache: tuple[KVCache, KVCache] | None = None,
         causal: bool = False,
     ) -> torch.Tensor:
@@ -271,7 +271,7 @@ class Transformer(nn.Module):
         self,
         tgt: torch.Tensor,
         memory: torch.Tensor,
-        src_mask: torch.Tensor,
+        src_mask: torch.Tensor | None,
         cache: DecoderCache | None = None,
     ) -> torch.Tensor:
         """Target prefix ids (B, T) -> next-token logits (B, T, V): `output` of the final states.
@@ -280,7 +280,7 @@ class Transformer(nn.Module):
         positions <= t (the pads after a row's last token are never among them; the logits at
         pad positions are not meaningful). With a cache, `tgt` holds only the new step(s) (no
         padding): earlier keys and values come from the cache and positions continue where
-        the cache ends.
+        the cache ends. `src_mask` None: every memory position is a real one (no padding).
         """
         return self.output(self._decoder_states(tgt, memory, src_mask, cache))  # (B, T, V)
 
@@ -288,7 +288,7 @@ class Transformer(nn.Module):
         self,
         tgt: torch.Tensor,
         memory: torch.Tensor,
-        src_mask: torch.Tensor,
+        src_mask: torch.Tensor | None,
         cache: DecoderCache | None = None,
     ) -> torch.Tensor:
         """`decode` short of the output projection: the decoder's final states (B, T, D)."""
