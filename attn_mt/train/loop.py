@@ -177,6 +177,8 @@ class Trainer:
             self.source.prepare(t.accumulate, self._place)
             pending: Pending | None = None  # launched, not read yet
             while not (stopped_by := self._stop_reason()):
+                if (took := self.validator.loss_if_due(self.runlog)) is not None:
+                    self.window.pause(took)  # tokens/s counts training only
                 lrs = self._set_lr(pending)
                 launched = replace(self.update(), lrs=lrs, after_pending=pending is not None)
                 if pending is not None:
@@ -263,7 +265,7 @@ class Trainer:
         if step % t.log_every == 0:
             self.runlog.training(step, *self.line)
             self.window = TrainWindow()
-        took = self.validator.at_step(self.runlog, self.clock)  # None: nothing was due
+        took = self.validator.at_step(self.runlog, self.clock)  # None: no validation was due
         if took is not None:
             self.agreement.forget()  # rank 0 alone knows whether a validation improved
             self.window.pause(took)  # tokens/s counts training only

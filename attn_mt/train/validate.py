@@ -178,6 +178,7 @@ class Validator:
         self.translator, self.dtype = translator, dtype
         self.monitor, self.stop_signal = monitor, stop_signal
         self.plots = PlotBudget(PLOT_SHARE)
+        self.loss_due = False  # the loss alone is due at the step last read (`loss_if_due`)
 
     def validate(self) -> Validation | None:
         """Validation loss/perplexity (teacher forcing) and BLEU/chrF of search output, on
@@ -205,12 +206,18 @@ class Validator:
             raise Interrupted
 
     def at_step(self, runlog: RunLog, clock: RunClock) -> float | None:
-        """After an update: a validation at eval_every (`at_interval`), else the loss alone
-        when due (`loss_at_interval`); the seconds it took, None when neither was due."""
+        """After an update: a validation at eval_every (`at_interval`); the seconds it took,
+        None when none was due. The loss alone, when due, waits for `loss_if_due`."""
         t, step = self.state.cfg.train, self.state.progress.step
-        if step % t.eval_every == 0:
-            return self.at_interval(runlog, clock)
-        return self.loss_at_interval(runlog) if t.checks_loss_alone(step) else None
+        self.loss_due = t.checks_loss_alone(step)
+        return self.at_interval(runlog, clock) if step % t.eval_every == 0 else None
+
+    def loss_if_due(self, runlog: RunLog) -> float | None:
+        """The loss alone (`loss_at_interval`) if the update last read was due one; the loop
+        asks once it knows the run goes on, as a run that stops there validates at that step,
+        its loss included. The seconds it took on this rank, None when none was due."""
+        due, self.loss_due = self.loss_due, False
+        return self.loss_at_interval(runlog) if due else None
 
     def at_interval(self, runlog: RunLog, clock: RunClock) -> float:
         """A validation at eval_every (`validate_and_save`), timed on the run's clock, which

@@ -553,13 +553,21 @@ def test_nan_before_any_checkpoint_says_none_was_written(
 # Stopping rules; every stop leaves a loadable last.pt (and best.pt unless interrupted)
 
 
+LOSS_ALONE = {"valid_loss_every": 1}  # where the end is not known before its update is read
+
+
 @pytest.mark.parametrize(
     ("reason", "train", "bleus", "steps"),
     [
         ("max_steps", {"max_steps": 3}, (), 3),
-        ("max_epochs", {"max_steps": 0, "max_epochs": 1, "batch_tokens": 6000}, (), 9),
+        (
+            "max_epochs",
+            {"max_steps": 0, "max_epochs": 1, "batch_tokens": 6000, **LOSS_ALONE},
+            (),
+            9,
+        ),
         ("early stopping", {"max_steps": 50, "eval_every": 1, "patience": 2}, (10, 20, 15, 15), 4),
-        ("max_minutes", {"max_steps": 0, "max_minutes": 1e-6}, (), None),
+        ("max_minutes", {"max_steps": 0, "max_minutes": 1e-6, **LOSS_ALONE}, (), None),
         ("signal", {"max_steps": 50}, (), 2),
     ],
     ids=["max_steps", "max_epochs", "early_stopping", "max_minutes", "signal"],
@@ -589,6 +597,12 @@ def test_every_stop_writes_a_loadable_last_checkpoint(
         return
     best = load_raw(folder / "best.pt")
     assert best["format"] == FORMAT and best["metrics"]["bleu"] == max(bleus, default=0.0)
+    lines = metrics_lines(Path(cfg.train.out_dir))
+    checks = [(m["step"], m["split"]) for m in lines if m["split"] != "train"]
+    # The last step is validated, its loss included: no check of the loss alone before that.
+    assert checks[-1] == (result.step, "valid") and (result.step, "valid_loss") not in checks
+    if "valid_loss_every" in train:
+        assert [(step, "valid_loss") for step in range(1, result.step)] == checks[:-1]
     if reason == "early stopping":
         assert best["step"] == 2 and last["train_state"]["progress"]["bad_evals"] == 2
 
