@@ -17,10 +17,12 @@ import gzip
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
+from unittest import mock
 
 import pytest
 import torch
@@ -33,7 +35,8 @@ from helpers.workspace import run_cli
 import attn_mt
 from attn_mt.checkpoint import load_checkpoint
 from attn_mt.configfile import config_from_dict, load_config
-from attn_mt.data.prepare import prepare_shards
+from attn_mt.data.prepare import plan, prepare_shards
+from attn_mt.data.shards import MANIFEST
 from attn_mt.data.text import read_lines
 from attn_mt.train.loop import Trainer
 
@@ -72,6 +75,38 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=180,
     )
+
+
+def torchrun_machines(*args: str, caches: list[str]) -> list[subprocess.CompletedProcess]:
+    """One torchrun per simulated machine on localhost, each with one process and its own cache
+    folder (`ATTN_MT_CACHE`), joined by the static rendezvous on a free port, as on real
+    machines: `--nnodes`, `--node-rank` and rank 0's machine as the master. Output captured."""
+    assert args[-2:] == ON_CPU, "pin the device: auto picks a GPU"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    launches = []
+    for node, cache in enumerate(caches):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "ATTN_MT_CACHE": cache}
+        command = [
+            str(BIN / "torchrun"), f"--nnodes={len(caches)}", f"--node-rank={node}",
+            "--nproc_per_node=1", "--master-addr=127.0.0.1", f"--master-port={port}", *args,
+        ]  # fmt: skip
+        launches.append(
+            subprocess.Popen(
+                command,
+                cwd=REPO,
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )  # fmt: skip
+        )
+    done = []
+    for launch in launches:
+        stdout, stderr = launch.communicate(timeout=180)
+        done.append(subprocess.CompletedProcess(launch.args, launch.returncode, stdout, stderr))
+    return done
 
 
 def check(proc: subprocess.CompletedProcess) -> None:
@@ -339,21 +374,35 @@ TINY_AND_SHORT = {
 }
 
 
-def train_shipped(config: Path, overrides: dict[str, Any], run: Path) -> str:
+def train_shipped(
+    config: Path, overrides: dict[str, Any], run: Path, machines: bool = False
+) -> str:
     """`config` trained by two processes with `overrides` into `run`, its data prepared first,
     as `attn-mt prepare` makes it (here in this process, which has torch imported already: the
     budget counts start-up, and six corpora's took all of it on a loaded machine, a final
-    validation at step 0 and no update). Returns torchrun's stderr."""
+    validation at step 0 and no update). `machines`: the two processes on two simulated
+    machines (`torchrun_machines`), the second of which prepares its own copy of the data.
+    Returns rank 0's stderr."""
     overrides = {**overrides, "train.out_dir": run}
     sets = [arg for k, v in overrides.items() for arg in ("--set", f"{k}={v}")]
     settings = [f"{k}={v}" for k, v in overrides.items()]
-    prepare_shards(load_config(config, settings, training=False), workers=1, repair=True)
-    proc = torchrun("-m", "attn_mt", "train", "--config", str(config), *sets, *ON_CPU)
-    check(proc)
+    cfg = load_config(config, settings, training=False)
+    prepare_shards(cfg, workers=1, repair=True)
+    args = ("-m", "attn_mt", "train", "--config", str(config), *sets, *ON_CPU)
+    if machines:
+        second = run.parent / "second-machine-cache"
+        procs = torchrun_machines(*args, caches=[os.environ["ATTN_MT_CACHE"], str(second)])
+        with mock.patch.dict(os.environ, {"ATTN_MT_CACHE": str(second)}):
+            assert (plan(cfg).folder / MANIFEST).is_file(), "the second machine prepared nothing"
+    else:
+        procs = [torchrun(*args)]
+    for proc in procs:
+        check(proc)
+        # A shipped config on the torch CI installs warns of nothing (torch 2.13 deprecated
+        # DDP's `broadcast_buffers` with a warning per rank).
+        assert "warning" not in proc.stderr.lower(), proc.stderr[-3000:]
+    proc = procs[0]
     assert "is up to date" in proc.stderr, "the run prepared its data again"
-    # A shipped config on the torch CI installs warns of nothing (torch 2.13 deprecated
-    # DDP's `broadcast_buffers` with a warning per rank).
-    assert "warning" not in proc.stderr.lower(), proc.stderr[-3000:]
     steps = [line["step"] for line in train_lines(run)]
     assert steps and steps[-1] >= 2, f"too few updates:\n{proc.stderr[-3000:]}"
     assert (run / "checkpoints" / "best.pt").is_file()
@@ -398,8 +447,9 @@ def wmt_like(folder: Path) -> dict[str, Path]:
 def test_wmt14_presets_train_under_torchrun_average_and_evaluate(preset, wmt_like, tmp_path):
     """Each WMT14 preset, as shipped (its batch, accumulation, schedule, loss-only checks,
     validation subset and kept checkpoints) but for a tiny model, WMT-like files and 6
-    updates, trains on two processes; then its documented end: the kept step_N.pt averaged
-    and the average evaluated on the test set."""
+    updates, trains on two processes (base's on two simulated machines, each preparing its
+    own data); then its documented end: the kept step_N.pt averaged and the average
+    evaluated on the test set."""
     files = {f"data.{split}.{side}": wmt_like[f"{name}.{lang}"]
              for split, name in (("train", "train"), ("valid", "newstest2013"),
                                  ("test", "newstest2014"))
@@ -409,7 +459,8 @@ def test_wmt14_presets_train_under_torchrun_average_and_evaluate(preset, wmt_lik
     short = {"train.max_steps": 6, "train.eval_every": 3, "train.valid_loss_every": 2,
              "train.compile": "false"}  # fmt: skip
     run = tmp_path / "run"
-    stderr = train_shipped(preset, {**TINY_AND_SHORT, **files, **short}, run)
+    two_machines = preset.stem.endswith("_base")
+    stderr = train_shipped(preset, {**TINY_AND_SHORT, **files, **short}, run, two_machines)
     assert "(loss only)" in (run / "train.log").read_text(), stderr[-3000:]
     kept = sorted((run / "checkpoints").glob("step_*.pt"))
     assert [p.name for p in kept] == ["step_3.pt", "step_6.pt"]
