@@ -177,8 +177,7 @@ class Trainer:
             self.source.prepare(t.accumulate, self._place)
             pending: Pending | None = None  # launched, not read yet
             while not (stopped_by := self._stop_reason()):
-                if (took := self.validator.loss_if_due(self.runlog)) is not None:
-                    self.window.pause(took)  # tokens/s counts training only
+                self.window.pause(self.validator.loss_if_due(self.runlog))  # not in tokens/s
                 lrs = self._set_lr(pending)
                 launched = replace(self.update(), lrs=lrs, after_pending=pending is not None)
                 if pending is not None:

@@ -212,12 +212,12 @@ class Validator:
         self.loss_due = t.checks_loss_alone(step)
         return self.at_interval(runlog, clock) if step % t.eval_every == 0 else None
 
-    def loss_if_due(self, runlog: RunLog) -> float | None:
+    def loss_if_due(self, runlog: RunLog) -> float:
         """The loss alone (`loss_at_interval`) if the update last read was due one; the loop
         asks once it knows the run goes on, as a run that stops there validates at that step,
-        its loss included. The seconds it took on this rank, None when none was due."""
+        its loss included. The seconds it took on this rank (0 when none was due)."""
         due, self.loss_due = self.loss_due, False
-        return self.loss_at_interval(runlog) if due else None
+        return self.loss_at_interval(runlog) if due else 0.0
 
     def at_interval(self, runlog: RunLog, clock: RunClock) -> float:
         """A validation at eval_every (`validate_and_save`), timed on the run's clock, which
