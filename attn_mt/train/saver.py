@@ -23,15 +23,20 @@ import torch
 from attn_mt.checkpoint import WriteAbandoned, save_checkpoint
 
 
-def cpu_copy(value: Any) -> Any:
+def cpu_copy(value: Any, copies: dict[int, torch.Tensor] | None = None) -> Any:
     """`value` with every tensor in it copied to the CPU (a new tensor even on the CPU), and
-    every dict, list and tuple rebuilt, so that training on may change none of it."""
+    every dict, list and tuple rebuilt, so that training on may change none of it. A tensor
+    met again (in `copies`, by identity: the same weights in best.pt, step_N.pt and last.pt)
+    is copied once."""
+    copies = {} if copies is None else copies
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        if id(value) not in copies:  # the originals outlive the call, so no id is reused
+            copies[id(value)] = value.detach().to("cpu", copy=True)
+        return copies[id(value)]
     if isinstance(value, dict):
-        return {k: cpu_copy(v) for k, v in value.items()}
+        return {k: cpu_copy(v, copies) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(cpu_copy(v) for v in value)
+        return type(value)(cpu_copy(v, copies) for v in value)
     return value
 
 
@@ -47,7 +52,8 @@ class CheckpointWriter:
         """Write each (state, path) of `files` in order, then delete the `drop` paths, in the
         background; the states are copied before this returns."""
         self.wait()
-        copies = [(cpu_copy(state), path) for state, path in files]
+        tensors: dict[int, torch.Tensor] = {}  # each copied once, whichever files hold it
+        copies = [(cpu_copy(state, tensors), path) for state, path in files]
         # Not a daemon: a process that ends (or fails) with a write in flight finishes it.
         self._thread = threading.Thread(
             target=self._write, args=(copies, list(drop)), name="attn-mt checkpoint writer"

@@ -28,6 +28,28 @@ def test_cpu_copy_is_independent_of_the_original() -> None:
     assert copied["groups"][0]["lr"] == 1.0
 
 
+def test_a_save_copies_each_tensor_once_whichever_files_hold_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """best.pt, step_N.pt and last.pt hold the same weights: the host holds one copy of them,
+    not three; and each file still holds what was submitted."""
+    weights, moments = torch.arange(4.0), torch.ones(2)
+    model = {"w": weights}
+    last = {"model": model, "train_state": {"optimizer": {"exp_avg": moments}}}
+    written: dict[str, dict] = {}
+    monkeypatch.setattr(
+        saver, "save_checkpoint", lambda state, path, *_: written.update({path.name: state})
+    )
+    writer = saver.CheckpointWriter()
+    files = [({"model": model}, tmp_path / "best.pt"), ({"model": model}, tmp_path / "step_3.pt")]
+    writer.submit([*files, (last, tmp_path / "last.pt")], [])
+    writer.wait()
+    copies = [written[name]["model"]["w"] for name in ("best.pt", "step_3.pt", "last.pt")]
+    assert {copy.data_ptr() for copy in copies} == {copies[0].data_ptr()} != {weights.data_ptr()}
+    assert torch.equal(copies[0], weights)
+    assert torch.equal(written["last.pt"]["train_state"]["optimizer"]["exp_avg"], moments)
+
+
 def test_a_failed_write_is_raised_at_the_next_wait(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
