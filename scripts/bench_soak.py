@@ -37,6 +37,7 @@ from bench_train import ROOT, Reference, _cpu_name, train_steps  # noqa: E402
 
 from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
 from attn_mt.precision import resolve_device  # noqa: E402
+from attn_mt.train.budget import RunClock  # noqa: E402
 from attn_mt.train.loop import Trainer  # noqa: E402
 from attn_mt.train.runlog import RunLog  # noqa: E402
 
@@ -97,9 +98,9 @@ class Soak:
         self.batches.append(batch)
         return batch
 
-    def _validate(self, runlog: RunLog) -> None:
+    def _validate(self, runlog: RunLog, clock: RunClock) -> None:
         began = time.perf_counter()
-        self.validate(runlog)
+        self.validate(runlog, clock)
         self.valid_s += time.perf_counter() - began
 
     def _update(self):

@@ -6,9 +6,10 @@ ranks stop at the same update and set the same lr).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -36,10 +37,38 @@ class RunClock:
     last_validation: float = 0.0  # seconds the latest validation took (0: none yet)
     now: Callable[[], float] = time.monotonic  # tests pass a fake clock
     validating: float = 0.0  # seconds this process spent validating
+    earlier: float = 0.0  # seconds the run's earlier processes took (0 for a new run)
+    spent: dict[str, float] = field(default_factory=dict)  # this process's, by `phase`
     training_began: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.training_began = self.now()
+
+    @classmethod
+    def of(cls, began: float, progress: TrainProgress, now: Callable[[], float]) -> RunClock:
+        """The clock of a process that began at `began` (a `now()`) and goes on from
+        `progress` (a new run's: step 0, no time yet); its training begins now."""
+        elapsed = progress.elapsed
+        return cls(began - elapsed, progress.step, progress.validation_seconds, now, 0.0, elapsed)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Count the time inside towards `name` (a validation, the checkpoints) in this
+        process's `timesheet`."""
+        began = self.now()
+        try:
+            yield
+        finally:
+            self.spent[name] = self.spent.get(name, 0.0) + self.now() - began
+
+    def timesheet(self) -> dict[str, float]:
+        """This process's seconds so far: its start-up (until training began: the data, the
+        model, the compile choice), then the updates (all that no `phase` took) and each
+        phase's, by name."""
+        began = self.start + self.earlier
+        start_up, phases = self.training_began - began, sum(self.spent.values())
+        updates = self.now() - self.training_began - phases
+        return {"start-up": start_up, "updates": updates, **dict(sorted(self.spent.items()))}
 
     def elapsed(self) -> float:
         """Seconds the run has taken so far."""

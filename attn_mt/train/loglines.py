@@ -191,6 +191,21 @@ def log_finish(
     log.info("run folder: %s; %s", t.out_dir, continue_command(t, stopped_by))
 
 
+def log_timesheet(sheet: dict[str, float]) -> None:
+    """Where this process's time went (`RunClock.timesheet`): each part and its share."""
+    total = sum(sheet.values())
+    parts = ", ".join(
+        f"{name} {span(seconds)} ({100 * seconds / max(total, 1e-9):.1f}%)"
+        for name, seconds in sheet.items()
+    )
+    log.info("time in this process %s: %s", span(total), parts)
+
+
+def span(seconds: float) -> str:
+    """Seconds to one decimal under a minute, else as `clock` says them."""
+    return f"{seconds:.1f} s" if seconds < 60 else clock(seconds)
+
+
 def continue_command(t: TrainConfig, stopped_by: str) -> str:
     """What continues a run that stopped so: one command whatever config or `--set` started
     it, since the run folder holds its resolved config."""

@@ -173,11 +173,11 @@ class Trainer:
             probe_largest_batch(self.model, self.source, self.dtype, t.label_smoothing)
             self._choose_compiled()
             p = self.progress
-            self.clock = RunClock(self.began - p.elapsed, p.step, p.validation_seconds, self.now)
+            self.clock = RunClock.of(self.began, p, self.now)
             self.source.prepare(t.accumulate, self._place)
             pending: Pending | None = None  # launched, not read yet
             while not (stopped_by := self._stop_reason()):
-                self.window.pause(self.validator.loss_if_due(self.runlog))  # not in tokens/s
+                self.window.pause(self.validator.loss_if_due(self.runlog, self.clock))
                 lrs = self._set_lr(pending)
                 launched = replace(self.update(), lrs=lrs, after_pending=pending is not None)
                 if pending is not None:
@@ -191,7 +191,7 @@ class Trainer:
             if self.window.updates:  # a run shorter than log_every has its curves too
                 self.runlog.training(self.progress.step, *self.line)
             self.progress.elapsed = self.clock.elapsed()
-            self.validator.finish(stopped_by, self.runlog)
+            self.validator.finish(stopped_by, self.runlog, self.clock)
         p, signal_name = self.progress, self.signals.name
         return TrainResult(p.step, p.best_score, t.select_metric, stopped_by, self.out, signal_name)
 

@@ -24,7 +24,7 @@ from attn_mt.scores import score
 from attn_mt.train.budget import RunClock
 from attn_mt.train.corpus import Corpus
 from attn_mt.train.directions import validate_directions
-from attn_mt.train.loglines import log_finish, valid_share
+from attn_mt.train.loglines import log_finish, log_timesheet, valid_share
 from attn_mt.train.loss import SmoothedObjective, perplexity
 from attn_mt.train.runlog import Monitor, RunLog, Validation
 from attn_mt.train.shared_search import Interrupted, shared_search
@@ -212,12 +212,15 @@ class Validator:
         self.loss_due = t.checks_loss_alone(step)
         return self.at_interval(runlog, clock) if step % t.eval_every == 0 else None
 
-    def loss_if_due(self, runlog: RunLog) -> float:
+    def loss_if_due(self, runlog: RunLog, clock: RunClock) -> float:
         """The loss alone (`loss_at_interval`) if the update last read was due one; the loop
         asks once it knows the run goes on, as a run that stops there validates at that step,
         its loss included. The seconds it took on this rank (0 when none was due)."""
         due, self.loss_due = self.loss_due, False
-        return self.loss_at_interval(runlog) if due else 0.0
+        if not due:
+            return 0.0
+        with clock.phase("loss only"):
+            return self.loss_at_interval(runlog)
 
     def at_interval(self, runlog: RunLog, clock: RunClock) -> float:
         """A validation at eval_every (`validate_and_save`), timed on the run's clock, which
@@ -225,7 +228,7 @@ class Validator:
         progress = self.state.progress
         began = clock.now()
         progress.elapsed = clock.elapsed()
-        self.validate_and_save(runlog)
+        self.validate_and_save(runlog, clock)
         took = progress.validation_seconds = clock.now() - began
         clock.validated(took)
         return took
@@ -253,15 +256,19 @@ class Validator:
             runlog.validation_loss(self.state.progress.step, mean, took, self.share())
         return took
 
-    def validate_and_save(self, runlog: RunLog) -> None:
-        """Validate on rank 0, log it, and write the checkpoints (best.pt if it improved)."""
+    def validate_and_save(self, runlog: RunLog, clock: RunClock) -> None:
+        """Validate on rank 0, log it, and write the checkpoints (best.pt if it improved);
+        each part timed as a `clock.phase`."""
         state, progress = self.state, self.state.progress
         step, metric = progress.step, state.cfg.train.select_metric
         result: Validation | None = None
         improved = False
         device = state.device
         try:  # on every rank: each searches its share of the sentences
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            with (
+                clock.phase("validation"),
+                torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+            ):
                 result = self.validate()
                 if result is not None and self.plots.due():
                     start = time.perf_counter()
@@ -283,24 +290,25 @@ class Validator:
             best = (metric, progress.best_score)
             runlog.validation(step, result, improved, best, self.share())
         progress.last_valid_step = step
-        state.save(best=improved, metrics=result.metrics if result else None)
+        with clock.phase("checkpoints"):
+            state.save(best=improved, metrics=result.metrics if result else None)
 
-    def finish(self, stopped_by: str, runlog: RunLog) -> None:
+    def finish(self, stopped_by: str, runlog: RunLog, clock: RunClock) -> None:
         """End a run: a stopped run saves last.pt; a finished one validates unless it just did.
         Returns once the checkpoints are on disk and every rank is here."""
         state, progress = self.state, self.state.progress
         step = progress.step
         if progress.skipped:
             log.info("%d updates skipped for NaN/inf so far", progress.skipped)
-        if stopped_by == "signal":
-            if state.saved_step != step:  # not written already by an interrupted validation
+        if stopped_by != "signal" and progress.last_valid_step != step:
+            self.validate_and_save(runlog, clock)  # and its checkpoints
+        elif stopped_by != "signal" or state.saved_step != step:  # a signal's last.pt may be
+            with clock.phase("checkpoints"):  # written already, by an interrupted validation
                 state.save(best=False)
-        elif progress.last_valid_step != step:
-            self.validate_and_save(runlog)
-        else:
-            state.save(best=False)
-        state.writer.wait()
+        with clock.phase("checkpoints"):
+            state.writer.wait()
         distributed.barrier(state.world)  # no rank leaves before rank 0 has written last.pt
+        log_timesheet(clock.timesheet())
         signal = self.stop_signal()
         log_finish(stopped_by, signal, step, state.cfg.train, progress.best_score, self.share())
 

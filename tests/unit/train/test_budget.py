@@ -19,6 +19,7 @@ from attn_mt.config import Config, TrainConfig
 from attn_mt.train.budget import RunClock
 from attn_mt.train.loop import Trainer
 from attn_mt.train.schedule import learning_rate
+from attn_mt.train.state import TrainProgress
 
 UPDATE_SECONDS, VALIDATION_SECONDS = 1.0, 1.5
 BUDGET = {"max_steps": 0, "max_minutes": 10 / 60, "schedule": "linear", "warmup": 2}
@@ -49,7 +50,7 @@ def timed_run(cfg: Config, clock: FakeTime, resume: bool = False, stop_after: in
             trainer.signals.name = "SIGTERM"
         return result
 
-    def slow_validation(runlog) -> None:
+    def slow_validation(runlog, run_clock) -> None:
         trainer.progress.last_valid_step = trainer.progress.step
         clock.now += VALIDATION_SECONDS
 
@@ -119,6 +120,28 @@ def test_after_a_validation_the_deadline_keeps_back_its_time() -> None:
     # A resumed run reads the latest validation's time back from last.pt.
     resumed = RunClock(start=-50.0, first_step=40, last_validation=30.0, now=lambda: 0.0)
     assert resumed.deadline(TWO_MINUTES) == 90.0
+
+
+def test_the_timesheet_splits_this_process_time_into_disjoint_parts() -> None:
+    """Start-up until training began, each phase's time, and the updates as the rest; a
+    resumed process counts its own time only, not the earlier processes' (`earlier`)."""
+    now = [100.0]
+    resumed = TrainProgress(step=40, elapsed=1000.0, validation_seconds=3.0)
+    clock = RunClock.of(began=40.0, progress=resumed, now=lambda: now[0])  # 60 s of start-up
+    assert clock.elapsed() == 1060.0  # the run's clock still counts the earlier processes
+    for phase, seconds in [("validation", 7.0), ("checkpoints", 0.5), ("validation", 3.0)]:
+        now[0] += 10.0  # updates between the phases
+        with clock.phase(phase):
+            now[0] += seconds
+    with pytest.raises(RuntimeError), clock.phase("loss only"):  # timed however it ends
+        now[0] += 2.0
+        raise RuntimeError
+    sheet = clock.timesheet()
+    assert list(sheet.items()) == [
+        ("start-up", 60.0), ("updates", 30.0), ("checkpoints", 0.5), ("loss only", 2.0),
+        ("validation", 10.0),
+    ]  # fmt: skip
+    assert sum(sheet.values()) == now[0] - 40.0
 
 
 @pytest.mark.parametrize("schedule", ["linear", "cosine"])

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import signal
 import time
@@ -224,7 +225,9 @@ def test_loss_checks_between_validations_give_a_validations_loss_and_change_noth
 
     out, every = tmp_path / "run", tmp_path / "every"
     # Not logged at 2 and 4: their updates are read before the next is queued all the same.
+    began = time.monotonic()
     run(resume_config(toy_data, out, "fp32", valid_loss_every=2, log_every=5, keep_checkpoints=5))
+    wall = time.monotonic() - began
     lines = [m for m in metrics_lines(out) if m["split"] != "train"]
     assert [(m["step"], m["split"]) for m in lines] == [
         (2, "valid_loss"), (3, "valid"), (4, "valid_loss"), (6, "valid"),
@@ -245,6 +248,17 @@ def test_loss_checks_between_validations_give_a_validations_loss_and_change_noth
     assert (
         f"valid step 4: loss {lines[2]['loss']:.3f}  ppl {lines[2]['ppl']:.2f}  (loss only)" in log
     )
+    # The closing line's timesheet: the process's time, each part once, in shares that add up.
+    sheet = re.search(r"time in this process ([\d.]+) s: (.*)", log)
+    assert sheet, log[-2000:]
+    parts = re.findall(r"([a-z -]+) ([\d.]+) s \(([\d.]+)%\)", sheet[2])
+    names = ["start-up", "updates", "checkpoints", "loss only", "validation"]
+    assert [name.strip(", ") for name, _, _ in parts] == names
+    shares = [float(share) for _, _, share in parts]
+    assert sum(shares) == pytest.approx(100, abs=0.3) and min(shares) > 0
+    seconds = sum(float(part) for _, part, _ in parts)  # each rounded to 0.1 s
+    assert seconds == pytest.approx(float(sheet[1]), abs=0.05 * len(parts))
+    assert wall - 0.5 < float(sheet[1]) <= wall + 0.05  # the Trainer's life, less its return
     events = EventAccumulator(str(out / "tb"), size_guidance={"scalars": 0})
     events.Reload()
     assert [e.step for e in events.Scalars("valid/loss")] == [2, 3, 4, 6]
