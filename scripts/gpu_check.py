@@ -551,17 +551,23 @@ def kernel_bench(ctx: Context) -> Figures:
 
 
 def train_log_figures(log: str) -> Figures:
-    """From a train.log: the train.compile line (the choice and, for auto, ms/update each way)
-    and each validation's seconds by phase."""
+    """From a train.log: the train.compile line (the choice and, for auto, ms/update each way),
+    each validation's seconds by phase, and where the run's time went (its closing timesheet:
+    start-up, updates, validation, checkpoints, each with its share)."""
     chosen = re.findall(r"train\.compile \S+: .*$", log, flags=re.M)
     phases = re.findall(r"^\S+ \S+ (valid step \d+).*?\s{2}([\d.]+ s: .+)$", log, flags=re.M)
-    return {"compile": chosen[-1] if chosen else "no train.compile line"} | dict(phases)
+    sheet = re.findall(r"time in this process (.+)$", log, flags=re.M)
+    return {
+        "compile": chosen[-1] if chosen else "no train.compile line",
+        **dict(phases),
+        "time": sheet[-1] if sheet else "no timesheet line",
+    }
 
 
 def auto_compile_run(ctx: Context) -> Figures:
     """`attn-mt train` on Multi30k at transformer-base size with train.compile auto: what it
-    chose and the ms/update it measured each way, validation's seconds by phase, and the share
-    of the run's wall time that validation took."""
+    chose and the ms/update it measured each way, validation's seconds by phase, the run's
+    timesheet, and the share of the command's wall time that validation took."""
     start = time.monotonic()
     sets = (*BASE, "train.compile=auto", "train.max_steps=400", "train.eval_every=200",
             "train.valid_max_sentences=500")  # fmt: skip

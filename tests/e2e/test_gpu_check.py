@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -154,11 +155,14 @@ def test_gpu_check_uses_the_repository_venv_when_python3_has_no_torch(tmp_path: 
 
 def test_train_log_figures_read_a_real_run(monkeypatch, trained_run):
     """What the base-size check reports, read from a real train.log (the toy run, 2
-    validations): the train.compile line and each validation's seconds by phase."""
+    validations): the train.compile line, each validation's seconds by phase, and the
+    closing timesheet."""
     gpu_check = load_gpu_check(monkeypatch)
     log = (trained_run / "train.log").read_text()
     figures = gpu_check.train_log_figures(log)
     assert figures["compile"] == "train.compile false: eager (asked)"
+    parts = re.findall(r"([a-z -]+) [\d.:]+(?: s)? \([\d.]+%\)", figures.pop("time"))
+    assert [p.strip(", ") for p in parts] == ["start-up", "updates", "checkpoints", "validation"]
     valid = {k: v for k, v in figures.items() if k != "compile"}
     assert list(valid) == ["valid step 200", "valid step 400"]
     for seconds in valid.values():
