@@ -1,7 +1,8 @@
 """The run's time budget and its stopping rules: `RunClock` (the run's time, what is left of
-max_minutes, the time a time-driven lr reads), `stop_rules` (each rule as this process sees
-it) and, under torchrun, `RankAgreement` (the rules and the clock every rank takes, so all
-ranks stop at the same update and set the same lr).
+max_minutes, the time a time-driven lr reads, and where this process's time went),
+`stop_rules` (each rule as this process sees it) and, under torchrun, `RankAgreement` (the
+rules and the clock every rank takes, so all ranks stop at the same update and set the same
+lr).
 """
 
 from __future__ import annotations
