@@ -302,8 +302,9 @@ class Validator:
             log.info("%d updates skipped for NaN/inf so far", progress.skipped)
         if stopped_by != "signal" and progress.last_valid_step != step:
             self.validate_and_save(runlog, clock)  # and its checkpoints
-        elif stopped_by != "signal" or state.saved_step != step:  # a signal's last.pt may be
-            with clock.phase("checkpoints"):  # written already, by an interrupted validation
+        elif stopped_by != "signal" or state.saved_step != step:
+            # (a signal's last.pt may be written already, by an interrupted validation)
+            with clock.phase("checkpoints"):
                 state.save(best=False)
         with clock.phase("checkpoints"):
             state.writer.wait()
