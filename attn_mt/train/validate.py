@@ -261,14 +261,24 @@ class Validator:
         each part timed as a `clock.phase`."""
         state, progress = self.state, self.state.progress
         step, metric = progress.step, state.cfg.train.select_metric
-        result: Validation | None = None
         improved = False
+        with clock.phase("validation"):
+            result = self._validate_and_plot(runlog, step)
+            if result is not None:
+                improved = progress.record(result.metrics[metric], HIGHER_IS_BETTER[metric])
+                best = (metric, progress.best_score)
+                runlog.validation(step, result, improved, best, self.share())
+        progress.last_valid_step = step
+        with clock.phase("checkpoints"):
+            state.save(best=improved, metrics=result.metrics if result else None)
+
+    def _validate_and_plot(self, runlog: RunLog, step: int) -> Validation | None:
+        """`validate`, then the attention plot when its budget allows (`PlotBudget`); None on
+        the ranks but rank 0, and where a signal abandoned the validation itself."""
+        state, result = self.state, None
         device = state.device
         try:  # on every rank: each searches its share of the sentences
-            with (
-                clock.phase("validation"),
-                torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
-            ):
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 result = self.validate()
                 if result is not None and self.plots.due():
                     start = time.perf_counter()
@@ -281,17 +291,11 @@ class Validator:
                     )
                     result.seconds["plot"] = time.perf_counter() - start
                     self.plots.spent(result.seconds["plot"])
-        except Interrupted:
+        except Interrupted:  # a plot interrupted keeps its validation
             if state.world.is_main:
                 log.warning("%s: validation at step %d abandoned", self.stop_signal(), step)
         state.model.train()
-        if result is not None:
-            improved = progress.record(result.metrics[metric], HIGHER_IS_BETTER[metric])
-            best = (metric, progress.best_score)
-            runlog.validation(step, result, improved, best, self.share())
-        progress.last_valid_step = step
-        with clock.phase("checkpoints"):
-            state.save(best=improved, metrics=result.metrics if result else None)
+        return result
 
     def finish(self, stopped_by: str, runlog: RunLog, clock: RunClock) -> None:
         """End a run: a stopped run saves last.pt; a finished one validates unless it just did.
