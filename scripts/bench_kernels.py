@@ -3,13 +3,16 @@
 `attention`: torch's fused attention at the WMT shape (bf16, 8 heads of 64, ~25,600 tokens a
 batch: rows = tokens / length), forward and backward, per kernel: flash against
 memory-efficient for causal self-attention, and memory-efficient with a key-padding mask.
-`layernorm`: six pre-norm residual blocks, x + dropout(linear(LN(x))) with a float32 residual
-under bf16 autocast (as attn-mt's layers run), forward and backward, eagerly and through
-torch.compile with dynamic or static shapes, without Inductor's mix-order reductions or with
-their split size tuned, with coordinate-descent tuning or without persistent reductions: ms
-per pass and the device time of the layer-norm backward kernels (a large share of a compiled
-base step's: docs/gpu.md). A variant this torch's Inductor has no setting for is named with
-its unknown settings and skipped.
+`layernorm`: six post-norm residual blocks as the WMT presets have them, LN(x +
+dropout(linear(x))) with a float32 residual under bf16 autocast (as attn-mt's layers run),
+forward and backward, eagerly and through torch.compile with dynamic or static shapes; with
+Inductor's mix-order reductions (which fuse the rows' and the columns' sums of the layer-norm
+backward into one kernel) allowed several pipeline stages or held to one (torch 2.11's
+default; 2.13 allows several), without them, or with their split size tuned; with
+coordinate-descent tuning or without persistent reductions: ms per pass and the device time
+of the layer-norm backward kernels (a large share of a compiled base step's: docs/gpu.md).
+The most telling variants come first, since each compiles. A variant this torch's Inductor
+has no setting for is named with its unknown settings and skipped.
 
     python scripts/bench_kernels.py                      # both, on CUDA
     python scripts/bench_kernels.py --only attention
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -106,21 +110,30 @@ def attention(lengths: list[int]) -> dict:
 
 
 class Block(nn.Module):
-    """x + dropout(linear(LN(x))): a pre-norm sub-layer with a stand-in for the sub-layer."""
+    """LN(x + dropout(linear(x))): a post-norm sub-layer, a stand-in for the sub-layer."""
 
     def __init__(self) -> None:
         super().__init__()
         self.norm, self.linear = nn.LayerNorm(D_MODEL), nn.Linear(D_MODEL, D_MODEL)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + F.dropout(self.linear(self.norm(x)), 0.1, training=True)
+        return self.norm(x + F.dropout(self.linear(x), 0.1, training=True))
 
 
 LAYERNORM_VARIANTS = {  # name: (torch.compile's dynamic, or None for eager; Inductor settings)
     "eager": (None, {}),
     "compiled dynamic": (True, {}),
     # Inductor may fuse the rows' reduction (the input's gradient) with the columns' (the
-    # weight's and bias's) into one "mix-order" kernel: a suspect of the slow backward
+    # weight's and bias's) into one "mix-order" kernel: a suspect of the slow backward. On
+    # torch 2.11 that kernel loads its rows in one pipeline stage (2.13: up to three).
+    "compiled dynamic, mix-order multi-stage": (
+        True,
+        {"triton.mix_order_reduction_allow_multi_stages": True},
+    ),
+    "compiled dynamic, mix-order one stage": (
+        True,
+        {"triton.mix_order_reduction_allow_multi_stages": False},
+    ),
     "compiled dynamic, no mix-order reduction": (True, {"triton.mix_order_reduction": False}),
     "compiled dynamic, mix-order split size tuned": (
         True,
@@ -140,6 +153,35 @@ def has_setting(key: str) -> bool:
             return False
         owner = getattr(owner, part)
     return True
+
+
+def inductor_settings(pairs: Sequence[str]) -> dict[str, Any]:
+    """`KEY=VALUE` pairs as Inductor settings, each VALUE read as the setting's current type
+    (1/0 or true/false for a flag, an int for a number); a malformed pair or a KEY this
+    torch's Inductor lacks is a ValueError."""
+    settings: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not text:
+            raise ValueError(f"{pair!r}: give KEY=VALUE")
+        if not has_setting(key):
+            raise ValueError(f"{key}: not an Inductor setting of torch {torch.__version__}")
+        current = torch._inductor.config
+        for part in key.split("."):
+            current = getattr(current, part)
+        if isinstance(current, bool):
+            flags = {"1": True, "true": True, "0": False, "false": False}
+            if text.lower() not in flags:
+                raise ValueError(f"{pair!r}: {key} is a flag (1/0, true/false)")
+            settings[key] = flags[text.lower()]
+        elif isinstance(current, int) or current is None:
+            try:
+                settings[key] = int(text)
+            except ValueError:
+                raise ValueError(f"{pair!r}: {key} is a number") from None
+        else:
+            settings[key] = text
+    return settings
 
 
 def layernorm(length: int) -> dict:

@@ -512,9 +512,14 @@ def step_profile(ctx: Context) -> Figures:
     """profile_step.py --mode compiled --reference: transformer-base over a 32k vocabulary on
     25,000-token WMT-shaped batches, bf16, the trainer's loss: ms/step, tokens/s, MFU of the
     data sheet, the profiled kernels' milliseconds per update by kind, and `nn.Transformer`
-    eagerly on the same batches; then attn-mt again with train.bf16_stream. Its tables and
-    traces go to `--out`/profile_step/."""
-    turns = {"compiled": ["--reference"], "bf16 stream": ["--bf16-stream"]}
+    eagerly on the same batches; then, where this torch's Inductor holds its mix-order
+    reductions to one pipeline stage (torch 2.11, a suspect of the slow layer-norm backward),
+    attn-mt with several allowed; then attn-mt with train.bf16_stream. Its tables and traces
+    go to `--out`/profile_step/."""
+    turns = {"compiled": ["--reference"]}
+    if not getattr(torch._inductor.config.triton, STAGES, True):
+        turns["mix-order multi-stage"] = ["--inductor", f"triton.{STAGES}=1"]
+    turns["bf16 stream"] = ["--bf16-stream"]
     return profile_turns(ctx, turns, "profile_step")
 
 
@@ -525,6 +530,11 @@ def compiled_reference(ctx: Context) -> Figures:
     `--out`/profile_reference/."""
     turn = {"compiled reference": ["--compiled-reference", "--reference-only"]}
     return profile_turns(ctx, turn, "profile_reference", profile_steps=1)
+
+
+# Inductor's setting that lets a mix-order reduction (the layer-norm backward's rows and columns
+# summed in one kernel) pipeline its loads: off by default in torch 2.11, on in 2.13.
+STAGES = "mix_order_reduction_allow_multi_stages"
 
 
 def profile_turns(

@@ -21,6 +21,9 @@ With `--reference`, eager `nn.Transformer` (bench_train's `Reference`, its full 
 loss) is timed on the same batches; with `--compiled-reference` also the same through
 torch.compile (the model and its loss in one graph, as `compiled` compiles attn-mt's);
 `--reference-only` times those alone, for a run that compares them with an earlier profile's.
+`--inductor KEY=VALUE` (repeatable) sets an Inductor setting for the whole process before
+anything compiles (`triton.mix_order_reduction_allow_multi_stages=1`); its rows and files are
+named with it.
 `--count-shapes` counts the distinct batch shapes of one epoch of the bucketed corpus, as
 they are and with lengths rounded up to multiples.
 
@@ -50,6 +53,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_kernels import inductor_settings  # noqa: E402
 from bench_train import (  # noqa: E402
     DTYPES,
     SIZES,
@@ -289,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="time the references alone, not attn-mt")  # fmt: skip
     parser.add_argument("--count-shapes", action="store_true")
     parser.add_argument("--bf16-stream", action="store_true", help="train.bf16_stream (bf16 only)")
+    parser.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                        help="an Inductor setting for the whole process (repeatable)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="CPU smoke: tiny windows")
     parser.add_argument("--out", default=str(ROOT / "runs" / "profile_step"))
     args = parser.parse_args(argv)
@@ -301,6 +307,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--mode cudagraphs needs CUDA")
     if args.reference_only and not (args.reference or args.compiled_reference):
         parser.error("--reference-only needs --reference or --compiled-reference")
+    try:
+        settings = inductor_settings(args.inductor)
+    except ValueError as err:
+        parser.error(f"--inductor {err}")
+    torch._inductor.config.load_config(settings)  # before anything compiles
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     dtype = DTYPES[precision]
     out = Path(args.out)
@@ -312,14 +323,19 @@ def main(argv: list[str] | None = None) -> None:
     cfg = config_from_dict(raw)
     configure_kernels(deterministic=False, tf32=cfg.train.tf32)
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    label = args.mode + ("_bf16_stream" if args.bf16_stream else "")  # of the files it writes
-    ours = "attn-mt bf16 stream" if args.bf16_stream else "attn-mt"  # of its rows
+    tried = [f"{key}={value}" for key, value in settings.items()]
+    stream = ["bf16 stream"] if args.bf16_stream else []
+    ours = " ".join(["attn-mt", *stream, *tried])  # of its rows
+    label = "_".join(
+        [args.mode, *(["bf16_stream"] if stream else []), *(["inductor"] if tried else [])]
+    )
     print(f"{hardware}, torch {torch.__version__}, {label}, {precision}", flush=True)
 
     lengths = wmt_lengths(args.pairs)
     report: dict = {"mode": args.mode, "hardware": hardware, "torch": torch.__version__,
                     "precision": precision, "size": args.size, "vocab": args.vocab,
-                    "batch_tokens": args.batch_tokens, "bf16_stream": args.bf16_stream}  # fmt: skip
+                    "batch_tokens": args.batch_tokens, "bf16_stream": args.bf16_stream,
+                    "inductor": settings}  # fmt: skip
     if args.count_shapes:
         report["distinct_shapes"] = count_shapes(lengths, args.batch_tokens)
         print("distinct batch shapes in one epoch:", report["distinct_shapes"], flush=True)

@@ -199,10 +199,14 @@ def test_bench_turns_keep_the_rows_a_stopped_turn_printed_and_skip_the_rest(monk
         gpu_check.bench_turns(ctx, {"ok": turn([1]), "bad": turn([], "sys.exit(3)")})
 
 
-def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(monkeypatch, tmp_path):
+@pytest.mark.parametrize("multi_stage", [True, False], ids=["torch-2.13", "torch-2.11"])
+def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(
+    multi_stage, monkeypatch, tmp_path
+):
     """The compiled nn.Transformer check runs profile_step.py again, without attn-mt: its
     report holds nn.Transformer's rows alone, so attn-mt's are the step profile's, and its
-    files go to a folder of their own."""
+    files go to a folder of their own. Where Inductor holds mix-order reductions to one stage
+    by default (torch 2.11), the step profile tries several in a turn of its own."""
     gpu_check = load_gpu_check(monkeypatch)
     commands = []
 
@@ -211,6 +215,8 @@ def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(monk
         rows = []
         for name, command in turns.items():
             models = ["attn-mt bf16 stream"] if "--bf16-stream" in command else ["attn-mt"]
+            if "--inductor" in command:
+                models = [f"attn-mt {command[command.index('--inductor') + 1]}"]
             if "--reference-only" in command:
                 models = []
             if "--reference" in command:
@@ -223,8 +229,12 @@ def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(monk
 
     monkeypatch.setattr(gpu_check, "bench_turns", bench_turns)
     ctx = gpu_check.Context(tmp_path, torch.device("cpu"), deadline=time.monotonic() + 60)
-    profile, reference = gpu_check.step_profile(ctx), gpu_check.compiled_reference(ctx)
-    assert profile["turns"] == {"compiled": "done", "bf16 stream": "done"}
+    stages = f"triton.{gpu_check.STAGES}"
+    with torch._inductor.config.patch({stages: multi_stage}):
+        profile, reference = gpu_check.step_profile(ctx), gpu_check.compiled_reference(ctx)
+    tried = [] if multi_stage else ["mix-order multi-stage"]
+    assert list(profile["turns"]) == ["compiled", *tried, "bf16 stream"]
+    assert (f"attn-mt {stages}=1 fixed" in profile) == (not multi_stage)
     assert profile["attn-mt fixed"]["turn"] == "compiled"
     assert profile["nn.Transformer bucketed"]["turn"] == "compiled"
     assert set(reference) == {"nn.Transformer compiled fixed", "nn.Transformer compiled bucketed",

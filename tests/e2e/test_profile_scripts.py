@@ -18,25 +18,31 @@ import bench_train  # noqa: E402
 import profile_step  # noqa: E402
 
 TOY = ["--size", "config", "--vocab", "300", "--batch-tokens", "400", "--pairs", "2000"]
+STAGES = "mix_order_reduction_allow_multi_stages"  # an Inductor setting the GPU lease tries
 
 
 def test_eager_profile_reports_every_model_and_shape(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """In bf16 with the bf16 stream: its rows and files are named for it. nn.Transformer
-    comes eagerly and compiled (Dynamo's eager backend here: the CPU's Inductor would take
-    minutes); the compiled one's graphs are its own, made in its warm-up: the timed windows,
-    whose shapes the warm-ups saw, add none."""
+    """In bf16 with the bf16 stream and an Inductor setting: its rows and files are named for
+    them. nn.Transformer comes eagerly and compiled (Dynamo's eager backend here: the CPU's
+    Inductor would take minutes); the compiled one's graphs are its own, made in its warm-up:
+    the timed windows, whose shapes the warm-ups saw, add none."""
     compile_ = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend="eager", **kw))
     out = tmp_path / "profile"
-    profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--count-shapes",
-                       "--device", "cpu", "--precision", "bf16", "--bf16-stream",
-                       "--compiled-reference", "--out", str(out)])  # fmt: skip
+    config, key = torch._inductor.config, f"triton.{STAGES}"
+    with config.patch({key: getattr(config.triton, STAGES)}):  # the process's: restored after
+        profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--count-shapes",
+                           "--device", "cpu", "--precision", "bf16", "--bf16-stream",
+                           "--compiled-reference", "--inductor", f"triton.{STAGES}=0",
+                           "--out", str(out)])  # fmt: skip
+        assert getattr(config.triton, STAGES) is False
     lines = capsys.readouterr().out.strip().splitlines()
     report = json.loads(lines[-1])
     assert report["bf16_stream"] is True and report["precision"] == "bf16"
-    assert report == json.loads((out / "eager_bf16_stream.json").read_text())
+    assert report["inductor"] == {f"triton.{STAGES}": False}
+    assert report == json.loads((out / "eager_bf16_stream_inductor.json").read_text())
     rows = [json.loads(line[len("result ") :]) for line in lines if line.startswith("result {")]
     assert {row.pop("row"): row for row in rows} == {  # what gpu_check.py keeps of a stopped run
         key: value for key, value in report.items() if key.endswith(("fixed", "bucketed"))
@@ -45,7 +51,8 @@ def test_eager_profile_reports_every_model_and_shape(
     counts = [shapes[f"x{m}"] for m in (1, 8, 16, 32, 64)]
     assert counts == sorted(counts, reverse=True)  # rounding up merges shapes, never splits
     assert counts[-1] >= 1 and counts[0] <= shapes["batches"]
-    for model in ("attn-mt bf16 stream", "nn.Transformer", "nn.Transformer compiled"):
+    ours = f"attn-mt bf16 stream triton.{STAGES}=False"
+    for model in (ours, "nn.Transformer", "nn.Transformer compiled"):
         for kind in ("fixed", "bucketed"):
             row = report[f"{model} {kind}"]
             assert row["ms_per_step"] > 0 and row["tgt_tokens_per_s"] > 0
@@ -54,12 +61,12 @@ def test_eager_profile_reports_every_model_and_shape(
     assert report["graphs"] == 0 and report["reference_graphs"] >= 1  # attn-mt ran eagerly
     assert report["graphs_after_warmup"] == 0 and report["reference_warmup_s"] > 0
     for kind in ("fixed", "bucketed"):
-        profile = report[f"attn-mt bf16 stream {kind}"]["profile"]
+        profile = report[f"{ours} {kind}"]["profile"]
         assert profile["steps"] == 2 and profile["aten_ops_per_step"] > 50
         assert profile["device_busy_ms_per_step"] is None  # no CUDA kernels on the CPU
-        text = (out / f"eager_bf16_stream_{kind}_profile.txt").read_text()
+        text = (out / f"eager_bf16_stream_inductor_{kind}_profile.txt").read_text()
         assert "by device time" in text and "aten::mm" in text
-        assert (out / f"eager_bf16_stream_{kind}_trace.json.gz").stat().st_size > 0
+        assert (out / f"eager_bf16_stream_inductor_{kind}_trace.json.gz").stat().st_size > 0
 
 
 def test_reference_only_times_nn_transformer_alone(
@@ -157,3 +164,36 @@ def test_layernorm_variants_name_settings_inductor_has() -> None:
     assert all(bench_kernels.has_setting(name) for name in names)
     assert not bench_kernels.has_setting("triton.mix_order_reductions")
     assert not bench_kernels.has_setting("no_such_group.persistent_reductions")
+
+
+def test_inductor_settings_are_read_as_their_type_and_a_wrong_one_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--inductor KEY=VALUE`: a flag from 1/0 or true/false, a number as an int; a misspelt
+    key, a value of the wrong kind or a pair without `=` stops profile_step.py before any
+    work with one line and exit 2."""
+    import bench_kernels
+
+    read = bench_kernels.inductor_settings
+    assert read([f"triton.{STAGES}=1", "coordinate_descent_tuning=false"]) == {
+        f"triton.{STAGES}": True, "coordinate_descent_tuning": False,
+    }  # fmt: skip
+    assert read(["triton.mix_order_reduction_split_size=32"]) == {
+        "triton.mix_order_reduction_split_size": 32
+    }
+    for wrong, message in [
+        ("triton.mix_order_reductions=1", "not an Inductor setting"),
+        (f"triton.{STAGES}=yes", "is a flag"),
+        ("triton.mix_order_reduction_split_size=big", "is a number"),
+        (f"triton.{STAGES}", "give KEY=VALUE"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            read([wrong])
+    with pytest.raises(SystemExit) as stop:
+        profile_step.main([*TOY, "--inductor", "triton.nope=1", "--out", str(tmp_path)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(
+        "--inductor triton.nope: not an Inductor setting of torch " + torch.__version__
+    )
+    assert not list(tmp_path.iterdir())  # nothing written
