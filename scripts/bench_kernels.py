@@ -7,8 +7,8 @@ memory-efficient for causal self-attention, and memory-efficient with a key-padd
 dropout(linear(x))) with a float32 residual under bf16 autocast (as attn-mt's layers run),
 forward and backward, eagerly and through torch.compile with dynamic or static shapes; with
 Inductor's mix-order reductions (which fuse the rows' and the columns' sums of the layer-norm
-backward into one kernel) allowed several pipeline stages or held to one (torch 2.11's
-default; 2.13 allows several), without them, or with their split size tuned; with
+backward into one kernel) allowed several pipeline stages or held to one (the default of
+some torch releases: docs/gpu.md), without them, or with their split size tuned; with
 coordinate-descent tuning or without persistent reductions: ms per pass and the device time
 of the layer-norm backward kernels (a large share of a compiled base step's: docs/gpu.md).
 The most telling variants come first, since each compiles. A variant this torch's Inductor
@@ -124,8 +124,8 @@ LAYERNORM_VARIANTS = {  # name: (torch.compile's dynamic, or None for eager; Ind
     "eager": (None, {}),
     "compiled dynamic": (True, {}),
     # Inductor may fuse the rows' reduction (the input's gradient) with the columns' (the
-    # weight's and bias's) into one "mix-order" kernel: a suspect of the slow backward. On
-    # torch 2.11 that kernel loads its rows in one pipeline stage (2.13: up to three).
+    # weight's and bias's) into one "mix-order" kernel: a suspect of the slow backward, the
+    # more so where it loads its rows in one pipeline stage (docs/gpu.md).
     "compiled dynamic, mix-order multi-stage": (
         True,
         {"triton.mix_order_reduction_allow_multi_stages": True},
@@ -145,14 +145,23 @@ LAYERNORM_VARIANTS = {  # name: (torch.compile's dynamic, or None for eager; Ind
 }
 
 
-def has_setting(key: str) -> bool:
-    """Whether this torch's Inductor has the setting `key` ("triton.persistent_reductions")."""
-    owner: object = torch._inductor.config
+MISSING = object()  # what `setting` gives for a key this torch's Inductor lacks
+
+
+def setting(key: str) -> Any:
+    """The current value of Inductor's setting `key` ("triton.persistent_reductions"), or
+    MISSING."""
+    value: Any = torch._inductor.config
     for part in key.split("."):
-        if not hasattr(owner, part):
-            return False
-        owner = getattr(owner, part)
-    return True
+        value = getattr(value, part, MISSING)
+        if value is MISSING:
+            break
+    return value
+
+
+def has_setting(key: str) -> bool:
+    """Whether this torch's Inductor has the setting `key`."""
+    return setting(key) is not MISSING
 
 
 def inductor_settings(pairs: Sequence[str]) -> dict[str, Any]:
@@ -164,11 +173,9 @@ def inductor_settings(pairs: Sequence[str]) -> dict[str, Any]:
         key, sep, text = pair.partition("=")
         if not sep or not text:
             raise ValueError(f"{pair!r}: give KEY=VALUE")
-        if not has_setting(key):
+        current = setting(key)
+        if current is MISSING:
             raise ValueError(f"{key}: not an Inductor setting of torch {torch.__version__}")
-        current = torch._inductor.config
-        for part in key.split("."):
-            current = getattr(current, part)
         if isinstance(current, bool):
             flags = {"1": True, "true": True, "0": False, "false": False}
             if text.lower() not in flags:

@@ -513,7 +513,7 @@ def step_profile(ctx: Context) -> Figures:
     25,000-token WMT-shaped batches, bf16, the trainer's loss: ms/step, tokens/s, MFU of the
     data sheet, the profiled kernels' milliseconds per update by kind, and `nn.Transformer`
     eagerly on the same batches; then, where this torch's Inductor holds its mix-order
-    reductions to one pipeline stage (torch 2.11, a suspect of the slow layer-norm backward),
+    reductions to one pipeline stage (a suspect of the slow layer-norm backward: docs/gpu.md),
     attn-mt with several allowed; then attn-mt with train.bf16_stream. Its tables and traces
     go to `--out`/profile_step/."""
     turns = {"compiled": ["--reference"]}
@@ -533,7 +533,7 @@ def compiled_reference(ctx: Context) -> Figures:
 
 
 # Inductor's setting that lets a mix-order reduction (the layer-norm backward's rows and columns
-# summed in one kernel) pipeline its loads: off by default in torch 2.11, on in 2.13.
+# summed in one kernel) pipeline its loads; its default depends on the torch release.
 STAGES = "mix_order_reduction_allow_multi_stages"
 
 

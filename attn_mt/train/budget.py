@@ -37,7 +37,6 @@ class RunClock:
     first_step: int  # the step this process resumed from (0 for a new run)
     last_validation: float = 0.0  # seconds the latest validation took (0: none yet)
     now: Callable[[], float] = time.monotonic  # tests pass a fake clock
-    validating: float = 0.0  # seconds this process spent validating
     earlier: float = 0.0  # seconds the run's earlier processes took (0 for a new run)
     spent: dict[str, float] = field(default_factory=dict)  # this process's, by `phase`
     training_began: float = field(init=False)
@@ -50,7 +49,9 @@ class RunClock:
         """The clock of a process that began at `began` (a `now()`) and goes on from
         `progress` (a new run's: step 0, no time yet); its training begins now."""
         elapsed = progress.elapsed
-        return cls(began - elapsed, progress.step, progress.validation_seconds, now, 0.0, elapsed)
+        return cls(
+            began - elapsed, progress.step, progress.validation_seconds, now, earlier=elapsed
+        )
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -66,18 +67,21 @@ class RunClock:
         """This process's seconds so far: its start-up (until training began: the data, the
         model, the compile choice), then the updates (all that no `phase` took) and each
         phase's, by name."""
-        began = self.start + self.earlier
-        start_up, phases = self.training_began - began, sum(self.spent.values())
-        updates = self.now() - self.training_began - phases
-        return {"start-up": start_up, "updates": updates, **dict(sorted(self.spent.items()))}
+        start_up = self.training_began - self.start - self.earlier
+        sheet = {"start-up": start_up, "updates": self.updating()}
+        return sheet | dict(sorted(self.spent.items()))
+
+    def updating(self) -> float:
+        """This process's seconds on updates: since training began, less every `phase`."""
+        return self.now() - self.training_began - sum(self.spent.values())
 
     def elapsed(self) -> float:
         """Seconds the run has taken so far."""
         return self.now() - self.start
 
     def validated(self, seconds: float) -> None:
-        """A validation took `seconds`."""
-        self.validating += seconds
+        """A validation took `seconds` (its time is counted by `phase`; this one sets the
+        deadline's reserve)."""
         self.last_validation = seconds
 
     def deadline(self, t: TrainConfig) -> float:
@@ -115,7 +119,7 @@ class RunClock:
             steps_left.append(math.ceil((t.max_epochs - epochs) * step / epochs))
         done = step - self.first_step
         if steps_left and done > 0:
-            training = self.now() - self.training_began - self.validating
+            training = self.updating()
             last = step + min(steps_left)  # the step the run ends at
             validations = last // t.eval_every - step // t.eval_every
             validations += last % t.eval_every != 0  # the final one, unless it falls due anyway

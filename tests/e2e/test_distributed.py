@@ -65,16 +65,21 @@ TRAIN = {
 def torchrun(*args: str) -> subprocess.CompletedProcess:
     """`torchrun --standalone` (a free port on localhost) with `args`; output captured."""
     assert "train" not in args or args[-2:] == ON_CPU, "pin the device: auto picks a GPU"
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env["OMP_NUM_THREADS"] = "1"
     return subprocess.run(
         [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={RANKS}", *args],
         cwd=REPO,
-        env=env,
+        env=torchrun_env(),
         capture_output=True,
         text=True,
         timeout=180,
     )
+
+
+def torchrun_env(**extra: str) -> dict[str, str]:
+    """The environment of a torchrun launch: the virtualenv's commands first on PATH, one
+    thread a process (two processes on a small machine), and `extra`."""
+    path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PATH": path, "OMP_NUM_THREADS": "1", **extra}
 
 
 def torchrun_machines(*args: str, caches: list[str]) -> list[subprocess.CompletedProcess]:
@@ -87,21 +92,13 @@ def torchrun_machines(*args: str, caches: list[str]) -> list[subprocess.Complete
         port = probe.getsockname()[1]
     launches = []
     for node, cache in enumerate(caches):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "ATTN_MT_CACHE": cache}
         command = [
             str(BIN / "torchrun"), f"--nnodes={len(caches)}", f"--node-rank={node}",
             "--nproc_per_node=1", "--master-addr=127.0.0.1", f"--master-port={port}", *args,
         ]  # fmt: skip
-        launches.append(
-            subprocess.Popen(
-                command,
-                cwd=REPO,
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )  # fmt: skip
-        )
+        env = torchrun_env(ATTN_MT_CACHE=cache)
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        launches.append(subprocess.Popen(command, cwd=REPO, env=env, text=True, **pipes))
     done = []
     for launch in launches:
         stdout, stderr = launch.communicate(timeout=180)

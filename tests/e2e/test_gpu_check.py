@@ -208,6 +208,8 @@ def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(
     files go to a folder of their own. Where Inductor holds mix-order reductions to one stage
     by default (torch 2.11), the step profile tries several in a turn of its own."""
     gpu_check = load_gpu_check(monkeypatch)
+    import bench_kernels  # on the path gpu_check.py puts its scripts on
+
     commands = []
 
     def bench_turns(ctx, turns, prefix):
@@ -215,8 +217,9 @@ def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(
         rows = []
         for name, command in turns.items():
             models = ["attn-mt bf16 stream"] if "--bf16-stream" in command else ["attn-mt"]
-            if "--inductor" in command:
-                models = [f"attn-mt {command[command.index('--inductor') + 1]}"]
+            if "--inductor" in command:  # named as profile_step.py names them
+                tried = bench_kernels.inductor_settings([command[command.index("--inductor") + 1]])
+                models = [" ".join(["attn-mt", *(f"{k}={v}" for k, v in tried.items())])]
             if "--reference-only" in command:
                 models = []
             if "--reference" in command:
@@ -234,7 +237,7 @@ def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(
         profile, reference = gpu_check.step_profile(ctx), gpu_check.compiled_reference(ctx)
     tried = [] if multi_stage else ["mix-order multi-stage"]
     assert list(profile["turns"]) == ["compiled", *tried, "bf16 stream"]
-    assert (f"attn-mt {stages}=1 fixed" in profile) == (not multi_stage)
+    assert (f"attn-mt {stages}=True fixed" in profile) == (not multi_stage)
     assert profile["attn-mt fixed"]["turn"] == "compiled"
     assert profile["nn.Transformer bucketed"]["turn"] == "compiled"
     assert set(reference) == {"nn.Transformer compiled fixed", "nn.Transformer compiled bucketed",

@@ -111,8 +111,9 @@ def test_remaining_time_counts_the_run_to_its_end() -> None:
     now = [20.0]  # 20 s of start-up, then 600 updates of 0.1 s and one validation of 30 s
     run = RunClock(start=0.0, first_step=0, now=lambda: now[0])  # training began at 20 s
     now[0] += 600 * 0.1
+    with run.phase("validation"):
+        now[0] += 30.0
     run.validated(30.0)
-    now[0] += 30.0
     assert run.elapsed() == pytest.approx(110)
 
     def left(epochs: float = 0.0, **budget: float) -> float | None:
