@@ -67,7 +67,7 @@ from attn_mt.model.transformer import (  # noqa: E402
     feed_forward_dropout,
 )
 from attn_mt.model.vocab import PAD_ID  # noqa: E402
-from attn_mt.precision import configure_kernels  # noqa: E402
+from attn_mt.precision import configure_kernels, set_cuda_environment  # noqa: E402
 from attn_mt.train.compile import vary_batch_shape  # noqa: E402
 from attn_mt.train.corpus import training_data  # noqa: E402
 from attn_mt.train.loss import SmoothedObjective, label_smoothed_loss  # noqa: E402
@@ -325,6 +325,7 @@ def main() -> None:
     parser.add_argument("--compile", choices=("off", "on", "both"), default="off",
                         help="with --vocab: eager, torch.compile'd, or both in turns")  # fmt: skip
     args = parser.parse_args()
+    set_cuda_environment()  # the allocator the trainer runs with, before CUDA starts
 
     if args.threads:
         torch.set_num_threads(args.threads)

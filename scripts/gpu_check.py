@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))  # bench_train, its wmt_shape
 
+from bench_kernels import has_setting  # noqa: E402
 from bench_train import loss_ratios  # noqa: E402
 
 from attn_mt.checkpoint import load_checkpoint  # noqa: E402
@@ -54,7 +55,7 @@ from attn_mt.precision import (  # noqa: E402
     resolve_precision,
     set_cuda_environment,
 )
-from attn_mt.train.loss import label_smoothed_loss  # noqa: E402
+from attn_mt.train.loss import PROJECTION_CHUNK_GPU, label_smoothed_loss  # noqa: E402
 
 CONFIGS = ROOT / "configs"
 VOCAB = 32000  # a WMT-sized joint vocabulary for the memory figures
@@ -509,17 +510,15 @@ def wmt_base_bench(ctx: Context) -> Figures:
 
 
 def step_profile(ctx: Context) -> Figures:
-    """profile_step.py --mode compiled --reference: transformer-base over a 32k vocabulary on
-    25,000-token WMT-shaped batches, bf16, the trainer's loss: ms/step, tokens/s, MFU of the
-    data sheet, the profiled kernels' milliseconds per update by kind, and `nn.Transformer`
-    eagerly on the same batches; then, where this torch's Inductor holds its mix-order
-    reductions to one pipeline stage (a suspect of the slow layer-norm backward: docs/gpu.md),
-    attn-mt with several allowed; then attn-mt with train.bf16_stream. Its tables and traces
-    go to `--out`/profile_step/."""
-    turns = {"compiled": ["--reference"]}
-    if not getattr(torch._inductor.config.triton, STAGES, True):
-        turns["mix-order multi-stage"] = ["--inductor", f"triton.{STAGES}=1"]
-    turns["bf16 stream"] = ["--bf16-stream"]
+    """profile_step.py --mode compiled: transformer-base over a 32k vocabulary on 25,000-token
+    WMT-shaped batches, bf16, the trainer's loss: ms/step, tokens/s, MFU of the data sheet,
+    how far the host ran ahead of the device, and the profiled kernels' milliseconds per
+    update by kind; then a turn for each of HOST_TURNS (an Inductor setting this torch
+    lacks is left out). Its tables and traces go to `--out`/profile_step/."""
+    turns: dict[str, list[str]] = {"compiled": []}
+    for name, options in HOST_TURNS.items():
+        if options[0] != "--inductor" or has_setting(options[1].partition("=")[0]):
+            turns[name] = options
     return profile_turns(ctx, turns, "profile_step")
 
 
@@ -532,9 +531,16 @@ def compiled_reference(ctx: Context) -> Figures:
     return profile_turns(ctx, turn, "profile_reference", profile_steps=1)
 
 
-# Inductor's setting that lets a mix-order reduction (the layer-norm backward's rows and columns
-# summed in one kernel) pipeline its loads; its default depends on the torch release.
-STAGES = "mix_order_reduction_allow_multi_stages"
+# Ways to take work off the host, a step profile turn each: the seventh lease found a compiled
+# base step on bucketed batches waiting on the host (docs/gpu.md). Larger chunks of the loss
+# make fewer calls into its compiled chunk (first: the model's graphs are the compiled turn's,
+# from Inductor's cache); Inductor's C++ wrapper launches a graph's kernels from C++ instead
+# of Python; combo kernels launch independent small kernels as one.
+HOST_TURNS = {
+    "4x loss chunks": ["--projection-chunk", str(4 * PROJECTION_CHUNK_GPU)],
+    "C++ wrapper": ["--inductor", "cpp_wrapper=1"],
+    "combo kernels": ["--inductor", "combo_kernels=1"],
+}
 
 
 def profile_turns(

@@ -13,6 +13,10 @@ repeated (`fixed`) and bucketed batches of varied shapes (`bucketed`):
 - ms per step, target tokens/s and MFU (against the data sheet on a known GPU) unprofiled;
 - the host's share: when the host had queued the window's last update, against when the
   device finished it (near 1: the device waits on the host);
+- on CUDA, how far the host ran ahead of the device as it queued each phase of an update
+  (forward, backward, optimizer; a CUDA event each): the median lead in ms, and the share of
+  phases at which the device had nothing queued and waited on the host (`device_waited_share`;
+  near 0 with a lead of a step or more: the device sets the pace; near 1: the host does);
 - then `--profile-steps` steps under torch.profiler: aten operations and (on CUDA) kernels
   launched per step, the time the device was busy per step (the union of its kernels'
   intervals), the top kernels by device time and the top host operations, and a Chrome trace
@@ -22,8 +26,9 @@ loss) is timed on the same batches; with `--compiled-reference` also the same th
 torch.compile (the model and its loss in one graph, as `compiled` compiles attn-mt's);
 `--reference-only` times those alone, for a run that compares them with an earlier profile's.
 `--inductor KEY=VALUE` (repeatable) sets an Inductor setting for the whole process before
-anything compiles (`triton.mix_order_reduction_allow_multi_stages=1`); its rows and files are
-named with it.
+anything compiles (`cpp_wrapper=1`); its rows and files are named with it, as they are with
+`--projection-chunk N`, the logit elements per chunk of the trainer's loss (64M on a GPU:
+fewer, larger chunks launch less from the host and hold more memory).
 `--count-shapes` counts the distinct batch shapes of one epoch of the bucketed corpus, as
 they are and with lengths rounded up to multiples.
 
@@ -70,7 +75,8 @@ from wmt_shape import RandomSentences, wmt_lengths  # noqa: E402
 from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
 from attn_mt.data.batching import Batch, collate, length_batches  # noqa: E402
 from attn_mt.model.transformer import build_model  # noqa: E402
-from attn_mt.precision import configure_kernels  # noqa: E402
+from attn_mt.precision import configure_kernels, set_cuda_environment  # noqa: E402
+from attn_mt.train import loss as trainer_loss  # noqa: E402
 from attn_mt.train.compile import vary_batch_shape  # noqa: E402
 from attn_mt.train.loss import SmoothedObjective  # noqa: E402
 
@@ -142,16 +148,17 @@ def warmed_up(cfg, args, device, warm, dtype, report: dict) -> tuple:
     return step, params, optimizer
 
 
-def updates(step, params, optimizer, batches, dtype, label: bool = False) -> int:
-    """One update per batch as the trainer makes it; no synchronisation. Returns tgt tokens."""
+def updates(step, params, optimizer, batches, dtype, label: bool = False, marks=None) -> int:
+    """One update per batch as the trainer makes it; no synchronisation. Returns tgt tokens.
+    `label`: each phase a profiler range; `marks` (a list, CUDA): (host seconds, CUDA event)
+    appended as each phase is queued."""
     tokens = 0
-    phase = torch.profiler.record_function if label else lambda _name: contextlib.nullcontext()
     for batch in batches:
-        with phase("forward+loss"):
+        with phase("forward+loss", label, marks):
             loss = step(batch, dtype)
-        with phase("backward"):
+        with phase("backward", label, marks):
             (loss / batch.num_tgt_tokens).backward()
-        with phase("clip+adamw"):
+        with phase("clip+adamw", label, marks):
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -159,15 +166,55 @@ def updates(step, params, optimizer, batches, dtype, label: bool = False) -> int
     return tokens
 
 
+@contextlib.contextmanager
+def phase(name: str, label: bool, marks: list | None):
+    """A phase of an update: a profiler range with `label`; with `marks`, a CUDA event queued
+    at its start and the host's clock just after."""
+    if marks is not None:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        marks.append((time.perf_counter(), event))
+    with torch.profiler.record_function(name) if label else contextlib.nullcontext():
+        yield
+
+
+def host_leads(host_s: list[float], device_ms: list[float]) -> list[float]:
+    """How far the host was ahead of the device at each mark, in ms: when the device reached
+    the mark after the host queued it. Both clocks count from the first mark, queued onto an
+    idle device. Near 0: the device had nothing else queued and waited on the host."""
+    pairs = zip(host_s, device_ms, strict=True)
+    return [device - 1e3 * (host - host_s[0]) for host, device in pairs]
+
+
+WAITED_MS = 0.1  # a lead under this: the device had nothing queued (an event's launch: ~10 µs)
+
+
+def lead_figures(windows: list[dict]) -> dict:
+    """Over the windows' marks (each window's first apart: its clocks' origin), the median
+    lead of the host in ms and the share of marks at which the device waited on the host;
+    None without CUDA."""
+    leads = [lead for w in windows if w["leads"] for lead in w["leads"][1:]]
+    if not leads:
+        return {"host_lead_ms": None, "device_waited_share": None}
+    waited = sum(lead < WAITED_MS for lead in leads) / len(leads)
+    return {"host_lead_ms": float(np.median(leads)), "device_waited_share": waited}
+
+
 def timed(step, params, optimizer, batches, dtype, device) -> dict:
-    """Seconds of a window of updates, the host's queueing time and the tokens."""
+    """Seconds of a window of updates, the host's queueing time, the tokens and, on CUDA, how
+    far the host ran ahead of the device as each phase of an update was queued (`leads`)."""
+    marks: list | None = [] if device.type == "cuda" else None
     sync(device)
     start = time.perf_counter()
-    tokens = updates(step, params, optimizer, batches, dtype)
+    tokens = updates(step, params, optimizer, batches, dtype, marks=marks)
     queued = time.perf_counter() - start
     sync(device)
     took = time.perf_counter() - start
-    return {"seconds": took, "queued": queued, "tokens": tokens}
+    leads = None
+    if marks:
+        first = marks[0][1]
+        leads = host_leads([h for h, _ in marks], [first.elapsed_time(e) for _, e in marks])
+    return {"seconds": took, "queued": queued, "tokens": tokens, "leads": leads}
 
 
 def profiled(step, params, optimizer, batches, dtype, device, out: Path, name: str) -> dict:
@@ -295,9 +342,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bf16-stream", action="store_true", help="train.bf16_stream (bf16 only)")
     parser.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                         help="an Inductor setting for the whole process (repeatable)")  # fmt: skip
+    parser.add_argument("--projection-chunk", type=int, default=None, metavar="N",
+                        help="logit elements per chunk of the trainer's loss")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="CPU smoke: tiny windows")
     parser.add_argument("--out", default=str(ROOT / "runs" / "profile_step"))
     args = parser.parse_args(argv)
+    set_cuda_environment()  # the allocator the trainer runs with, before CUDA starts
     if args.quick:
         args.warmup, args.window, args.rounds, args.profile_steps = 2, 2, 1, 2
 
@@ -312,6 +362,11 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         parser.error(f"--inductor {err}")
     torch._inductor.config.load_config(settings)  # before anything compiles
+    if args.projection_chunk is not None:
+        if args.projection_chunk < 1:
+            parser.error("--projection-chunk must be at least 1")
+        gpu = "_GPU" if device.type != "cpu" else ""
+        setattr(trainer_loss, f"PROJECTION_CHUNK{gpu}", args.projection_chunk)
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     dtype = DTYPES[precision]
     out = Path(args.out)
@@ -324,18 +379,18 @@ def main(argv: list[str] | None = None) -> None:
     configure_kernels(deterministic=False, tf32=cfg.train.tf32)
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     tried = [f"{key}={value}" for key, value in settings.items()]
+    chunk = [f"projection_chunk={args.projection_chunk}"] if args.projection_chunk else []
     stream = ["bf16 stream"] if args.bf16_stream else []
-    ours = " ".join(["attn-mt", *stream, *tried])  # of its rows
-    label = "_".join(
-        [args.mode, *(["bf16_stream"] if stream else []), *(["inductor"] if tried else [])]
-    )
+    ours = " ".join(["attn-mt", *stream, *tried, *chunk])  # of its rows
+    label = "_".join([args.mode, *(["bf16_stream"] if stream else []),
+                      *(["inductor"] if tried else []), *(["chunk"] if chunk else [])])  # fmt: skip
     print(f"{hardware}, torch {torch.__version__}, {label}, {precision}", flush=True)
 
     lengths = wmt_lengths(args.pairs)
     report: dict = {"mode": args.mode, "hardware": hardware, "torch": torch.__version__,
                     "precision": precision, "size": args.size, "vocab": args.vocab,
                     "batch_tokens": args.batch_tokens, "bf16_stream": args.bf16_stream,
-                    "inductor": settings}  # fmt: skip
+                    "inductor": settings, "projection_chunk": args.projection_chunk}  # fmt: skip
     if args.count_shapes:
         report["distinct_shapes"] = count_shapes(lengths, args.batch_tokens)
         print("distinct batch shapes in one epoch:", report["distinct_shapes"], flush=True)
@@ -369,6 +424,7 @@ def main(argv: list[str] | None = None) -> None:
                 "tgt_tokens_per_s": sum(w["tokens"] for w in windows) / seconds,
                 "host_queued_share": sum(w["queued"] for w in windows) / seconds,
                 "mfu_spec": args.rounds * flops / seconds / spec if spec else None,
+                **lead_figures(windows),
             }
             if name == ours:
                 profile_batches = batches[: args.profile_steps]

@@ -199,14 +199,12 @@ def test_bench_turns_keep_the_rows_a_stopped_turn_printed_and_skip_the_rest(monk
         gpu_check.bench_turns(ctx, {"ok": turn([1]), "bad": turn([], "sys.exit(3)")})
 
 
-@pytest.mark.parametrize("multi_stage", [True, False], ids=["torch-2.13", "torch-2.11"])
-def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(
-    multi_stage, monkeypatch, tmp_path
-):
+def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(monkeypatch, tmp_path):
     """The compiled nn.Transformer check runs profile_step.py again, without attn-mt: its
     report holds nn.Transformer's rows alone, so attn-mt's are the step profile's, and its
-    files go to a folder of their own. Where Inductor holds mix-order reductions to one stage
-    by default (torch 2.11), the step profile tries several in a turn of its own."""
+    files go to a folder of their own. The step profile tries each Inductor setting that takes
+    work off the host in a turn of its own, its rows named with the setting; one this torch
+    lacks is left out."""
     gpu_check = load_gpu_check(monkeypatch)
     import bench_kernels  # on the path gpu_check.py puts its scripts on
 
@@ -216,10 +214,12 @@ def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(
         commands.extend(turns.values())
         rows = []
         for name, command in turns.items():
-            models = ["attn-mt bf16 stream"] if "--bf16-stream" in command else ["attn-mt"]
+            models = ["attn-mt"]
             if "--inductor" in command:  # named as profile_step.py names them
                 tried = bench_kernels.inductor_settings([command[command.index("--inductor") + 1]])
                 models = [" ".join(["attn-mt", *(f"{k}={v}" for k, v in tried.items())])]
+            if "--projection-chunk" in command:
+                models = [f"attn-mt projection_chunk={command[-1]}"]
             if "--reference-only" in command:
                 models = []
             if "--reference" in command:
@@ -231,15 +231,15 @@ def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(
         return rows, {name: "done" for name in turns}
 
     monkeypatch.setattr(gpu_check, "bench_turns", bench_turns)
+    lacking = ["--inductor", "triton.not_in_this_torch=1"]
+    monkeypatch.setitem(gpu_check.HOST_TURNS, "a later torch's", lacking)
     ctx = gpu_check.Context(tmp_path, torch.device("cpu"), deadline=time.monotonic() + 60)
-    stages = f"triton.{gpu_check.STAGES}"
-    with torch._inductor.config.patch({stages: multi_stage}):
-        profile, reference = gpu_check.step_profile(ctx), gpu_check.compiled_reference(ctx)
-    tried = [] if multi_stage else ["mix-order multi-stage"]
-    assert list(profile["turns"]) == ["compiled", *tried, "bf16 stream"]
-    assert (f"attn-mt {stages}=True fixed" in profile) == (not multi_stage)
+    profile, reference = gpu_check.step_profile(ctx), gpu_check.compiled_reference(ctx)
+    assert list(profile["turns"]) == ["compiled", "4x loss chunks", "C++ wrapper", "combo kernels"]
+    assert "attn-mt cpp_wrapper=True bucketed" in profile
+    assert profile["attn-mt combo_kernels=True fixed"]["turn"] == "combo kernels"
+    assert profile["attn-mt projection_chunk=268435456 fixed"]["turn"] == "4x loss chunks"
     assert profile["attn-mt fixed"]["turn"] == "compiled"
-    assert profile["nn.Transformer bucketed"]["turn"] == "compiled"
     assert set(reference) == {"nn.Transformer compiled fixed", "nn.Transformer compiled bucketed",
                               "turns"}  # fmt: skip
     outs = [command[command.index("--out") + 1] for command in commands]

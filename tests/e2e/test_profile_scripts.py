@@ -30,19 +30,21 @@ def test_eager_profile_reports_every_model_and_shape(
     the timed windows, whose shapes the warm-ups saw, add none."""
     compile_ = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend="eager", **kw))
+    monkeypatch.setattr(profile_step.trainer_loss, "PROJECTION_CHUNK", 2**22)  # restored after
     out = tmp_path / "profile"
     config, key = torch._inductor.config, f"triton.{STAGES}"
     with config.patch({key: getattr(config.triton, STAGES)}):  # the process's: restored after
         profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--count-shapes",
                            "--device", "cpu", "--precision", "bf16", "--bf16-stream",
                            "--compiled-reference", "--inductor", f"triton.{STAGES}=0",
-                           "--out", str(out)])  # fmt: skip
+                           "--projection-chunk", "5000", "--out", str(out)])  # fmt: skip
         assert getattr(config.triton, STAGES) is False
     lines = capsys.readouterr().out.strip().splitlines()
     report = json.loads(lines[-1])
     assert report["bf16_stream"] is True and report["precision"] == "bf16"
     assert report["inductor"] == {f"triton.{STAGES}": False}
-    assert report == json.loads((out / "eager_bf16_stream_inductor.json").read_text())
+    assert report["projection_chunk"] == 5000 == profile_step.trainer_loss.PROJECTION_CHUNK
+    assert report == json.loads((out / "eager_bf16_stream_inductor_chunk.json").read_text())
     rows = [json.loads(line[len("result ") :]) for line in lines if line.startswith("result {")]
     assert {row.pop("row"): row for row in rows} == {  # what gpu_check.py keeps of a stopped run
         key: value for key, value in report.items() if key.endswith(("fixed", "bucketed"))
@@ -51,12 +53,13 @@ def test_eager_profile_reports_every_model_and_shape(
     counts = [shapes[f"x{m}"] for m in (1, 8, 16, 32, 64)]
     assert counts == sorted(counts, reverse=True)  # rounding up merges shapes, never splits
     assert counts[-1] >= 1 and counts[0] <= shapes["batches"]
-    ours = f"attn-mt bf16 stream triton.{STAGES}=False"
+    ours = f"attn-mt bf16 stream triton.{STAGES}=False projection_chunk=5000"
     for model in (ours, "nn.Transformer", "nn.Transformer compiled"):
         for kind in ("fixed", "bucketed"):
             row = report[f"{model} {kind}"]
             assert row["ms_per_step"] > 0 and row["tgt_tokens_per_s"] > 0
             assert 0 < row["host_queued_share"] <= 1
+            assert row["host_lead_ms"] is None and row["device_waited_share"] is None  # CUDA's
             assert ("profile" in row) == model.startswith("attn-mt")  # attn-mt's alone
     assert report["graphs"] == 0 and report["reference_graphs"] >= 1  # attn-mt ran eagerly
     assert report["graphs_after_warmup"] == 0 and report["reference_warmup_s"] > 0
@@ -64,9 +67,9 @@ def test_eager_profile_reports_every_model_and_shape(
         profile = report[f"{ours} {kind}"]["profile"]
         assert profile["steps"] == 2 and profile["aten_ops_per_step"] > 50
         assert profile["device_busy_ms_per_step"] is None  # no CUDA kernels on the CPU
-        text = (out / f"eager_bf16_stream_inductor_{kind}_profile.txt").read_text()
+        text = (out / f"eager_bf16_stream_inductor_chunk_{kind}_profile.txt").read_text()
         assert "by device time" in text and "aten::mm" in text
-        assert (out / f"eager_bf16_stream_inductor_{kind}_trace.json.gz").stat().st_size > 0
+        assert (out / f"eager_bf16_stream_inductor_chunk_{kind}_trace.json.gz").stat().st_size > 0
 
 
 def test_reference_only_times_nn_transformer_alone(
@@ -85,6 +88,26 @@ def test_reference_only_times_nn_transformer_alone(
         profile_step.main([*TOY, "--reference-only", "--device", "cpu", "--out", str(tmp_path)])
     assert stop.value.code == 2
     assert "--reference-only needs --reference" in capsys.readouterr().err
+
+
+def test_host_leads_tell_a_waiting_device_from_one_behind() -> None:
+    """A device that reached each mark as the host queued it (the host sets the pace) leads by
+    nothing; one still working through earlier marks leads by its backlog. The figures leave
+    each window's first mark out (it is their clocks' origin) and say where the device
+    waited."""
+    host_s = [100.0, 100.010, 100.020, 100.030]  # the host's clock at each mark, seconds
+    assert profile_step.host_leads(host_s, [0.0, 10.0, 20.0, 30.0]) == pytest.approx(
+        [0] * 4, abs=1e-9
+    )
+    behind = profile_step.host_leads(host_s, [0.0, 14.0, 31.0, 52.5])
+    assert behind == pytest.approx([0, 4, 11, 22.5])
+    windows = [{"leads": [0.0, 0.02, 9.0, 12.0]}, {"leads": [0.0, 0.05]}]
+    figures = profile_step.lead_figures(windows)
+    assert figures["host_lead_ms"] == pytest.approx((0.05 + 9.0) / 2)  # of 0.02, 0.05, 9, 12
+    assert figures["device_waited_share"] == 0.5
+    assert profile_step.lead_figures([{"leads": None}]) == {
+        "host_lead_ms": None, "device_waited_share": None,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("activation_dropout", [None, 0.05])
