@@ -513,12 +513,13 @@ def step_profile(ctx: Context) -> Figures:
     """profile_step.py --mode compiled: transformer-base over a 32k vocabulary on 25,000-token
     WMT-shaped batches, bf16, the trainer's loss: ms/step, tokens/s, MFU of the data sheet,
     how far the host ran ahead of the device, and the profiled kernels' milliseconds per
-    update by kind; then a turn for each of HOST_TURNS (an Inductor setting this torch
-    lacks is left out). Its tables and traces go to `--out`/profile_step/."""
-    turns: dict[str, list[str]] = {"compiled": []}
-    for name, options in HOST_TURNS.items():
-        if options[0] != "--inductor" or has_setting(options[1].partition("=")[0]):
-            turns[name] = options
+    update by kind; in the same process the loss in 4x larger chunks (fewer calls from the
+    host); then a turn for each of HOST_TURNS' Inductor settings this torch has. Its tables
+    and traces go to `--out`/profile_step/."""
+    turns = {"compiled": ["--projection-chunk", str(4 * PROJECTION_CHUNK_GPU)]}
+    for name, pair in HOST_TURNS.items():
+        if has_setting(pair.partition("=")[0]):
+            turns[name] = ["--inductor", pair]
     return profile_turns(ctx, turns, "profile_step")
 
 
@@ -531,16 +532,11 @@ def compiled_reference(ctx: Context) -> Figures:
     return profile_turns(ctx, turn, "profile_reference", profile_steps=1)
 
 
-# Ways to take work off the host, a step profile turn each: the seventh lease found a compiled
-# base step on bucketed batches waiting on the host (docs/gpu.md). Larger chunks of the loss
-# make fewer calls into its compiled chunk (first: the model's graphs are the compiled turn's,
-# from Inductor's cache); Inductor's C++ wrapper launches a graph's kernels from C++ instead
-# of Python; combo kernels launch independent small kernels as one.
-HOST_TURNS = {
-    "4x loss chunks": ["--projection-chunk", str(4 * PROJECTION_CHUNK_GPU)],
-    "C++ wrapper": ["--inductor", "cpp_wrapper=1"],
-    "combo kernels": ["--inductor", "combo_kernels=1"],
-}
+# Inductor settings that take work off the host, a step profile turn each: the seventh lease
+# found a compiled base step on bucketed batches waiting on the host (docs/gpu.md). The C++
+# wrapper launches a graph's kernels from C++ instead of Python; combo kernels launch
+# independent small kernels as one.
+HOST_TURNS = {"C++ wrapper": "cpp_wrapper=1", "combo kernels": "combo_kernels=1"}
 
 
 def profile_turns(

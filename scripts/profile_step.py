@@ -26,9 +26,10 @@ loss) is timed on the same batches; with `--compiled-reference` also the same th
 torch.compile (the model and its loss in one graph, as `compiled` compiles attn-mt's);
 `--reference-only` times those alone, for a run that compares them with an earlier profile's.
 `--inductor KEY=VALUE` (repeatable) sets an Inductor setting for the whole process before
-anything compiles (`cpp_wrapper=1`); its rows and files are named with it, as they are with
-`--projection-chunk N`, the logit elements per chunk of the trainer's loss (64M on a GPU:
-fewer, larger chunks launch less from the host and hold more memory).
+anything compiles (`cpp_wrapper=1`); its rows and files are named with it.
+`--projection-chunk N` (repeatable) also times attn-mt, the same model in the same process,
+with N logit elements per chunk of the trainer's loss (64M on a GPU by default: fewer, larger
+chunks are fewer calls from the host and hold more memory), its rows named with it.
 `--count-shapes` counts the distinct batch shapes of one epoch of the bucketed corpus, as
 they are and with lengths rounded up to multiples.
 
@@ -102,6 +103,28 @@ def objective_step(model, mode: str):
             return module(batch.src, batch.tgt_in, batch.tgt_out)[0]
 
     return step
+
+
+def chunk_setting(device: torch.device) -> tuple[str, int]:
+    """The name and value of the trainer's logit elements per loss chunk on `device`."""
+    name = "PROJECTION_CHUNK" if device.type == "cpu" else "PROJECTION_CHUNK_GPU"
+    return name, getattr(trainer_loss, name)
+
+
+def with_chunk(step, elements: int, device: torch.device):
+    """`step` with `elements` logit elements per chunk of the trainer's loss (its forward makes
+    the chunks and their gradients; backward only scales them), the setting restored after."""
+    name, _ = chunk_setting(device)
+
+    def chunked(batch: Batch, dtype: torch.dtype) -> torch.Tensor:
+        saved = getattr(trainer_loss, name)
+        setattr(trainer_loss, name, elements)
+        try:
+            return step(batch, dtype)
+        finally:
+            setattr(trainer_loss, name, saved)
+
+    return chunked
 
 
 def reference_steps(cfg, args, device, warm, dtype, report: dict) -> dict:
@@ -342,8 +365,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bf16-stream", action="store_true", help="train.bf16_stream (bf16 only)")
     parser.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                         help="an Inductor setting for the whole process (repeatable)")  # fmt: skip
-    parser.add_argument("--projection-chunk", type=int, default=None, metavar="N",
-                        help="logit elements per chunk of the trainer's loss")  # fmt: skip
+    parser.add_argument("--projection-chunk", type=int, action="append", default=[],
+                        metavar="N", help="also time attn-mt with N logit elements per chunk "
+                        "of the trainer's loss, in the same process (repeatable)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="CPU smoke: tiny windows")
     parser.add_argument("--out", default=str(ROOT / "runs" / "profile_step"))
     args = parser.parse_args(argv)
@@ -362,11 +386,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         parser.error(f"--inductor {err}")
     torch._inductor.config.load_config(settings)  # before anything compiles
-    if args.projection_chunk is not None:
-        if args.projection_chunk < 1:
-            parser.error("--projection-chunk must be at least 1")
-        gpu = "_GPU" if device.type != "cpu" else ""
-        setattr(trainer_loss, f"PROJECTION_CHUNK{gpu}", args.projection_chunk)
+    if any(n < 1 for n in args.projection_chunk):
+        parser.error("--projection-chunk must be at least 1")
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     dtype = DTYPES[precision]
     out = Path(args.out)
@@ -379,18 +400,18 @@ def main(argv: list[str] | None = None) -> None:
     configure_kernels(deterministic=False, tf32=cfg.train.tf32)
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     tried = [f"{key}={value}" for key, value in settings.items()]
-    chunk = [f"projection_chunk={args.projection_chunk}"] if args.projection_chunk else []
     stream = ["bf16 stream"] if args.bf16_stream else []
-    ours = " ".join(["attn-mt", *stream, *tried, *chunk])  # of its rows
-    label = "_".join([args.mode, *(["bf16_stream"] if stream else []),
-                      *(["inductor"] if tried else []), *(["chunk"] if chunk else [])])  # fmt: skip
+    ours = " ".join(["attn-mt", *stream, *tried])  # of its rows
+    label = "_".join(
+        [args.mode, *(["bf16_stream"] if stream else []), *(["inductor"] if tried else [])]
+    )
     print(f"{hardware}, torch {torch.__version__}, {label}, {precision}", flush=True)
 
     lengths = wmt_lengths(args.pairs)
     report: dict = {"mode": args.mode, "hardware": hardware, "torch": torch.__version__,
                     "precision": precision, "size": args.size, "vocab": args.vocab,
                     "batch_tokens": args.batch_tokens, "bf16_stream": args.bf16_stream,
-                    "inductor": settings, "projection_chunk": args.projection_chunk}  # fmt: skip
+                    "inductor": settings, "projection_chunk": chunk_setting(device)[1]}  # fmt: skip
     if args.count_shapes:
         report["distinct_shapes"] = count_shapes(lengths, args.batch_tokens)
         print("distinct batch shapes in one epoch:", report["distinct_shapes"], flush=True)
@@ -409,8 +430,15 @@ def main(argv: list[str] | None = None) -> None:
     warm = list(itertools.islice(itertools.cycle([middle, *bucketed]),
                                  max(args.warmup, 1 + len(bucketed))))  # fmt: skip
     models = {}
+    files = {ours: label}  # the profile files of attn-mt's rows
     if not args.reference_only:
         models[ours] = warmed_up(cfg, args, device, warm, dtype, report)
+        for elements in args.projection_chunk:
+            step, params, optimizer = models[ours]
+            step = with_chunk(step, elements, device)
+            updates(step, params, optimizer, warm, dtype)  # compiles for the chunk's shape
+            name = f"{ours} projection_chunk={elements}"
+            models[name], files[name] = (step, params, optimizer), f"{label}_chunk{elements}"
     if args.reference or args.compiled_reference:
         models |= reference_steps(cfg, args, device, warm, dtype, report)
     graphs = compiled_graphs()  # before the timed windows: what they add are recompiles
@@ -426,10 +454,10 @@ def main(argv: list[str] | None = None) -> None:
                 "mfu_spec": args.rounds * flops / seconds / spec if spec else None,
                 **lead_figures(windows),
             }
-            if name == ours:
+            if name in files:
                 profile_batches = batches[: args.profile_steps]
                 row["profile"] = profiled(fn, ps, opt, profile_batches, dtype, device, out,
-                                          f"{label}_{kind}")  # fmt: skip
+                                          f"{files[name]}_{kind}")  # fmt: skip
             report[f"{name} {kind}"] = row
             print("result", json.dumps({"row": f"{name} {kind}", **row}), flush=True)
     report["graphs_after_warmup"] = compiled_graphs() - graphs

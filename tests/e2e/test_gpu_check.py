@@ -218,8 +218,8 @@ def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(monk
             if "--inductor" in command:  # named as profile_step.py names them
                 tried = bench_kernels.inductor_settings([command[command.index("--inductor") + 1]])
                 models = [" ".join(["attn-mt", *(f"{k}={v}" for k, v in tried.items())])]
-            if "--projection-chunk" in command:
-                models = [f"attn-mt projection_chunk={command[-1]}"]
+            if "--projection-chunk" in command:  # the same model again, in the same process
+                models.append(f"attn-mt projection_chunk={command[-1]}")
             if "--reference-only" in command:
                 models = []
             if "--reference" in command:
@@ -231,14 +231,13 @@ def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(monk
         return rows, {name: "done" for name in turns}
 
     monkeypatch.setattr(gpu_check, "bench_turns", bench_turns)
-    lacking = ["--inductor", "triton.not_in_this_torch=1"]
-    monkeypatch.setitem(gpu_check.HOST_TURNS, "a later torch's", lacking)
+    monkeypatch.setitem(gpu_check.HOST_TURNS, "a later torch's", "triton.not_in_this_torch=1")
     ctx = gpu_check.Context(tmp_path, torch.device("cpu"), deadline=time.monotonic() + 60)
     profile, reference = gpu_check.step_profile(ctx), gpu_check.compiled_reference(ctx)
-    assert list(profile["turns"]) == ["compiled", "4x loss chunks", "C++ wrapper", "combo kernels"]
+    assert list(profile["turns"]) == ["compiled", "C++ wrapper", "combo kernels"]
     assert "attn-mt cpp_wrapper=True bucketed" in profile
     assert profile["attn-mt combo_kernels=True fixed"]["turn"] == "combo kernels"
-    assert profile["attn-mt projection_chunk=268435456 fixed"]["turn"] == "4x loss chunks"
+    assert profile["attn-mt projection_chunk=268435456 fixed"]["turn"] == "compiled"
     assert profile["attn-mt fixed"]["turn"] == "compiled"
     assert set(reference) == {"nn.Transformer compiled fixed", "nn.Transformer compiled bucketed",
                               "turns"}  # fmt: skip

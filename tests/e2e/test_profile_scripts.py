@@ -30,7 +30,6 @@ def test_eager_profile_reports_every_model_and_shape(
     the timed windows, whose shapes the warm-ups saw, add none."""
     compile_ = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend="eager", **kw))
-    monkeypatch.setattr(profile_step.trainer_loss, "PROJECTION_CHUNK", 2**22)  # restored after
     out = tmp_path / "profile"
     config, key = torch._inductor.config, f"triton.{STAGES}"
     with config.patch({key: getattr(config.triton, STAGES)}):  # the process's: restored after
@@ -43,8 +42,8 @@ def test_eager_profile_reports_every_model_and_shape(
     report = json.loads(lines[-1])
     assert report["bf16_stream"] is True and report["precision"] == "bf16"
     assert report["inductor"] == {f"triton.{STAGES}": False}
-    assert report["projection_chunk"] == 5000 == profile_step.trainer_loss.PROJECTION_CHUNK
-    assert report == json.loads((out / "eager_bf16_stream_inductor_chunk.json").read_text())
+    assert report["projection_chunk"] == 2**22 == profile_step.trainer_loss.PROJECTION_CHUNK
+    assert report == json.loads((out / "eager_bf16_stream_inductor.json").read_text())
     rows = [json.loads(line[len("result ") :]) for line in lines if line.startswith("result {")]
     assert {row.pop("row"): row for row in rows} == {  # what gpu_check.py keeps of a stopped run
         key: value for key, value in report.items() if key.endswith(("fixed", "bucketed"))
@@ -53,8 +52,9 @@ def test_eager_profile_reports_every_model_and_shape(
     counts = [shapes[f"x{m}"] for m in (1, 8, 16, 32, 64)]
     assert counts == sorted(counts, reverse=True)  # rounding up merges shapes, never splits
     assert counts[-1] >= 1 and counts[0] <= shapes["batches"]
-    ours = f"attn-mt bf16 stream triton.{STAGES}=False projection_chunk=5000"
-    for model in (ours, "nn.Transformer", "nn.Transformer compiled"):
+    ours = f"attn-mt bf16 stream triton.{STAGES}=False"
+    chunked = f"{ours} projection_chunk=5000"  # the same model, its loss in smaller chunks
+    for model in (ours, chunked, "nn.Transformer", "nn.Transformer compiled"):
         for kind in ("fixed", "bucketed"):
             row = report[f"{model} {kind}"]
             assert row["ms_per_step"] > 0 and row["tgt_tokens_per_s"] > 0
@@ -67,9 +67,15 @@ def test_eager_profile_reports_every_model_and_shape(
         profile = report[f"{ours} {kind}"]["profile"]
         assert profile["steps"] == 2 and profile["aten_ops_per_step"] > 50
         assert profile["device_busy_ms_per_step"] is None  # no CUDA kernels on the CPU
-        text = (out / f"eager_bf16_stream_inductor_chunk_{kind}_profile.txt").read_text()
-        assert "by device time" in text and "aten::mm" in text
-        assert (out / f"eager_bf16_stream_inductor_chunk_{kind}_trace.json.gz").stat().st_size > 0
+        more = report[f"{chunked} {kind}"]["profile"]["aten_ops_per_step"]
+        assert more > profile["aten_ops_per_step"]  # more chunks: more operations per update
+        for name in (
+            f"eager_bf16_stream_inductor_{kind}",
+            f"eager_bf16_stream_inductor_chunk5000_{kind}",
+        ):
+            text = (out / f"{name}_profile.txt").read_text()
+            assert "by device time" in text and "aten::mm" in text
+            assert (out / f"{name}_trace.json.gz").stat().st_size > 0
 
 
 def test_reference_only_times_nn_transformer_alone(
