@@ -36,7 +36,7 @@ def test_eager_profile_reports_every_model_and_shape(
         profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--count-shapes",
                            "--device", "cpu", "--precision", "bf16", "--bf16-stream",
                            "--compiled-reference", "--inductor", f"triton.{STAGES}=0",
-                           "--projection-chunk", "5000", "--out", str(out)])  # fmt: skip
+                           "--projection-chunk", "40000", "--out", str(out)])  # fmt: skip
         assert getattr(config.triton, STAGES) is False
     lines = capsys.readouterr().out.strip().splitlines()
     report = json.loads(lines[-1])
@@ -53,7 +53,7 @@ def test_eager_profile_reports_every_model_and_shape(
     assert counts == sorted(counts, reverse=True)  # rounding up merges shapes, never splits
     assert counts[-1] >= 1 and counts[0] <= shapes["batches"]
     ours = f"attn-mt bf16 stream triton.{STAGES}=False"
-    chunked = f"{ours} projection_chunk=5000"  # the same model, its loss in smaller chunks
+    chunked = f"{ours} projection_chunk=40000"  # the same model, its loss in smaller chunks
     for model in (ours, chunked, "nn.Transformer", "nn.Transformer compiled"):
         for kind in ("fixed", "bucketed"):
             row = report[f"{model} {kind}"]
@@ -71,7 +71,7 @@ def test_eager_profile_reports_every_model_and_shape(
         assert more > profile["aten_ops_per_step"]  # more chunks: more operations per update
         for name in (
             f"eager_bf16_stream_inductor_{kind}",
-            f"eager_bf16_stream_inductor_chunk5000_{kind}",
+            f"eager_bf16_stream_inductor_chunk40000_{kind}",
         ):
             text = (out / f"{name}_profile.txt").read_text()
             assert "by device time" in text and "aten::mm" in text
