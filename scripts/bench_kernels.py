@@ -5,12 +5,12 @@ batch: rows = tokens / length), forward and backward, per kernel: flash against
 memory-efficient for causal self-attention, and memory-efficient with a key-padding mask.
 `layernorm`: six post-norm residual blocks as the WMT presets have them, LN(x +
 dropout(linear(x))) with a float32 residual under bf16 autocast (as attn-mt's layers run),
-forward and backward, eagerly and through torch.compile with dynamic or static shapes; with
-Inductor's mix-order reductions (which fuse the rows' and the columns' sums of the layer-norm
-backward into one kernel) allowed several pipeline stages or held to one (the default of
-some torch releases: docs/gpu.md), without them, or with their split size tuned; with
-coordinate-descent tuning or without persistent reductions: ms per pass and the device time
-of the layer-norm backward kernels (a large share of a compiled base step's: docs/gpu.md).
+forward and backward, eagerly and through torch.compile with dynamic or static shapes;
+without Inductor's mix-order reductions (which fuse the rows' and the columns' sums of the
+layer-norm backward into one kernel), without persistent reductions, with coordinate-descent
+tuning; with the mix-order split size tuned, or several pipeline stages allowed or held to
+one: ms per pass and the device time of the layer-norm backward kernels (a large share of a
+compiled base step's: docs/gpu.md).
 The most telling variants come first, since each compiles. A variant this torch's Inductor
 has no setting for is named with its unknown settings and skipped.
 
@@ -124,8 +124,17 @@ LAYERNORM_VARIANTS = {  # name: (torch.compile's dynamic, or None for eager; Ind
     "eager": (None, {}),
     "compiled dynamic": (True, {}),
     # Inductor may fuse the rows' reduction (the input's gradient) with the columns' (the
-    # weight's and bias's) into one "mix-order" kernel: a suspect of the slow backward, the
-    # more so where it loads its rows in one pipeline stage (docs/gpu.md).
+    # weight's and bias's) into one "mix-order" kernel. Allowing it several pipeline stages
+    # changed nothing in the seventh lease's step profile (docs/gpu.md); whether the slow
+    # kernel is one at all, turning it off says.
+    "compiled dynamic, no mix-order reduction": (True, {"triton.mix_order_reduction": False}),
+    "compiled dynamic, no persistent reductions": (True, {"triton.persistent_reductions": False}),
+    "compiled dynamic, coordinate-descent tuning": (True, {"coordinate_descent_tuning": True}),
+    "compiled static": (False, {}),
+    "compiled dynamic, mix-order split size tuned": (
+        True,
+        {"triton.mix_order_reduction_autotune_split_size": True},
+    ),
     "compiled dynamic, mix-order multi-stage": (
         True,
         {"triton.mix_order_reduction_allow_multi_stages": True},
@@ -134,14 +143,6 @@ LAYERNORM_VARIANTS = {  # name: (torch.compile's dynamic, or None for eager; Ind
         True,
         {"triton.mix_order_reduction_allow_multi_stages": False},
     ),
-    "compiled dynamic, no mix-order reduction": (True, {"triton.mix_order_reduction": False}),
-    "compiled dynamic, mix-order split size tuned": (
-        True,
-        {"triton.mix_order_reduction_autotune_split_size": True},
-    ),
-    "compiled static": (False, {}),
-    "compiled dynamic, coordinate-descent tuning": (True, {"coordinate_descent_tuning": True}),
-    "compiled dynamic, no persistent reductions": (True, {"triton.persistent_reductions": False}),
 }
 
 
