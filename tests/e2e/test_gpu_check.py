@@ -81,6 +81,29 @@ def test_a_check_stopped_by_the_budget_is_out_of_time_not_a_failure(monkeypatch,
     assert status["broken"] == ("FAIL", "gradients differ")
 
 
+def test_the_report_holds_each_check_as_it_ends(monkeypatch, tmp_path):
+    """A lease cut short (the machine taken back, the run killed) keeps the figures of the checks
+    that ended: the report is written after each one, not only at the end."""
+    gpu_check = load_gpu_check(monkeypatch)
+
+    def killed(ctx):
+        raise KeyboardInterrupt  # as a kill would end the process mid-check
+
+    checks = [
+        gpu_check.Check("first", lambda ctx: {"ms": 1.5}, gpu_only=False),
+        gpu_check.Check("second", killed, gpu_only=False),
+    ]
+    monkeypatch.setattr(gpu_check, "CHECKS", checks)
+    ctx = gpu_check.Context(tmp_path, torch.device("cpu"), deadline=float("inf"))
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.run_checks(ctx)
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [(r["check"], r["status"], r["figures"]) for r in report] == [
+        ("first", "pass", {"ms": 1.5})
+    ]
+    assert "- ms: 1.5" in (tmp_path / "gpu_check.md").read_text()
+
+
 def test_the_nccl_check_starts_a_one_rank_group_and_all_reduces(monkeypatch):
     """The NCCL check's own process group (a torchrun of one process starts none), run here with
     gloo on the CPU: a group starts, one all_reduce runs in it, and it is destroyed."""
