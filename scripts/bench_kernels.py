@@ -1,4 +1,4 @@
-"""The kernels behind a slow compiled step on CUDA, one at a time (docs/gpu.md, the sixth lease).
+"""The kernels behind a slow compiled step on CUDA, one at a time (docs/gpu.md).
 
 `attention`: torch's fused attention at the WMT shape (bf16, 8 heads of 64, ~25,600 tokens a
 batch: rows = tokens / length), forward and backward, per kernel: flash against
@@ -124,9 +124,8 @@ LAYERNORM_VARIANTS = {  # name: (torch.compile's dynamic, or None for eager; Ind
     "eager": (None, {}),
     "compiled dynamic": (True, {}),
     # Inductor may fuse the rows' reduction (the input's gradient) with the columns' (the
-    # weight's and bias's) into one "mix-order" kernel. Allowing it several pipeline stages
-    # changed nothing in the seventh lease's step profile (docs/gpu.md); whether the slow
-    # kernel is one at all, turning it off says.
+    # weight's and bias's) into one "mix-order" kernel; turning it off says whether the slow
+    # kernel is one. Its pipeline stages come last (docs/gpu.md: they changed nothing).
     "compiled dynamic, no mix-order reduction": (True, {"triton.mix_order_reduction": False}),
     "compiled dynamic, no persistent reductions": (True, {"triton.persistent_reductions": False}),
     "compiled dynamic, coordinate-descent tuning": (True, {"coordinate_descent_tuning": True}),

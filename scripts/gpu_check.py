@@ -532,10 +532,9 @@ def compiled_reference(ctx: Context) -> Figures:
     return profile_turns(ctx, turn, "profile_reference", profile_steps=1)
 
 
-# Inductor settings that take work off the host, a step profile turn each: the seventh lease
-# found a compiled base step on bucketed batches waiting on the host (docs/gpu.md). The C++
-# wrapper launches a graph's kernels from C++ instead of Python; combo kernels launch
-# independent small kernels as one.
+# Inductor settings that may take work off the host, a step profile turn each (docs/gpu.md,
+# "Unmeasured"). The C++ wrapper launches a graph's kernels from C++ instead of Python; combo
+# kernels launch independent small kernels as one.
 HOST_TURNS = {"C++ wrapper": "cpp_wrapper=1", "combo kernels": "combo_kernels=1"}
 
 

@@ -105,24 +105,20 @@ def objective_step(model, mode: str):
     return step
 
 
-def chunk_setting(device: torch.device) -> tuple[str, int]:
-    """The name and value of the trainer's logit elements per loss chunk on `device`."""
-    name = "PROJECTION_CHUNK" if device.type == "cpu" else "PROJECTION_CHUNK_GPU"
-    return name, getattr(trainer_loss, name)
-
-
-def with_chunk(step, elements: int, device: torch.device):
+def with_chunk(step, elements: int):
     """`step` with `elements` logit elements per chunk of the trainer's loss (its forward makes
     the chunks and their gradients; backward only scales them), the setting restored after."""
-    name, _ = chunk_setting(device)
+
+    def chunk(device_type: str) -> int:
+        return elements
 
     def chunked(batch: Batch, dtype: torch.dtype) -> torch.Tensor:
-        saved = getattr(trainer_loss, name)
-        setattr(trainer_loss, name, elements)
+        saved = trainer_loss.projection_chunk
+        trainer_loss.projection_chunk = chunk
         try:
             return step(batch, dtype)
         finally:
-            setattr(trainer_loss, name, saved)
+            trainer_loss.projection_chunk = saved
 
     return chunked
 
@@ -411,7 +407,8 @@ def main(argv: list[str] | None = None) -> None:
     report: dict = {"mode": args.mode, "hardware": hardware, "torch": torch.__version__,
                     "precision": precision, "size": args.size, "vocab": args.vocab,
                     "batch_tokens": args.batch_tokens, "bf16_stream": args.bf16_stream,
-                    "inductor": settings, "projection_chunk": chunk_setting(device)[1]}  # fmt: skip
+                    "inductor": settings,
+                    "projection_chunk": trainer_loss.projection_chunk(device.type)}  # fmt: skip
     if args.count_shapes:
         report["distinct_shapes"] = count_shapes(lengths, args.batch_tokens)
         print("distinct batch shapes in one epoch:", report["distinct_shapes"], flush=True)
@@ -435,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
         models[ours] = warmed_up(cfg, args, device, warm, dtype, report)
         for elements in args.projection_chunk:
             step, params, optimizer = models[ours]
-            step = with_chunk(step, elements, device)
+            step = with_chunk(step, elements)
             updates(step, params, optimizer, warm, dtype)  # compiles for the chunk's shape
             name = f"{ours} projection_chunk={elements}"
             models[name], files[name] = (step, params, optimizer), f"{label}_chunk{elements}"

@@ -83,6 +83,11 @@ PROJECTION_CHUNK = 2**22
 PROJECTION_CHUNK_GPU = 2**26
 
 
+def projection_chunk(device_type: str) -> int:
+    """Logit elements one step of `projected_loss` makes at a time on `device_type`."""
+    return PROJECTION_CHUNK if device_type == "cpu" else PROJECTION_CHUNK_GPU
+
+
 def projected_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -185,8 +190,7 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros_like(weight, dtype=softmax_dtype) if ctx.needs_input_grad[1] else None
         loss = torch.zeros((), dtype=softmax_dtype, device=hidden.device)
         nll_sum = torch.zeros((), dtype=softmax_dtype, device=hidden.device)
-        chunk = PROJECTION_CHUNK if device_type == "cpu" else PROJECTION_CHUNK_GPU
-        step = max(chunk // weight.size(0), 1)
+        step = max(projection_chunk(device_type) // weight.size(0), 1)
         with torch.autocast(device_type, enabled=False):
             for start in range(0, rows.size(0), step):
                 part = slice(start, start + step)

@@ -42,7 +42,7 @@ def test_eager_profile_reports_every_model_and_shape(
     report = json.loads(lines[-1])
     assert report["bf16_stream"] is True and report["precision"] == "bf16"
     assert report["inductor"] == {f"triton.{STAGES}": False}
-    assert report["projection_chunk"] == 2**22 == profile_step.trainer_loss.PROJECTION_CHUNK
+    assert report["projection_chunk"] == 2**22 == profile_step.trainer_loss.projection_chunk("cpu")
     assert report == json.loads((out / "eager_bf16_stream_inductor.json").read_text())
     rows = [json.loads(line[len("result ") :]) for line in lines if line.startswith("result {")]
     assert {row.pop("row"): row for row in rows} == {  # what gpu_check.py keeps of a stopped run
