@@ -17,7 +17,7 @@ repeated (`fixed`) and bucketed batches of varied shapes (`bucketed`):
   (forward, backward, optimizer; a CUDA event each): the median lead in ms, and the share of
   phases at which the device had nothing queued and waited on the host (`device_waited_share`;
   near 0 with a lead of a step or more: the device sets the pace; near 1: the host does);
-- then `--profile-steps` steps under torch.profiler: aten operations and (on CUDA) kernels
+- then `--profile-steps` steps under torch.profiler (0: none): aten operations and (on CUDA) kernels
   launched per step, the time the device was busy per step (the union of its kernels'
   intervals), the top kernels by device time and the top host operations, and a Chrome trace
   (`--out`/MODE_SHAPES_profile.txt and _trace.json.gz; open the trace in Perfetto).
@@ -28,8 +28,10 @@ torch.compile (the model and its loss in one graph, as `compiled` compiles attn-
 `--inductor KEY=VALUE` (repeatable) sets an Inductor setting for the whole process before
 anything compiles (`cpp_wrapper=1`); its rows and files are named with it.
 `--projection-chunk N` (repeatable) also times attn-mt, the same model in the same process,
-with N logit elements per chunk of the trainer's loss (64M on a GPU by default: fewer, larger
-chunks are fewer calls from the host and hold more memory), its rows named with it.
+with N logit elements per chunk of the trainer's loss (256M on a GPU by default: fewer, larger
+chunks are fewer calls from the host and hold more memory), its rows named with it. On CUDA
+each row has the peak memory of its own windows (`peak_mib`; every model of the process stays
+in memory; the report's is the process's).
 `--count-shapes` counts the distinct batch shapes of one epoch of the bucketed corpus, as
 they are and with lengths rounded up to multiples.
 
@@ -351,7 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--window", type=int, default=40, help="updates per timed window")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--profile-steps", type=int, default=8)
+    parser.add_argument("--profile-steps", type=int, default=None,
+                        help="updates profiled a row, 0: none (8; 2 with --quick)")  # fmt: skip
     parser.add_argument("--reference", action="store_true", help="also eager nn.Transformer")
     parser.add_argument("--compiled-reference", action="store_true",
                         help="also nn.Transformer through torch.compile")  # fmt: skip
@@ -369,7 +372,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     set_cuda_environment()  # the allocator the trainer runs with, before CUDA starts
     if args.quick:
-        args.warmup, args.window, args.rounds, args.profile_steps = 2, 2, 1, 2
+        args.warmup, args.window, args.rounds = 2, 2, 1
+    if args.profile_steps is None:
+        args.profile_steps = 2 if args.quick else 8
 
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if args.device == "auto" else args.device)
@@ -384,6 +389,8 @@ def main(argv: list[str] | None = None) -> None:
     torch._inductor.config.load_config(settings)  # before anything compiles
     if any(n < 1 for n in args.projection_chunk):
         parser.error("--projection-chunk must be at least 1")
+    if args.profile_steps < 0:
+        parser.error("--profile-steps must be 0 (no profile) or more")
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     dtype = DTYPES[precision]
     out = Path(args.out)
@@ -439,9 +446,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.reference or args.compiled_reference:
         models |= reference_steps(cfg, args, device, warm, dtype, report)
     graphs = compiled_graphs()  # before the timed windows: what they add are recompiles
+    peak = 0  # bytes, the process's before the row now timed
     for kind, batches in shapes.items():
         flops = sum(step_flops(cfg.model, args.vocab, b) for b in batches)
         for name, (fn, ps, opt) in models.items():
+            if device.type == "cuda":
+                peak = max(peak, torch.cuda.max_memory_allocated(device))
+                torch.cuda.reset_peak_memory_stats(device)
             windows = [timed(fn, ps, opt, batches, dtype, device) for _ in range(args.rounds)]
             seconds = sum(w["seconds"] for w in windows)
             row = {
@@ -451,15 +462,17 @@ def main(argv: list[str] | None = None) -> None:
                 "mfu_spec": args.rounds * flops / seconds / spec if spec else None,
                 **lead_figures(windows),
             }
-            if name in files:
+            if name in files and args.profile_steps:
                 profile_batches = batches[: args.profile_steps]
                 row["profile"] = profiled(fn, ps, opt, profile_batches, dtype, device, out,
                                           f"{files[name]}_{kind}")  # fmt: skip
+            if device.type == "cuda":
+                row["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
             report[f"{name} {kind}"] = row
             print("result", json.dumps({"row": f"{name} {kind}", **row}), flush=True)
     report["graphs_after_warmup"] = compiled_graphs() - graphs
     if device.type == "cuda":
-        report["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+        report["peak_mib"] = max(peak, torch.cuda.max_memory_allocated(device)) / 2**20
     (out / f"{label}.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report))
 

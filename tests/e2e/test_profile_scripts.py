@@ -96,6 +96,24 @@ def test_reference_only_times_nn_transformer_alone(
     assert "--reference-only needs --reference" in capsys.readouterr().err
 
 
+def test_profile_steps_zero_times_without_profiling(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--profile-steps 0` times every row and profiles none (no profile, no files); a
+    negative count is one line and exit 2, before anything is built."""
+    profile_step.main([*TOY, "--quick", "--mode", "eager", "--profile-steps", "0",
+                       "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for kind in ("fixed", "bucketed"):
+        assert report[f"attn-mt {kind}"]["ms_per_step"] > 0
+        assert "profile" not in report[f"attn-mt {kind}"]
+    assert not list(tmp_path.glob("*_profile.txt")) and not list(tmp_path.glob("*trace*"))
+    with pytest.raises(SystemExit) as stop:
+        profile_step.main([*TOY, "--profile-steps", "-1", "--device", "cpu",
+                           "--out", str(tmp_path)])  # fmt: skip
+    assert stop.value.code == 2 and "--profile-steps must be" in capsys.readouterr().err
+
+
 def test_host_leads_tell_a_waiting_device_from_one_behind() -> None:
     """A device that reached each mark as the host queued it (the host sets the pace) leads by
     nothing; one still working through earlier marks leads by its backlog. The figures leave
