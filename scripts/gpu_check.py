@@ -513,8 +513,8 @@ def step_profile(ctx: Context) -> Figures:
     """profile_step.py --mode compiled: transformer-base over a 32k vocabulary on 25,000-token
     WMT-shaped batches, bf16, the trainer's loss: ms/step, tokens/s, MFU of the data sheet,
     how far the host ran ahead of the device, and the profiled kernels' milliseconds per
-    update by kind; in the same process the loss in 4x smaller chunks (the default until the
-    eighth lease: more calls from the host); then a turn for each of HOST_TURNS' Inductor
+    update by kind; in the same process the loss in 4x smaller chunks (more calls from the
+    host), which keeps the default's choice checked; then a turn for each of HOST_TURNS' Inductor
     settings this torch has. Its tables and traces go to `--out`/profile_step/."""
     turns = {"compiled": ["--projection-chunk", str(PROJECTION_CHUNK_GPU // 4)]}
     for name, pair in HOST_TURNS.items():

@@ -28,10 +28,10 @@ torch.compile (the model and its loss in one graph, as `compiled` compiles attn-
 `--inductor KEY=VALUE` (repeatable) sets an Inductor setting for the whole process before
 anything compiles (`cpp_wrapper=1`); its rows and files are named with it.
 `--projection-chunk N` (repeatable) also times attn-mt, the same model in the same process,
-with N logit elements per chunk of the trainer's loss (256M on a GPU by default: fewer, larger
-chunks are fewer calls from the host and hold more memory), its rows named with it. On CUDA
-each row has the peak memory of its own windows (`peak_mib`; every model of the process stays
-in memory; the report's is the process's).
+with N logit elements per chunk of the trainer's loss (in place of the trainer's
+`projection_chunk`: fewer, larger chunks are fewer calls from the host and hold more
+memory), its rows named with it. On CUDA each row has the peak memory of its own windows
+(`peak_mib`; every model of the process stays in memory; the report's is the process's).
 `--count-shapes` counts the distinct batch shapes of one epoch of the bucketed corpus, as
 they are and with lengths rounded up to multiples.
 

@@ -79,9 +79,8 @@ def _gradient(
 
 # Logit elements one step of `projected_loss` makes at a time: 4M (16 MiB of float32) on the
 # CPU; 256M on a GPU (1 GiB of float32 log-probs: 8,192 rows of a 32k vocabulary), where each
-# chunk is a round of launches from the host and thin products leave the card idle. At
-# transformer-base's 25,000 tokens 256M took 10% off a bucketed update against 64M, for about
-# 1.1 GiB more peak memory (docs/gpu.md, the eighth lease).
+# chunk is a round of launches from the host and thin products leave the card idle; the
+# choice, measured against smaller and larger chunks, is in docs/gpu.md.
 PROJECTION_CHUNK = 2**22
 PROJECTION_CHUNK_GPU = 2**28
 

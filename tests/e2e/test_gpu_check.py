@@ -260,7 +260,7 @@ def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(monk
     assert list(profile["turns"]) == ["compiled", "C++ wrapper", "combo kernels"]
     assert "attn-mt cpp_wrapper=True bucketed" in profile
     assert profile["attn-mt combo_kernels=True fixed"]["turn"] == "combo kernels"
-    smaller = gpu_check.PROJECTION_CHUNK_GPU // 4  # the default before the eighth lease
+    smaller = gpu_check.PROJECTION_CHUNK_GPU // 4  # beside the default, in the same process
     assert profile[f"attn-mt projection_chunk={smaller} fixed"]["turn"] == "compiled"
     assert profile["attn-mt fixed"]["turn"] == "compiled"
     assert set(reference) == {"nn.Transformer compiled fixed", "nn.Transformer compiled bucketed",
