@@ -1,6 +1,6 @@
 """Devices and number formats: which device to run on, which autocast dtype, and the context
-that applies it; TF32, deterministic kernels and the CUDA allocator. Training, translation and
-the benchmarks all ask here, so they agree.
+that applies it; TF32, deterministic kernels, the CUDA allocator and Inductor's settings.
+Training, translation and the benchmarks all ask here, so they agree.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from typing import Any
 
 import torch
 
@@ -23,6 +24,12 @@ CUBLAS_WORKSPACE = ":4096:8"
 # Blocks that grow in place instead of a new block per batch shape: less fragmentation when
 # every batch has another length (torch's CUDA memory notes).
 CUDA_ALLOC_CONF = "expandable_segments:True"
+# Inductor's settings for what attn-mt compiles, by device type. CUDA: no mix-order
+# reductions, which fuse a layer-norm backward's row sums (the input's gradient) and column
+# sums (the weight's and bias's) into one kernel; that kernel was a compiled base step's
+# slowest, and in two kernels the step is faster (docs/gpu.md, "The ninth lease").
+INDUCTOR_OPTIONS: dict[str, dict[str, Any]] = {"cuda": {"triton.mix_order_reduction": False}}
+MISSING = object()  # what `inductor_setting` gives for a key this torch's Inductor lacks
 
 log = logging.getLogger("attn_mt")
 
@@ -74,6 +81,27 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def inductor_setting(key: str) -> Any:
+    """The current value of Inductor's setting `key` ("triton.persistent_reductions"), or
+    MISSING."""
+    import torch._inductor.config  # here: Inductor loads only where it is asked for
+
+    value: Any = torch._inductor.config
+    for part in key.split("."):
+        value = getattr(value, part, MISSING)
+        if value is MISSING:
+            break
+    return value
+
+
+def inductor_options(device_type: str) -> dict[str, Any]:
+    """INDUCTOR_OPTIONS of `device_type`, for torch.compile's `options`, less any setting this
+    torch's Inductor lacks (torch.compile refuses those). Given to each torch.compile, they
+    hold for its graphs alone, the lazily compiled backward's too, not the whole process."""
+    wanted = INDUCTOR_OPTIONS.get(device_type, {})
+    return {key: value for key, value in wanted.items() if inductor_setting(key) is not MISSING}
 
 
 def set_cuda_environment(deterministic: bool = False) -> None:

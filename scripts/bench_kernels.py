@@ -34,6 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attn_mt.precision import MISSING, inductor_setting
+
 TOKENS = 25_600
 HEADS, HEAD_DIM, D_MODEL = 8, 64, 512
 
@@ -145,23 +147,9 @@ LAYERNORM_VARIANTS = {  # name: (torch.compile's dynamic, or None for eager; Ind
 }
 
 
-MISSING = object()  # what `setting` gives for a key this torch's Inductor lacks
-
-
-def setting(key: str) -> Any:
-    """The current value of Inductor's setting `key` ("triton.persistent_reductions"), or
-    MISSING."""
-    value: Any = torch._inductor.config
-    for part in key.split("."):
-        value = getattr(value, part, MISSING)
-        if value is MISSING:
-            break
-    return value
-
-
 def has_setting(key: str) -> bool:
     """Whether this torch's Inductor has the setting `key`."""
-    return setting(key) is not MISSING
+    return inductor_setting(key) is not MISSING
 
 
 def inductor_settings(pairs: Sequence[str]) -> dict[str, Any]:
@@ -173,7 +161,7 @@ def inductor_settings(pairs: Sequence[str]) -> dict[str, Any]:
         key, sep, text = pair.partition("=")
         if not sep or not text:
             raise ValueError(f"{pair!r}: give KEY=VALUE")
-        current = setting(key)
+        current = inductor_setting(key)
         if current is MISSING:
             raise ValueError(f"{key}: not an Inductor setting of torch {torch.__version__}")
         if isinstance(current, bool):

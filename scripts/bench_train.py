@@ -67,7 +67,11 @@ from attn_mt.model.transformer import (  # noqa: E402
     feed_forward_dropout,
 )
 from attn_mt.model.vocab import PAD_ID  # noqa: E402
-from attn_mt.precision import configure_kernels, set_cuda_environment  # noqa: E402
+from attn_mt.precision import (  # noqa: E402
+    configure_kernels,
+    inductor_options,
+    set_cuda_environment,
+)
 from attn_mt.train.compile import vary_batch_shape  # noqa: E402
 from attn_mt.train.corpus import training_data  # noqa: E402
 from attn_mt.train.loss import SmoothedObjective, label_smoothed_loss  # noqa: E402
@@ -234,10 +238,11 @@ def loss_step(loss: str, model: Transformer, compiled: bool):
     loss as it runs it: the `SmoothedObjective` (`projected_loss` on the decoder's final states,
     no (B, T, V) logits kept; compiled, the loss stays out of the model's graph, its chunks
     compiled on their own, `SmoothedObjective.fuse`, and the token count is read outside)."""
+    options = inductor_options(next(model.parameters()).device.type) or None  # the trainer's
     if loss == "logits":
-        return torch.compile(logits_loss) if compiled else logits_loss
+        return torch.compile(logits_loss, options=options) if compiled else logits_loss
     objective = SmoothedObjective(model, 0.1)
-    module = torch.compile(objective) if compiled else objective
+    module = torch.compile(objective, options=options) if compiled else objective
     objective.fuse(compiled)
 
     def step(_model: Transformer, batch: Batch, dtype: torch.dtype) -> torch.Tensor:

@@ -33,7 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))  # bench_train, its wmt_shape
 
-from bench_kernels import has_setting  # noqa: E402
 from bench_train import loss_ratios  # noqa: E402
 
 from attn_mt.checkpoint import load_checkpoint  # noqa: E402
@@ -49,9 +48,11 @@ from attn_mt.model.transformer import LayerSpec, Transformer, build_model  # noq
 from attn_mt.model.vocab import BOS_ID, PAD_ID  # noqa: E402
 from attn_mt.precision import (  # noqa: E402
     DTYPES,
+    MISSING,
     autocast_context,
     avoid_cudnn_attention,
     configure_kernels,
+    inductor_setting,
     resolve_precision,
     set_cuda_environment,
 )
@@ -514,11 +515,11 @@ def step_profile(ctx: Context) -> Figures:
     WMT-shaped batches, bf16, the trainer's loss: ms/step, tokens/s, MFU of the data sheet,
     how far the host ran ahead of the device, and the profiled kernels' milliseconds per
     update by kind; in the same process the loss in 4x smaller chunks (more calls from the
-    host), which keeps the default's choice checked; then a turn for each of HOST_TURNS' Inductor
+    host), which keeps the default's choice checked; then a turn for each of INDUCTOR_TURNS'
     settings this torch has. Its tables and traces go to `--out`/profile_step/."""
     turns = {"compiled": ["--projection-chunk", str(PROJECTION_CHUNK_GPU // 4)]}
-    for name, pair in HOST_TURNS.items():
-        if has_setting(pair.partition("=")[0]):
+    for name, pair in INDUCTOR_TURNS.items():
+        if inductor_setting(pair.partition("=")[0]) is not MISSING:
             turns[name] = ["--inductor", pair]
     return profile_turns(ctx, turns, "profile_step")
 
@@ -532,10 +533,11 @@ def compiled_reference(ctx: Context) -> Figures:
     return profile_turns(ctx, turn, "profile_reference", profile_steps=1)
 
 
-# Inductor settings that may take work off the host, a step profile turn each (docs/gpu.md,
-# "Unmeasured"). The C++ wrapper launches a graph's kernels from C++ instead of Python; combo
-# kernels launch independent small kernels as one.
-HOST_TURNS = {"C++ wrapper": "cpp_wrapper=1", "combo kernels": "combo_kernels=1"}
+# Inductor settings, a step profile turn each over the trainer's (docs/gpu.md): mix-order
+# reductions were the default until the ninth lease, so the turn keeps that choice checked;
+# the C++ wrapper launches a graph's kernels from C++ instead of Python (not yet measured).
+INDUCTOR_TURNS = {"mix-order reductions": "triton.mix_order_reduction=1",
+                  "C++ wrapper": "cpp_wrapper=1"}  # fmt: skip
 
 
 def profile_turns(

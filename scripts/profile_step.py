@@ -26,7 +26,9 @@ loss) is timed on the same batches; with `--compiled-reference` also the same th
 torch.compile (the model and its loss in one graph, as `compiled` compiles attn-mt's);
 `--reference-only` times those alone, for a run that compares them with an earlier profile's.
 `--inductor KEY=VALUE` (repeatable) sets an Inductor setting for the whole process before
-anything compiles (`cpp_wrapper=1`); its rows and files are named with it.
+anything compiles (`cpp_wrapper=1`), over the trainer's own (`precision.INDUCTOR_OPTIONS`:
+`triton.mix_order_reduction=1` times the former default); its rows and files are named with
+it.
 `--projection-chunk N` (repeatable) also times attn-mt, the same model in the same process,
 with N logit elements per chunk of the trainer's loss (in place of the trainer's
 `projection_chunk`: fewer, larger chunks are fewer calls from the host and hold more
@@ -78,7 +80,11 @@ from wmt_shape import RandomSentences, wmt_lengths  # noqa: E402
 from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
 from attn_mt.data.batching import Batch, collate, length_batches  # noqa: E402
 from attn_mt.model.transformer import build_model  # noqa: E402
-from attn_mt.precision import configure_kernels, set_cuda_environment  # noqa: E402
+from attn_mt.precision import (  # noqa: E402
+    configure_kernels,
+    inductor_options,
+    set_cuda_environment,
+)
 from attn_mt.train import loss as trainer_loss  # noqa: E402
 from attn_mt.train.compile import vary_batch_shape  # noqa: E402
 from attn_mt.train.loss import SmoothedObjective  # noqa: E402
@@ -87,15 +93,19 @@ ROOT = Path(__file__).resolve().parents[1]
 MODES = ("eager", "compiled", "cudagraphs")
 
 
-def objective_step(model, mode: str):
-    """`step(batch, dtype)` -> the summed loss of the trainer's objective in `mode`."""
+def objective_step(model, mode: str, settings: dict[str, Any]):
+    """`step(batch, dtype)` -> the summed loss of the trainer's objective in `mode`, compiled
+    with the trainer's Inductor settings and `settings` (--inductor's) over them."""
     objective = SmoothedObjective(model, 0.1)
     module: Callable[..., Any]  # the objective, or torch.compile's wrapper of it
     if mode == "eager":
         module = objective
     else:
-        module = torch.compile(objective, mode="reduce-overhead" if mode == "cudagraphs" else None)
-    objective.fuse(mode != "eager")
+        options = inductor_options(next(model.parameters()).device.type) | settings
+        if mode == "cudagraphs":  # torch.compile takes a mode or options, not both
+            options |= torch._inductor.list_mode_options("reduce-overhead")
+        module = torch.compile(objective, options=options or None)
+    objective.fuse(mode != "eager", settings)
 
     def step(batch: Batch, dtype: torch.dtype) -> torch.Tensor:
         if mode == "cudagraphs":  # a new update: the graphs' outputs of the last may be reused
@@ -160,11 +170,12 @@ def warmed_up(cfg, args, device, warm, dtype, report: dict) -> tuple:
     model = build_model(cfg, args.vocab, args.vocab).to(device).train()
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
-    step = objective_step(model, args.mode)
-    start = time.perf_counter()
+    step = objective_step(model, args.mode, inductor_settings(args.inductor))
+    start, before = time.perf_counter(), compiled_graphs()  # the process may have made some
     updates(step, params, optimizer, warm, dtype)
     sync(device)
-    report["warmup_s"], report["graphs"] = time.perf_counter() - start, compiled_graphs()
+    report["warmup_s"] = time.perf_counter() - start
+    report["graphs"] = compiled_graphs() - before
     print(f"warm-up: {report['warmup_s']:.1f} s, {report['graphs']} graph(s)", flush=True)
     return step, params, optimizer
 
@@ -414,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     report: dict = {"mode": args.mode, "hardware": hardware, "torch": torch.__version__,
                     "precision": precision, "size": args.size, "vocab": args.vocab,
                     "batch_tokens": args.batch_tokens, "bf16_stream": args.bf16_stream,
-                    "inductor": settings,
+                    "inductor": inductor_options(device.type) | settings,
                     "projection_chunk": trainer_loss.projection_chunk(device.type)}  # fmt: skip
     if args.count_shapes:
         report["distinct_shapes"] = count_shapes(lengths, args.batch_tokens)

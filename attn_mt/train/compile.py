@@ -8,7 +8,8 @@ the chosen mode asked for outright. The choice is recorded in last.pt (`TrainPro
 so a resumed run computes as it began (exact resume).
 
 The compiled mode compiles the loss's chunk too (`SmoothedObjective.fuse`): it runs outside
-the model's graph, since its chunk loop depends on the token count.
+the model's graph, since its chunk loop depends on the token count. Both compile with the
+device's Inductor settings (`precision.INDUCTOR_OPTIONS`).
 
 Rows and lengths of a batch are marked dynamic (`vary_batch_shape`), so one graph serves
 every bucketed batch shape. A compilation that fails (an unsupported backend, a missing
@@ -27,7 +28,7 @@ import torch
 
 from attn_mt import distributed
 from attn_mt.data.batching import Batch
-from attn_mt.precision import autocast_context
+from attn_mt.precision import autocast_context, inductor_options
 from attn_mt.train.loss import SmoothedObjective
 
 log = logging.getLogger("attn_mt")
@@ -102,13 +103,15 @@ def choose_compiled(
         return eager, CompileChoice("eager", "resumed" if resumed else "asked")
     measure = setting == "auto" and not resumed
     compiled = eager
+    device = next(objective.parameters()).device
 
     def timed(module: torch.nn.Module, updates: int) -> float:
         objective.fuse(module is compiled)  # the compiled model with its loss compiled too
         return _timed(module, objective, batches, dtype, updates)
 
     try:  # the first call compiles: a failure shows here
-        compiled = cast(torch.nn.Module, torch.compile(eager))
+        options = inductor_options(device.type) or None  # None: what any backend takes
+        compiled = cast(torch.nn.Module, torch.compile(eager, options=options))
         seconds = timed(compiled, 1)
         modes = (eager, compiled) if measure else ()
         times = [timed(m, TIMED_UPDATES) for m in modes] or [0.0, 0.0]
@@ -118,8 +121,7 @@ def choose_compiled(
         log.warning("torch.compile failed (%s: %s); training eagerly", type(err).__name__, reason)
         seconds, times, failed = 0.0, [0.0, 0.0], 1.0
     # Every rank takes the same decision: the ranks' mean times, any rank's failure.
-    device = next(objective.parameters()).device  # NCCL reduces GPU tensors only
-    shared = distributed.sum_to_device([*times, seconds, failed], world, device)
+    shared = distributed.sum_to_device([*times, seconds, failed], world, device)  # NCCL: on GPU
     eager_ms, compiled_ms, seconds, failed = (shared / world.size).tolist()
     if failed:
         choice = CompileChoice("eager", "failed")

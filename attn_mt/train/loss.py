@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,7 @@ from torch import nn
 
 from attn_mt.model.transformer import Transformer
 from attn_mt.model.vocab import PAD_ID
+from attn_mt.precision import inductor_options
 
 # Elements of the float32 gradient made at a time for lower-precision logits (64 MiB).
 GRAD_CHUNK = 2**24
@@ -244,12 +246,16 @@ class SmoothedObjective(nn.Module):
         self.tokens: int | None = None
         self.fused: Chunk | None = None  # `fuse`
 
-    def fuse(self, on: bool) -> None:
+    def fuse(self, on: bool, settings: dict[str, Any] | None = None) -> None:
         """Run each chunk of the loss as one compiled function (`fused_chunk` through
         torch.compile), or op by op. train.compile turns it on with the compiled model, whose
         graph leaves the loss out (`score`): its softmax, loss and gradient would otherwise run
-        op by op beside compiled layers (docs/gpu.md)."""
-        self.fused = torch.compile(fused_chunk, dynamic=True) if on else None
+        op by op beside compiled layers (docs/gpu.md). It compiles with the device's Inductor
+        settings (`precision.inductor_options`), `settings` over them."""
+        options = inductor_options(next(self.parameters()).device.type) | (settings or {})
+        self.fused = None
+        if on:
+            self.fused = torch.compile(fused_chunk, dynamic=True, options=options or None)
 
     def forward(
         self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor

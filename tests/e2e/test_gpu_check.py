@@ -254,12 +254,13 @@ def test_compiled_reference_keeps_its_own_rows_apart_from_the_step_profiles(monk
         return rows, {name: "done" for name in turns}
 
     monkeypatch.setattr(gpu_check, "bench_turns", bench_turns)
-    monkeypatch.setitem(gpu_check.HOST_TURNS, "a later torch's", "triton.not_in_this_torch=1")
+    monkeypatch.setitem(gpu_check.INDUCTOR_TURNS, "a later torch's", "triton.not_in_this_torch=1")
     ctx = gpu_check.Context(tmp_path, torch.device("cpu"), deadline=time.monotonic() + 60)
     profile, reference = gpu_check.step_profile(ctx), gpu_check.compiled_reference(ctx)
-    assert list(profile["turns"]) == ["compiled", "C++ wrapper", "combo kernels"]
+    assert list(profile["turns"]) == ["compiled", "mix-order reductions", "C++ wrapper"]
     assert "attn-mt cpp_wrapper=True bucketed" in profile
-    assert profile["attn-mt combo_kernels=True fixed"]["turn"] == "combo kernels"
+    mixed = profile["attn-mt triton.mix_order_reduction=True fixed"]
+    assert mixed["turn"] == "mix-order reductions"
     smaller = gpu_check.PROJECTION_CHUNK_GPU // 4  # beside the default, in the same process
     assert profile[f"attn-mt projection_chunk={smaller} fixed"]["turn"] == "compiled"
     assert profile["attn-mt fixed"]["turn"] == "compiled"

@@ -137,3 +137,44 @@ def test_trainer_setup_applies_the_kernel_settings(clean_env, kernel_settings, t
     Trainer(toy_config(deterministic=True))
     assert torch.are_deterministic_algorithms_enabled()
     assert not torch.backends.cuda.matmul.allow_tf32
+
+
+def test_inductor_options_are_the_devices_and_only_what_this_torch_has(monkeypatch) -> None:
+    assert precision.inductor_options("cuda") == {"triton.mix_order_reduction": False}
+    assert precision.inductor_options("cpu") == {}
+    wanted = {"triton.persistent_reductions": True, "triton.no_such_setting": 1}
+    monkeypatch.setitem(precision.INDUCTOR_OPTIONS, "cuda", wanted)
+    assert precision.inductor_options("cuda") == {"triton.persistent_reductions": True}
+
+
+def test_inductor_options_hold_for_the_lazily_compiled_backward(monkeypatch) -> None:
+    """Given to torch.compile, the CUDA settings hold while Inductor schedules the backward
+    too, which it compiles at the first backward(), outside torch.compile's call: each check
+    for a mix-order fusion, forward and backward, sees them (here on the CPU, where the
+    setting is read though it changes nothing). So attn-mt sets them per compile, not for
+    the whole process."""
+    from torch._inductor import config, scheduler
+
+    seen: list[bool] = []
+    checks = scheduler.MixOrderReduction.can_fuse.__func__
+
+    def noted(cls, node1, node2) -> bool:
+        seen.append(config.triton.mix_order_reduction)
+        return checks(cls, node1, node2)
+
+    monkeypatch.setattr(scheduler.MixOrderReduction, "can_fuse", classmethod(noted))
+    step = torch.compile(
+        lambda x, w: torch.nn.functional.layer_norm(x, (8,)) * w,
+        options=precision.inductor_options("cuda"),
+    )
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+    torch._dynamo.reset()
+    try:
+        with config.patch(fx_graph_cache=False):  # a cached graph skips the scheduler
+            out = step(x, w)
+            forward, seen[:] = list(seen), []
+            out.sum().backward()
+    finally:
+        torch._dynamo.reset()  # and its counters, whose graph count others read
+    assert forward and seen, "Inductor checked no fusion: this test checks nothing"
+    assert not any(forward + seen), (forward, seen)

@@ -247,10 +247,11 @@ class FusedLinear(torch.nn.Linear):
 def test_choice_follows_the_setting_and_what_the_run_recorded(
     monkeypatch, setting, recorded, mode, why, compiles, timings
 ) -> None:
-    compiled_modules, timed = [], []
+    compiled_modules, timed, options = [], [], []
 
-    def fake_compile(module):
+    def fake_compile(module, **kwargs):
         compiled_modules.append(torch.nn.Sequential(module))
+        options.append(kwargs["options"])
         return compiled_modules[-1]
 
     def fake_timed(module, objective, batches, dtype, updates):
@@ -259,6 +260,7 @@ def test_choice_follows_the_setting_and_what_the_run_recorded(
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     monkeypatch.setattr(compile_module, "_timed", fake_timed)
+    monkeypatch.setattr(compile_module, "inductor_options", lambda kind: {"for": kind})
     eager = FusedLinear(2, 2)
     module, choice = compile_module.choose_compiled(
         setting, recorded, eager, eager, [], None, distributed.World()
@@ -267,3 +269,4 @@ def test_choice_follows_the_setting_and_what_the_run_recorded(
     assert (module is eager) == (mode == "eager")
     assert eager.fused == (mode == "compiled"), "the loss is compiled with the model, only"
     assert (len(compiled_modules), len(timed)) == (compiles, timings)
+    assert options == [{"for": "cpu"}] * compiles  # the device's Inductor settings

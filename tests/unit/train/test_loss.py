@@ -168,6 +168,17 @@ def test_compiled_label_smoothed_loss_serves_every_batch_shape_with_one_graph(mo
     assert len(graphs) == 1
 
 
+def test_fused_loss_compiles_with_the_devices_inductor_settings(monkeypatch) -> None:
+    """`SmoothedObjective.fuse` gives torch.compile the Inductor settings of the model's
+    device (`precision.inductor_options`), as the compiled model gets them."""
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    monkeypatch.setattr("attn_mt.train.loss.inductor_options", lambda kind: {"for": kind})
+    model = Transformer(50, 50, LayerSpec(d_model=16, heads=2, d_ff=32), 1, 1)
+    SmoothedObjective(model, 0.1).fuse(True)
+    assert calls == [{"dynamic": True, "options": {"for": "cpu"}}]
+
+
 def test_fused_loss_compiles_one_graph_for_every_chunk_and_batch(monkeypatch) -> None:
     """`SmoothedObjective.fuse`: the loss's chunks run through torch.compile, one dynamic graph
     for chunks of every row count (full ones, a short last one, other batches), with the
