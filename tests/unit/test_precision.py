@@ -147,6 +147,7 @@ def test_inductor_options_are_the_devices_and_only_what_this_torch_has(monkeypat
     assert precision.inductor_options("cuda") == {"triton.persistent_reductions": True}
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # Inductor's
 def test_inductor_options_hold_for_the_lazily_compiled_backward(monkeypatch) -> None:
     """Given to torch.compile, the CUDA settings hold while Inductor schedules the backward
     too, which it compiles at the first backward(), outside torch.compile's call: each check
