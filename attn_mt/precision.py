@@ -96,12 +96,17 @@ def inductor_setting(key: str) -> Any:
     return value
 
 
+def has_inductor_setting(key: str) -> bool:
+    """Whether this torch's Inductor has the setting `key`."""
+    return inductor_setting(key) is not MISSING
+
+
 def inductor_options(device_type: str) -> dict[str, Any]:
     """INDUCTOR_OPTIONS of `device_type`, for torch.compile's `options`, less any setting this
     torch's Inductor lacks (torch.compile refuses those). Given to each torch.compile, they
     hold for its graphs alone, the lazily compiled backward's too, not the whole process."""
     wanted = INDUCTOR_OPTIONS.get(device_type, {})
-    return {key: value for key, value in wanted.items() if inductor_setting(key) is not MISSING}
+    return {key: value for key, value in wanted.items() if has_inductor_setting(key)}
 
 
 def set_cuda_environment(deterministic: bool = False) -> None:

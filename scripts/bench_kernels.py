@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attn_mt.precision import MISSING, inductor_setting
+from attn_mt.precision import MISSING, has_inductor_setting, inductor_setting
 
 TOKENS = 25_600
 HEADS, HEAD_DIM, D_MODEL = 8, 64, 512
@@ -147,11 +147,6 @@ LAYERNORM_VARIANTS = {  # name: (torch.compile's dynamic, or None for eager; Ind
 }
 
 
-def has_setting(key: str) -> bool:
-    """Whether this torch's Inductor has the setting `key`."""
-    return inductor_setting(key) is not MISSING
-
-
 def inductor_settings(pairs: Sequence[str]) -> dict[str, Any]:
     """`KEY=VALUE` pairs as Inductor settings, each VALUE read as the setting's current type
     (1/0 or true/false for a flag, an int for a number); a malformed pair or a KEY this
@@ -184,7 +179,7 @@ def layernorm(length: int) -> dict:
     results = {}
     blocks = nn.Sequential(*[Block() for _ in range(6)]).cuda()
     for name, (dynamic, settings) in LAYERNORM_VARIANTS.items():
-        unknown = [key for key in settings if not has_setting(key)]
+        unknown = [key for key in settings if not has_inductor_setting(key)]
         if unknown:  # an older torch's Inductor
             print("result", json.dumps({"name": f"layernorm {name}", "unknown": unknown}))
             continue

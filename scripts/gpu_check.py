@@ -48,11 +48,10 @@ from attn_mt.model.transformer import LayerSpec, Transformer, build_model  # noq
 from attn_mt.model.vocab import BOS_ID, PAD_ID  # noqa: E402
 from attn_mt.precision import (  # noqa: E402
     DTYPES,
-    MISSING,
     autocast_context,
     avoid_cudnn_attention,
     configure_kernels,
-    inductor_setting,
+    has_inductor_setting,
     resolve_precision,
     set_cuda_environment,
 )
@@ -519,7 +518,7 @@ def step_profile(ctx: Context) -> Figures:
     settings this torch has. Its tables and traces go to `--out`/profile_step/."""
     turns = {"compiled": ["--projection-chunk", str(PROJECTION_CHUNK_GPU // 4)]}
     for name, pair in INDUCTOR_TURNS.items():
-        if inductor_setting(pair.partition("=")[0]) is not MISSING:
+        if has_inductor_setting(pair.partition("=")[0]):
             turns[name] = ["--inductor", pair]
     return profile_turns(ctx, turns, "profile_step")
 

@@ -93,19 +93,18 @@ ROOT = Path(__file__).resolve().parents[1]
 MODES = ("eager", "compiled", "cudagraphs")
 
 
-def objective_step(model, mode: str, settings: dict[str, Any]):
+def objective_step(model, mode: str, options: dict[str, Any]):
     """`step(batch, dtype)` -> the summed loss of the trainer's objective in `mode`, compiled
-    with the trainer's Inductor settings and `settings` (--inductor's) over them."""
+    with the Inductor settings `options` (the trainer's, --inductor's over them)."""
     objective = SmoothedObjective(model, 0.1)
     module: Callable[..., Any]  # the objective, or torch.compile's wrapper of it
     if mode == "eager":
         module = objective
     else:
-        options = inductor_options(next(model.parameters()).device.type) | settings
         if mode == "cudagraphs":  # torch.compile takes a mode or options, not both
-            options |= torch._inductor.list_mode_options("reduce-overhead")
+            options = options | torch._inductor.list_mode_options("reduce-overhead")
         module = torch.compile(objective, options=options or None)
-    objective.fuse(mode != "eager", settings)
+    objective.fuse(mode != "eager", options)
 
     def step(batch: Batch, dtype: torch.dtype) -> torch.Tensor:
         if mode == "cudagraphs":  # a new update: the graphs' outputs of the last may be reused
@@ -165,12 +164,13 @@ def reference_steps(cfg, args, device, warm, dtype, report: dict) -> dict:
 
 
 def warmed_up(cfg, args, device, warm, dtype, report: dict) -> tuple:
-    """attn-mt's (step, parameters, optimizer) in `--mode`, warmed up on `warm`; its warm-up
-    seconds (compiling in them) and graphs go into `report`."""
+    """attn-mt's (step, parameters, optimizer) in `--mode` with the Inductor settings of
+    `report` (`inductor`), warmed up on `warm`; its warm-up seconds (compiling in them) and
+    graphs go into `report`."""
     model = build_model(cfg, args.vocab, args.vocab).to(device).train()
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
-    step = objective_step(model, args.mode, inductor_settings(args.inductor))
+    step = objective_step(model, args.mode, report["inductor"])
     start, before = time.perf_counter(), compiled_graphs()  # the process may have made some
     updates(step, params, optimizer, warm, dtype)
     sync(device)

@@ -252,9 +252,9 @@ class SmoothedObjective(nn.Module):
         graph leaves the loss out (`score`): its softmax, loss and gradient would otherwise run
         op by op beside compiled layers (docs/gpu.md). It compiles with the device's Inductor
         settings (`precision.inductor_options`), `settings` over them."""
-        options = inductor_options(next(self.parameters()).device.type) | (settings or {})
         self.fused = None
         if on:
+            options = inductor_options(next(self.parameters()).device.type) | (settings or {})
             self.fused = torch.compile(fused_chunk, dynamic=True, options=options or None)
 
     def forward(

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from attn_mt.precision import has_inductor_setting
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_train  # noqa: E402
@@ -208,9 +210,9 @@ def test_layernorm_variants_name_settings_inductor_has() -> None:
 
     names = [key for _, settings in bench_kernels.LAYERNORM_VARIANTS.values() for key in settings]
     assert "triton.mix_order_reduction" in names
-    assert all(bench_kernels.has_setting(name) for name in names)
-    assert not bench_kernels.has_setting("triton.mix_order_reductions")
-    assert not bench_kernels.has_setting("no_such_group.persistent_reductions")
+    assert all(has_inductor_setting(name) for name in names)
+    assert not has_inductor_setting("triton.mix_order_reductions")
+    assert not has_inductor_setting("no_such_group.persistent_reductions")
 
 
 def test_inductor_settings_are_read_as_their_type_and_a_wrong_one_is_one_line(
