@@ -350,7 +350,9 @@ def count_shapes(lengths: np.ndarray, batch_tokens: int) -> dict:
     return counts
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, torch.device, dict[str, Any]]:
+    """The arguments, the device and the --inductor settings, every value checked (one line
+    and exit 2 for a wrong one) before anything is built."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "multi30k_de_en.yaml"))
     parser.add_argument("--device", default="auto")
@@ -381,27 +383,89 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="CPU smoke: tiny windows")
     parser.add_argument("--out", default=str(ROOT / "runs" / "profile_step"))
     args = parser.parse_args(argv)
-    set_cuda_environment()  # the allocator the trainer runs with, before CUDA starts
     if args.quick:
         args.warmup, args.window, args.rounds = 2, 2, 1
     if args.profile_steps is None:
         args.profile_steps = 2 if args.quick else 8
-
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if args.device == "auto" else args.device)
     if args.mode == "cudagraphs" and device.type != "cuda":
         parser.error("--mode cudagraphs needs CUDA")
     if args.reference_only and not (args.reference or args.compiled_reference):
         parser.error("--reference-only needs --reference or --compiled-reference")
-    try:
-        settings = inductor_settings(args.inductor)
-    except ValueError as err:
-        parser.error(f"--inductor {err}")
-    torch._inductor.config.load_config(settings)  # before anything compiles
     if any(n < 1 for n in args.projection_chunk):
         parser.error("--projection-chunk must be at least 1")
     if args.profile_steps < 0:
         parser.error("--profile-steps must be 0 (no profile) or more")
+    try:
+        settings = inductor_settings(args.inductor)
+    except ValueError as err:
+        parser.error(f"--inductor {err}")
+    return args, device, settings
+
+
+def workload(args, device) -> tuple[np.ndarray, dict[str, list[Batch]], list[Batch]]:
+    """Synthetic pairs of WMT's lengths in the trainer's length buckets: their lengths, the
+    timed batches (`fixed`: the middle bucket's batch `--window` times; `bucketed`: `--window`
+    batches drawn at random) and the warm-up's, which hold every timed shape."""
+    lengths = wmt_lengths(args.pairs)
+    src_ids = RandomSentences(lengths[:, 0], args.vocab, seed=1)
+    tgt_ids = RandomSentences(lengths[:, 1], args.vocab, seed=2)
+    rows = length_batches(lengths, args.batch_tokens)
+    pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0)).tolist()
+    bucketed = [collate(src_ids, tgt_ids, rows[i]).to(device) for i in pick[: args.window]]
+    middle = collate(src_ids, tgt_ids, rows[len(rows) // 2]).to(device)
+    for batch in (middle, *bucketed):
+        vary_batch_shape(batch)
+    warm = list(itertools.islice(itertools.cycle([middle, *bucketed]),
+                                 max(args.warmup, 1 + len(bucketed))))  # fmt: skip
+    return lengths, {"fixed": [middle] * args.window, "bucketed": bucketed}, warm
+
+
+def row_figures(windows: list[dict], steps: int, flops: float, spec: float | None) -> dict:
+    """A row's figures from its timed windows of `steps` updates in all (`flops` of matrix
+    products; `spec`: the data sheet's FLOP/s, None where unknown)."""
+    seconds = sum(w["seconds"] for w in windows)
+    return {
+        "ms_per_step": 1e3 * seconds / steps,
+        "tgt_tokens_per_s": sum(w["tokens"] for w in windows) / seconds,
+        "host_queued_share": sum(w["queued"] for w in windows) / seconds,
+        "mfu_spec": flops / seconds / spec if spec else None,
+        **lead_figures(windows),
+    }
+
+
+def time_rows(models: dict, files: dict, shapes: dict, cfg, args, device, report: dict) -> None:
+    """Each model on each kind of batches: `--rounds` timed windows, then `--profile-steps`
+    profiled updates for attn-mt's (`files`: their files' names); each row into `report` and
+    printed as it is done (`result {...}`: what gpu_check keeps of a stopped run)."""
+    cuda, dtype = device.type == "cuda", DTYPES[report["precision"]]
+    spec = spec_peak(report["hardware"], report["precision"]) if cuda else None
+    peak = 0  # bytes, the process's before the row now timed
+    for kind, batches in shapes.items():
+        flops = args.rounds * sum(step_flops(cfg.model, args.vocab, b) for b in batches)
+        for name, (fn, ps, opt) in models.items():
+            if cuda:
+                peak = max(peak, torch.cuda.max_memory_allocated(device))
+                torch.cuda.reset_peak_memory_stats(device)
+            windows = [timed(fn, ps, opt, batches, dtype, device) for _ in range(args.rounds)]
+            row = row_figures(windows, args.rounds * len(batches), flops, spec)
+            if name in files and args.profile_steps:
+                profile_batches = batches[: args.profile_steps]
+                row["profile"] = profiled(fn, ps, opt, profile_batches, dtype, device,
+                                          Path(args.out), f"{files[name]}_{kind}")  # fmt: skip
+            if cuda:
+                row["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+            report[f"{name} {kind}"] = row
+            print("result", json.dumps({"row": f"{name} {kind}", **row}), flush=True)
+    if cuda:
+        report["peak_mib"] = max(peak, torch.cuda.max_memory_allocated(device)) / 2**20
+
+
+def main(argv: list[str] | None = None) -> None:
+    set_cuda_environment()  # the allocator the trainer runs with, before CUDA starts
+    args, device, settings = parse(argv)
+    torch._inductor.config.load_config(settings)  # before anything compiles
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     dtype = DTYPES[precision]
     out = Path(args.out)
@@ -420,30 +484,17 @@ def main(argv: list[str] | None = None) -> None:
         [args.mode, *(["bf16_stream"] if stream else []), *(["inductor"] if tried else [])]
     )
     print(f"{hardware}, torch {torch.__version__}, {label}, {precision}", flush=True)
-
-    lengths = wmt_lengths(args.pairs)
     report: dict = {"mode": args.mode, "hardware": hardware, "torch": torch.__version__,
                     "precision": precision, "size": args.size, "vocab": args.vocab,
                     "batch_tokens": args.batch_tokens, "bf16_stream": args.bf16_stream,
                     "inductor": inductor_options(device.type) | settings,
                     "projection_chunk": trainer_loss.projection_chunk(device.type)}  # fmt: skip
+    lengths, shapes, warm = workload(args, device)
     if args.count_shapes:
         report["distinct_shapes"] = count_shapes(lengths, args.batch_tokens)
         print("distinct batch shapes in one epoch:", report["distinct_shapes"], flush=True)
-    src_ids = RandomSentences(lengths[:, 0], args.vocab, seed=1)
-    tgt_ids = RandomSentences(lengths[:, 1], args.vocab, seed=2)
-    rows = length_batches(lengths, args.batch_tokens)
-    pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0)).tolist()
-    bucketed = [collate(src_ids, tgt_ids, rows[i]).to(device) for i in pick[: args.window]]
-    middle = collate(src_ids, tgt_ids, rows[len(rows) // 2]).to(device)
-    for batch in (middle, *bucketed):
-        vary_batch_shape(batch)
-    shapes = {"fixed": [middle] * args.window, "bucketed": bucketed}
-    spec = spec_peak(hardware, precision) if device.type == "cuda" else None
 
     torch.manual_seed(cfg.train.seed)
-    warm = list(itertools.islice(itertools.cycle([middle, *bucketed]),
-                                 max(args.warmup, 1 + len(bucketed))))  # fmt: skip
     models = {}
     files = {ours: label}  # the profile files of attn-mt's rows
     if not args.reference_only:
@@ -457,33 +508,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.reference or args.compiled_reference:
         models |= reference_steps(cfg, args, device, warm, dtype, report)
     graphs = compiled_graphs()  # before the timed windows: what they add are recompiles
-    peak = 0  # bytes, the process's before the row now timed
-    for kind, batches in shapes.items():
-        flops = sum(step_flops(cfg.model, args.vocab, b) for b in batches)
-        for name, (fn, ps, opt) in models.items():
-            if device.type == "cuda":
-                peak = max(peak, torch.cuda.max_memory_allocated(device))
-                torch.cuda.reset_peak_memory_stats(device)
-            windows = [timed(fn, ps, opt, batches, dtype, device) for _ in range(args.rounds)]
-            seconds = sum(w["seconds"] for w in windows)
-            row = {
-                "ms_per_step": 1e3 * seconds / (args.rounds * len(batches)),
-                "tgt_tokens_per_s": sum(w["tokens"] for w in windows) / seconds,
-                "host_queued_share": sum(w["queued"] for w in windows) / seconds,
-                "mfu_spec": args.rounds * flops / seconds / spec if spec else None,
-                **lead_figures(windows),
-            }
-            if name in files and args.profile_steps:
-                profile_batches = batches[: args.profile_steps]
-                row["profile"] = profiled(fn, ps, opt, profile_batches, dtype, device, out,
-                                          f"{files[name]}_{kind}")  # fmt: skip
-            if device.type == "cuda":
-                row["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
-            report[f"{name} {kind}"] = row
-            print("result", json.dumps({"row": f"{name} {kind}", **row}), flush=True)
+    time_rows(models, files, shapes, cfg, args, device, report)
     report["graphs_after_warmup"] = compiled_graphs() - graphs
-    if device.type == "cuda":
-        report["peak_mib"] = max(peak, torch.cuda.max_memory_allocated(device)) / 2**20
     (out / f"{label}.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report))
 
