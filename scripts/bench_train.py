@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import itertools
 import json
 import math
 import os
@@ -54,7 +53,7 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `attn-mt` sets it
 
-from wmt_shape import RandomSentences, wmt_lengths  # noqa: E402
+from wmt_shape import timed_batches, wmt_lengths  # noqa: E402
 
 from attn_mt import distributed  # noqa: E402
 from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
@@ -72,7 +71,6 @@ from attn_mt.precision import (  # noqa: E402
     inductor_options,
     set_cuda_environment,
 )
-from attn_mt.train.compile import vary_batch_shape  # noqa: E402
 from attn_mt.train.corpus import training_data  # noqa: E402
 from attn_mt.train.loss import SmoothedObjective, label_smoothed_loss  # noqa: E402
 from attn_mt.train.onednn import route_through_onednn  # noqa: E402
@@ -432,10 +430,23 @@ def bench_multi30k(args, cfg, device: torch.device, hardware: str, precisions: l
             row["stream_gain"] = row[STREAM]["tokens_per_s"] / row["attn-mt"]["tokens_per_s"]
         results.append(row)
 
+    print_multi30k(results, list(models))
+    print(json.dumps({
+        "bench": "train", "hardware": hardware, "device": device.type,
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "size": args.size, "d_model": m.d_model, "layers": [m.encoder_layers, m.decoder_layers],
+        "batch_tokens": cfg.train.batch_tokens, "padding": padding,
+        "results": results,
+    }))  # fmt: skip
+
+
+def print_multi30k(results: list[dict], names: list[str]) -> None:
+    """bench_multi30k's table: each precision's models (`names`, then the oneDNN and bf16
+    stream variants where timed), their ratios under them."""
     print(f"\n{'precision':<10}{'model':<20}{'tgt tok/s':>11}{'MFU':>8}{'MFU spec':>10}"
           f"{'peak MiB':>10}{'matmul peak':>14}")  # fmt: skip
     for row in results:
-        for key in (k for k in (*models, ONEDNN, STREAM) if k in row):
+        for key in (k for k in (*names, ONEDNN, STREAM) if k in row):
             r = row[key]
             mem = f"{r['peak_mib']:.0f}" if r["peak_mib"] is not None else "n/a"
             spec_mfu = f"{100 * r['mfu_spec']:.1f}%" if r["mfu_spec"] is not None else "n/a"
@@ -447,13 +458,6 @@ def bench_multi30k(args, cfg, device: torch.device, hardware: str, precisions: l
             print(f"{'':<10}{'oneDNN / MKL':<20}{row['onednn_gain']:>11.2f}")
         if "stream_gain" in row:
             print(f"{'':<10}{'stream bf16/fp32':<20}{row['stream_gain']:>11.2f}")
-    print(json.dumps({
-        "bench": "train", "hardware": hardware, "device": device.type,
-        "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "size": args.size, "d_model": m.d_model, "layers": [m.encoder_layers, m.decoder_layers],
-        "batch_tokens": cfg.train.batch_tokens, "padding": padding,
-        "results": results,
-    }))  # fmt: skip
 
 
 def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[str],
@@ -468,8 +472,6 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
     losses = list(LOSSES) if args.loss == "both" else [args.loss]
     compiled = {"off": (False,), "on": (True,), "both": (False, True)}[args.compile]
     lengths = wmt_lengths(args.pairs)
-    src_ids = RandomSentences(lengths[:, 0], vocab, seed=1)
-    tgt_ids = RandomSentences(lengths[:, 1], vocab, seed=2)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg, vocab, vocab).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -482,17 +484,7 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
 
     results, peaks = [], {}
     for batch_tokens in args.batch_tokens or [25000]:
-        rows = length_batches(lengths, batch_tokens)
-        pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0))
-        bucketed = [collate(src_ids, tgt_ids, rows[i]).to(device) for i in pick[:per_window]]
-        middle = collate(src_ids, tgt_ids, rows[len(rows) // 2]).to(device)  # a typical shape
-        for batch in (middle, *bucketed):  # as train.compile marks them: one graph for all
-            vary_batch_shape(batch)
-        shapes = {"fixed": [middle] * per_window, "bucketed": bucketed}
-        # Every timed shape once, then more until `warmup`: a new shape's first step can cost
-        # far more than a step (kernel choice, allocator growth).
-        warm = list(itertools.islice(itertools.cycle([middle, *bucketed]),
-                                     max(warmup, 1 + len(bucketed))))  # fmt: skip
+        shapes, warm = timed_batches(lengths, vocab, batch_tokens, per_window, warmup, device)
         flops = {kind: sum(step_flops(m, vocab, b) for b in batches)
                  for kind, batches in shapes.items()}  # fmt: skip
         for name in precisions:
@@ -536,6 +528,20 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
                 })  # fmt: skip
                 print("result", json.dumps(results[-1]), flush=True)  # kept if a timeout stops us
 
+    ratios, compile_ratios = print_wmt(results, peaks, hardware, device)
+    print(json.dumps({
+        "bench": "train", "workload": "wmt", "hardware": hardware, "device": device.type,
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "size": args.size,
+        "d_model": m.d_model, "layers": [m.encoder_layers, m.decoder_layers], "vocab": vocab,
+        "pairs": args.pairs, "warmup": warmup, "rounds": rounds, "window": per_window,
+        "results": results, "projected_over_logits": ratios,
+        "compiled_over_eager": compile_ratios,
+    }))  # fmt: skip
+
+
+def print_wmt(results: list[dict], peaks: dict, hardware: str, device) -> tuple[dict, dict]:
+    """bench_wmt's table, its peaks and its ratios (projected over logits, compiled over
+    eager); returns the ratios."""
     print(f"\n{'tokens':>7} {'prec':<5}{'loss':<10}{'mode':<9}{'shapes':<9}{'pad':>6}"
           f"{'tgt tok/s':>10}{'ms/step':>9}{'MFU':>7}{'MFU spec':>9}{'peak MiB':>9}"
           f"{'warm-up s':>10}")  # fmt: skip
@@ -561,14 +567,7 @@ def bench_wmt(args, cfg, device: torch.device, hardware: str, precisions: list[s
                 f"{what}, {label}: speed x{ratio['speed']:.2f}, peak memory "
                 + (f"x{ratio['memory']:.2f}" if ratio["memory"] is not None else "n/a")
             )
-    print(json.dumps({
-        "bench": "train", "workload": "wmt", "hardware": hardware, "device": device.type,
-        "threads": torch.get_num_threads(), "torch": torch.__version__, "size": args.size,
-        "d_model": m.d_model, "layers": [m.encoder_layers, m.decoder_layers], "vocab": vocab,
-        "pairs": args.pairs, "warmup": warmup, "rounds": rounds, "window": per_window,
-        "results": results, "projected_over_logits": ratios,
-        "compiled_over_eager": compile_ratios,
-    }))  # fmt: skip
+    return ratios, compile_ratios
 
 
 def timed_window(model, optimizer, batches, device, dtype, loss_of) -> tuple[float, int]:

@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
-import itertools
 import json
 import os
 import shutil
@@ -75,10 +74,10 @@ from bench_train import (  # noqa: E402
     sync,
     wmt_dropout,
 )
-from wmt_shape import RandomSentences, wmt_lengths  # noqa: E402
+from wmt_shape import timed_batches, wmt_lengths  # noqa: E402
 
 from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
-from attn_mt.data.batching import Batch, collate, length_batches  # noqa: E402
+from attn_mt.data.batching import Batch, length_batches  # noqa: E402
 from attn_mt.model.transformer import build_model  # noqa: E402
 from attn_mt.precision import (  # noqa: E402
     configure_kernels,
@@ -86,7 +85,6 @@ from attn_mt.precision import (  # noqa: E402
     set_cuda_environment,
 )
 from attn_mt.train import loss as trainer_loss  # noqa: E402
-from attn_mt.train.compile import vary_batch_shape  # noqa: E402
 from attn_mt.train.loss import SmoothedObjective  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -404,24 +402,6 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, torch.device, dic
     return args, device, settings
 
 
-def workload(args, device) -> tuple[np.ndarray, dict[str, list[Batch]], list[Batch]]:
-    """Synthetic pairs of WMT's lengths in the trainer's length buckets: their lengths, the
-    timed batches (`fixed`: the middle bucket's batch `--window` times; `bucketed`: `--window`
-    batches drawn at random) and the warm-up's, which hold every timed shape."""
-    lengths = wmt_lengths(args.pairs)
-    src_ids = RandomSentences(lengths[:, 0], args.vocab, seed=1)
-    tgt_ids = RandomSentences(lengths[:, 1], args.vocab, seed=2)
-    rows = length_batches(lengths, args.batch_tokens)
-    pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0)).tolist()
-    bucketed = [collate(src_ids, tgt_ids, rows[i]).to(device) for i in pick[: args.window]]
-    middle = collate(src_ids, tgt_ids, rows[len(rows) // 2]).to(device)
-    for batch in (middle, *bucketed):
-        vary_batch_shape(batch)
-    warm = list(itertools.islice(itertools.cycle([middle, *bucketed]),
-                                 max(args.warmup, 1 + len(bucketed))))  # fmt: skip
-    return lengths, {"fixed": [middle] * args.window, "bucketed": bucketed}, warm
-
-
 def row_figures(windows: list[dict], steps: int, flops: float, spec: float | None) -> dict:
     """A row's figures from its timed windows of `steps` updates in all (`flops` of matrix
     products; `spec`: the data sheet's FLOP/s, None where unknown)."""
@@ -489,7 +469,9 @@ def main(argv: list[str] | None = None) -> None:
                     "batch_tokens": args.batch_tokens, "bf16_stream": args.bf16_stream,
                     "inductor": inductor_options(device.type) | settings,
                     "projection_chunk": trainer_loss.projection_chunk(device.type)}  # fmt: skip
-    lengths, shapes, warm = workload(args, device)
+    lengths = wmt_lengths(args.pairs)
+    shapes, warm = timed_batches(lengths, args.vocab, args.batch_tokens, args.window,
+                                 args.warmup, device)  # fmt: skip
     if args.count_shapes:
         report["distinct_shapes"] = count_shapes(lengths, args.batch_tokens)
         print("distinct batch shapes in one epoch:", report["distinct_shapes"], flush=True)

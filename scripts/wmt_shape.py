@@ -13,11 +13,15 @@ their lengths.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
+from attn_mt.data.batching import Batch, collate, length_batches
 from attn_mt.model.vocab import EOS_ID
+from attn_mt.train.compile import vary_batch_shape
 
 MEAN_SOURCE, SIGMA = 27.0, 0.5  # source pieces: mean, log-space spread
 RATIO_MEDIAN, RATIO_SIGMA = 1.05, 0.15  # target / source length
@@ -48,3 +52,25 @@ class RandomSentences(Sequence):
     def __getitem__(self, i: int) -> list[int]:  # type: ignore[override]  # ints only, no slices
         rng = np.random.default_rng((self.seed, int(i)))
         return rng.integers(EOS_ID + 1, self.vocab, int(self.lengths[i])).tolist()
+
+
+def timed_batches(
+    lengths: np.ndarray, vocab: int, batch_tokens: int, window: int, warmup: int, device
+) -> tuple[dict[str, list[Batch]], list[Batch]]:
+    """The batches a WMT-workload timing runs, from pairs of `lengths` in attn-mt's length
+    buckets of `batch_tokens`: `fixed`, one typical batch (the middle bucket's) `window` times,
+    the ceiling; `bucketed`, `window` batches drawn at random, the real figure. Then the
+    warm-up's: every timed shape once, then more until `warmup` (a new shape's first step can
+    cost far more than a step: kernel choice, allocator growth). The batches' dimensions are
+    marked dynamic as train.compile marks them: one graph for all."""
+    src_ids = RandomSentences(lengths[:, 0], vocab, seed=1)
+    tgt_ids = RandomSentences(lengths[:, 1], vocab, seed=2)
+    rows = length_batches(lengths, batch_tokens)
+    pick = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0)).tolist()
+    bucketed = [collate(src_ids, tgt_ids, rows[i]).to(device) for i in pick[:window]]
+    middle = collate(src_ids, tgt_ids, rows[len(rows) // 2]).to(device)
+    for batch in (middle, *bucketed):
+        vary_batch_shape(batch)
+    warm = list(itertools.islice(itertools.cycle([middle, *bucketed]),
+                                 max(warmup, 1 + len(bucketed))))  # fmt: skip
+    return {"fixed": [middle] * window, "bucketed": bucketed}, warm
