@@ -19,7 +19,8 @@ repeated (`fixed`) and bucketed batches of varied shapes (`bucketed`):
   near 0 with a lead of a step or more: the device sets the pace; near 1: the host does);
 - then `--profile-steps` steps under torch.profiler (0: none): aten operations and (on CUDA) kernels
   launched per step, the time the device was busy per step (the union of its kernels'
-  intervals), the top kernels by device time and the top host operations, and a Chrome trace
+  intervals), the top kernels by device time and the top host operations, on CUDA each
+  kernel with its launch, registers and occupancy (`read_trace.py`), and a Chrome trace
   (`--out`/MODE_SHAPES_profile.txt and _trace.json.gz; open the trace in Perfetto).
 With `--reference`, eager `nn.Transformer` (bench_train's `Reference`, its full logits and
 loss) is timed on the same batches; with `--compiled-reference` also the same through
@@ -74,6 +75,8 @@ from bench_train import (  # noqa: E402
     sync,
     wmt_dropout,
 )
+from read_trace import kernel_kind, kernel_rows, load_events  # noqa: E402
+from read_trace import table as trace_table  # noqa: E402
 from wmt_shape import timed_batches, wmt_lengths  # noqa: E402
 
 from attn_mt.configfile import config_from_dict, load_config  # noqa: E402
@@ -281,11 +284,16 @@ def profiled(step, params, optimizer, batches, dtype, device, out: Path, name: s
     table = averages.table(sort_by=sort, row_limit=40, max_name_column_width=70)
     host = averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
     head = f"{n} updates profiled, wall {wall:.3f} s"
-    (out / f"{name}_profile.txt").write_text(
-        f"{head}\n\nby device time\n{table}\n\nby host time\n{host}\n"
-    )
     trace = out / f"{name}_trace.json"
     prof.export_chrome_trace(str(trace))
+    try:  # a table to read, not a figure: its failing must not stop the profile's run
+        by_kernel = kernel_rows(load_events(trace), n)  # none on the CPU
+        launches = f"\n\nkernels (read_trace.py)\n{trace_table(by_kernel, 40)}" if by_kernel else ""
+    except (ValueError, KeyError, TypeError) as err:
+        launches = f"\n\nkernels: the trace could not be read ({err!r})"
+    (out / f"{name}_profile.txt").write_text(
+        f"{head}\n\nby device time\n{table}\n\nby host time\n{host}{launches}\n"
+    )
     with trace.open("rb") as raw, gzip.open(str(trace) + ".gz", "wb") as packed:
         shutil.copyfileobj(raw, packed)
     trace.unlink()
@@ -299,25 +307,6 @@ def profiled(step, params, optimizer, batches, dtype, device, out: Path, name: s
         "copies_per_step": copies / n if cuda else None,
         "kernel_ms_per_step": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])) or None,
     }
-
-
-KERNEL_KINDS = {  # the first kind whose words a kernel's name holds (docs/gpu.md's breakdown)
-    "attention": ("flash", "fmha", "attention"),  # first: their names hold cutlass::gemm
-    "matrix products": ("nvjet", "gemm", "cublas", "cutlass_80_tensorop", "sm90_xmma"),
-    "layer norm (fused)": ("layer_norm",),
-    "loss chunk (fused)": ("log_softmax",),
-    "dropout, ReLU (fused)": ("dropout", "relu", "threshold"),
-    "clipping, AdamW": ("multi_tensor",),  # foreach kernels (torch's reduce_kernel: "other")
-    "memcpy, memset": ("Memcpy", "Memset"),
-}
-
-
-def kernel_kind(name: str) -> str:
-    """The KERNEL_KINDS entry of a CUDA kernel's name, or "other"."""
-    for kind, words in KERNEL_KINDS.items():
-        if any(word.lower() in name.lower() for word in words):
-            return kind
-    return "other"
 
 
 def _union_ns(intervals: list[tuple[int, int]]) -> int:
