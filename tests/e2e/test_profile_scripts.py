@@ -156,30 +156,6 @@ def test_reference_drops_where_attn_mt_does(activation_dropout: float | None) ->
     assert bench_train.wmt_dropout() == dict(dropout=0.1, activation_dropout=0, attention_dropout=0)
 
 
-@pytest.mark.parametrize(
-    ("name", "kind"),
-    [  # kernels of the sixth lease's compiled base step on an H200 (docs/gpu.md)
-        ("fmha_cutlassB_bf16_aligned_64x64_k64_sm80(PyTorchMemEffAttention::"
-         "AttentionBackwardKernel<cutlass::arch::Sm80, cutlass::bfloat16_t>::Params)", "attention"),
-        ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits"
-         "<64, 128, 128, 8, 4, false, false, cutlass::bfloat16_t>>", "attention"),
-        ("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_splitK_NTT", "matrix products"),
-        ("void cublasLt::splitKreduce_kernel<32, 16, int, float>", "matrix products"),
-        ("triton_per_fused__to_copy_add_native_dropout_backward_native_layer_norm_backward_view_7",
-         "layer norm (fused)"),
-        ("triton_red_fused__log_softmax__to_copy_arange_eq_exp_mean_prepare_softmax_online_sub_0",
-         "loss chunk (fused)"),
-        ("triton_poi_fused_native_dropout_relu_view_13", "dropout, ReLU (fused)"),
-        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>",
-         "clipping, AdamW"),
-        ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float>>", "other"),
-        ("Memset (Device)", "memcpy, memset"),
-    ],
-)  # fmt: skip
-def test_kernel_kinds_of_real_kernel_names(name: str, kind: str) -> None:
-    assert profile_step.kernel_kind(name) == kind
-
-
 NEEDS_CUDA = [
     (
         "profile_step.py",
