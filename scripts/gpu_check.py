@@ -532,9 +532,9 @@ def compiled_reference(ctx: Context) -> Figures:
     return profile_turns(ctx, turn, "profile_reference", profile_steps=1)
 
 
-# Inductor settings, a step profile turn each over the trainer's (docs/gpu.md): mix-order
-# reductions were the default until the ninth lease, so the turn keeps that choice checked;
-# the C++ wrapper launches a graph's kernels from C++ instead of Python (not yet measured).
+# Inductor settings, a step profile turn each over the trainer's (what each measured:
+# docs/gpu.md): mix-order reductions, Inductor's own default, keep the trainer's choice
+# checked; the C++ wrapper launches a graph's kernels from C++ instead of Python.
 INDUCTOR_TURNS = {"mix-order reductions": "triton.mix_order_reduction=1",
                   "C++ wrapper": "cpp_wrapper=1"}  # fmt: skip
 

@@ -85,8 +85,8 @@ def kernel_rows(events: list[dict[str, Any]], steps: int) -> list[dict[str, Any]
     for name, done in calls.items():
         total_us = sum(float(e.get("dur", 0.0)) for e in done)
         args = [e.get("args") or {} for e in done]
-        launches = collections.Counter(
-            f"{_dims(a.get('grid'))} x {_dims(a.get('block'))}" for a in args
+        launches = collections.Counter(  # none for a memcpy or memset
+            f"{_dims(a['grid'])} x {_dims(a.get('block'))}" for a in args if "grid" in a
         )
         weighted = [
             (float(a[OCCUPANCY]), float(e.get("dur", 0.0)))
@@ -101,7 +101,7 @@ def kernel_rows(events: list[dict[str, Any]], steps: int) -> list[dict[str, Any]
             "ms_per_step": total_us / 1e3 / steps,
             "calls_per_step": len(done) / steps,
             "us_per_call": total_us / len(done),
-            "launch": launches.most_common(1)[0][0] if args[0].get("grid") else "",
+            "launch": launches.most_common(1)[0][0] if launches else "",
             "launches": len(launches),
             "registers": max(registers) if registers else None,
             "occupancy_pct": sum(o * d for o, d in weighted) / weight if weight else None,

@@ -19,7 +19,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import bench_train  # noqa: E402
 import profile_step  # noqa: E402
 
-# tiny.yaml's model (1+1 layers of 32): Dynamo's trace of nn.Transformer took 8 s at 3+3 of 256
+# tiny.yaml's model (1+1 layers of 32): Dynamo traces nn.Transformer layer by layer, so a
+# larger model's trace would be most of this file's time
 TOY = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--size", "config", "--vocab", "300",
        "--batch-tokens", "400", "--pairs", "2000"]  # fmt: skip
 STAGES = "mix_order_reduction_allow_multi_stages"  # an Inductor setting the GPU lease tries
