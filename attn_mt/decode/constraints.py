@@ -27,7 +27,7 @@ import torch
 
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decode.generate import Hypothesis, Models, Step, Strategy, generate
-from attn_mt.errors import UserError
+from attn_mt.errors import LINE_BREAKS, UserError
 from attn_mt.model.vocab import EOS_ID, PAD_ID
 
 
@@ -106,17 +106,12 @@ def _checked(text: object, what: str) -> str:
         raise UserError(f"{what}: {text!r} is not a str")
     if "\t" in text or "\n" in text or "\r" in text:
         raise UserError(f"{what} {text!r} holds a TAB or line break")
-    breaks = [c for c in text if c in _OTHER_BREAKS]
+    breaks = [c for c in text if c in LINE_BREAKS]
     if breaks:
         raise UserError(f"{what} {text!r} holds a line break ({character(breaks[0])})")
     if not text.strip():
         raise UserError(f"{what} is empty")
     return text.strip()
-
-
-# What str.splitlines() also ends a line at, beyond \n and \r: an output holding one would
-# not be one line, and the output writer turns them into spaces.
-_OTHER_BREAKS = frozenset("\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 
 
 def _written_as_given(tokenizer: Tokenizer, what: str, text: str, ids: Sequence[int]) -> None:

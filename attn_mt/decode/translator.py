@@ -43,7 +43,7 @@ from attn_mt.decode.search import (
     max_output_lengths,
     sample,
 )
-from attn_mt.errors import UserError
+from attn_mt.errors import LINE_BREAKS, UserError
 from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.transformer import Transformer
 from attn_mt.precision import (
@@ -55,9 +55,9 @@ from attn_mt.precision import (
     set_tf32,
 )
 
-# Every character `str.splitlines` breaks at, not only a file's \n and \r: a caller that splits
-# the output either way gets one line per input line.
-_LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]+")
+# A run of line breaks in an output, written as one space: a caller that splits the output
+# either way gets one line per input line.
+_LINE_BREAKS = re.compile(f"[{re.escape(''.join(sorted(LINE_BREAKS)))}]+")
 LANGUAGE_KEYS = ("data.src_lang", "data.tgt_lang")
 
 
