@@ -32,7 +32,7 @@ from attn_mt.decode.alignment import (
     source_words,
     word_alignment,
 )
-from attn_mt.decode.constraints import Controls, line_controls, steered_beam_search
+from attn_mt.decode.controls import Controls, line_controls
 from attn_mt.decode.packed import pack, packing_pays
 from attn_mt.decode.packed import quantize as quantize_model
 from attn_mt.decode.request import Request
@@ -43,6 +43,7 @@ from attn_mt.decode.search import (
     max_output_lengths,
     sample,
 )
+from attn_mt.decode.steered import steered_beam_search
 from attn_mt.errors import LINE_BREAKS, UserError
 from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.transformer import Transformer

@@ -11,8 +11,9 @@ import pytest
 import torch
 from helpers.models import VOCAB, assert_same, random_model, random_sources
 
-from attn_mt.decode.constraints import Controls, TermProgress, steered_beam_search
+from attn_mt.decode.controls import Controls
 from attn_mt.decode.search import beam_search, max_output_lengths
+from attn_mt.decode.steered import TermProgress, steered_beam_search
 from attn_mt.model.vocab import EOS_ID
 
 SEEDS = [0, 1]

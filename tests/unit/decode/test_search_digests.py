@@ -19,7 +19,7 @@ from helpers.models import VOCAB, random_checkpoint, random_model, random_source
 from helpers.toy import toy_pairs
 
 import attn_mt
-from attn_mt.decode.constraints import Controls, steered_beam_search
+from attn_mt.decode.controls import Controls
 from attn_mt.decode.search import (
     Sampling,
     beam_search,
@@ -27,6 +27,7 @@ from attn_mt.decode.search import (
     max_output_lengths,
     sample,
 )
+from attn_mt.decode.steered import steered_beam_search
 
 SAMPLING = Sampling(temperature=0.8, top_k=6, top_p=0.9, seed=3)
 

@@ -9,8 +9,9 @@ import math
 import pytest
 from helpers.models import VOCAB, random_model, random_sources, teacher_forced_logprob
 
-from attn_mt.decode.constraints import Controls, steered_beam_search
+from attn_mt.decode.controls import Controls
 from attn_mt.decode.search import beam_search, max_output_lengths
+from attn_mt.decode.steered import steered_beam_search
 
 
 @pytest.mark.parametrize("beam", [VOCAB // 2 + 1, VOCAB - 1, VOCAB])
