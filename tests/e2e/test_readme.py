@@ -55,16 +55,71 @@ def relative_links(page: Path) -> list[str]:
     return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:|#", t)]
 
 
+def anchors(page: Path) -> set[str]:
+    """The in-page anchors of a Markdown page's headings, as GitHub makes them."""
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    headings = re.findall(r"^#+ (.+)$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_relative_link_points_to_a_file(page: Path) -> None:
-    broken = [
-        target
-        for target in relative_links(page)
-        if not (page.parent / target.split("#")[0]).exists()
-    ]
-    assert broken == [], f"{page.relative_to(REPO)} links to missing files: {broken}"
+    broken = []
+    for target in relative_links(page):
+        file, _, anchor = target.partition("#")
+        linked = page.parent / file
+        if not linked.exists() or (anchor and anchor not in anchors(linked)):
+            broken.append(target)
+    assert broken == [], f"{page.relative_to(REPO)} links to missing files or headings: {broken}"
+
+
+def test_anchors_are_githubs() -> None:
+    page = REPO / "docs" / "training.md"
+    assert "learning-rate-schedules" in anchors(page)
+    assert "skipped-updates-fp16-and-gpu-memory" in anchors(page)
 
 
 def test_the_docs_are_linked_from_the_readme() -> None:
     linked = {(REPO / t.split("#")[0]).resolve() for t in relative_links(REPO / "README.md")}
     assert [p.name for p in PAGES[1:] if p.resolve() not in linked] == []
+
+
+# Reference pages say what to set and what to expect; a page that grows a diary does not.
+LINE_LIMITS = {"README.md": 200, "docs/gpu.md": 250, "docs/performance.md": 250}
+
+
+@pytest.mark.parametrize(("path", "limit"), LINE_LIMITS.items(), ids=list(LINE_LIMITS))
+def test_reference_pages_stay_short(path: str, limit: int) -> None:
+    lines = len((REPO / path).read_text(encoding="utf-8").splitlines())
+    assert lines < limit, f"{path} has {lines} lines; keep it under {limit} (history: history.md)"
+
+
+# A date (2026-11-28) or a GPU lease named by its number: the dated record is docs/history.md's.
+DATED = re.compile(
+    r"\b20\d\d-\d\d-\d\d\b"
+    r"|\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth) lease\b",
+    flags=re.I,
+)
+MAX_DATED = 3
+
+
+def dated_references(text: str) -> list[str]:
+    return DATED.findall(text)
+
+
+def test_dated_references_are_found() -> None:
+    text = "the ninth lease (2026-11-28) and the Second Lease; not 2026-11 nor a lease of 2"
+    assert dated_references(text) == ["ninth lease", "2026-11-28", "Second Lease"]
+
+
+@pytest.mark.parametrize(
+    "page",
+    [p for p in PAGES if p.name != "history.md"],
+    ids=lambda p: p.relative_to(REPO).as_posix(),
+)
+def test_dated_history_stays_in_history_md(page: Path) -> None:
+    found = dated_references(page.read_text(encoding="utf-8"))
+    assert len(found) <= MAX_DATED, (
+        f"{page.relative_to(REPO)} holds {len(found)} dated references {found[:5]}...: move the "
+        "diary to docs/history.md and keep the page's current figures"
+    )
