@@ -94,7 +94,7 @@ def test_reference_pages_stay_short(path: str, limit: int) -> None:
     assert lines < limit, f"{path} has {lines} lines; keep it under {limit} (history: history.md)"
 
 
-# A date (2026-11-28) or a GPU lease named by its number: the dated record is docs/history.md's.
+# A date (YYYY-MM-DD) or a GPU lease named by its ordinal: the dated record is docs/history.md's.
 DATED = re.compile(
     r"\b20\d\d-\d\d-\d\d\b"
     r"|\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth) lease\b",
