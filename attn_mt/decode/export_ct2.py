@@ -36,7 +36,7 @@ from torch import nn
 
 from attn_mt.config import Config, DecodeConfig
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decode.search import max_output_lengths
+from attn_mt.decode.generate import max_output_lengths
 from attn_mt.decode.translator import load
 from attn_mt.errors import UserError
 from attn_mt.fileio import (

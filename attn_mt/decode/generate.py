@@ -1,9 +1,9 @@
 """The one search loop, `generate`, over `Transformer.encode` / `decode`, batched over
-sentences, for one model or an ensemble; a strategy (greedy, sampling, beam, steered beam in
-`search.py` and `constraints.py`) only chooses each step's tokens, as fairseq's
-`SequenceGenerator._generate` and its `search.py` do.
+sentences, for one model or an ensemble; a strategy (greedy, sampling, beam in `search.py`,
+steered beam in `steered.py`), which the `Request` names, only chooses each step's tokens, as
+fairseq's `SequenceGenerator._generate` and its `search.py` do.
 
-The loop owns what every search shares: the encoder output and KV cache (`_StepDecoder`), the
+The loop owns what every search shares: the encoder output and KV cache (`StepDecoder`), the
 output limit (the last allowed token must be <eos>), finishing a hypothesis (tokens and score
 read in one transfer), dropping the groups that are done (`_sentence_done`), and the n-best
 order. The encoder runs once; the decoder runs one step at a time, with the key/value cache
@@ -65,7 +65,7 @@ def indices(values: list[int], device: torch.device) -> torch.Tensor:
     return index.to(device)
 
 
-class _StepDecoder:
+class StepDecoder:
     """Next-token log-probabilities for a batch of prefixes, with or without a KV cache: of one
     model, or the mean over an ensemble's models, each with its own memory and cache.
 
@@ -140,15 +140,17 @@ class Step:
 
 class Strategy:
     """How a search chooses the next tokens (greedy, sampling, beam, steered beam); the rest of
-    the search is `generate`'s. `beam_size` finished hypotheses end a group; `repeat` groups
-    start per source row (samples of one line)."""
+    the search is `generate`'s. `beam_size` finished hypotheses end a group, of which the
+    `nbest` best are returned; `repeat` groups start per source row (samples of one line)."""
 
     beam_size = 1
+    nbest = 1
     repeat = 1
 
-    def start(self, groups: int, device: torch.device) -> torch.Tensor:
-        """The first rows' log-probabilities (G, W): one row per group, at 0."""
-        return torch.zeros(groups, 1, device=device)
+    def start(self, limits: list[int], device: torch.device) -> torch.Tensor:
+        """The first rows' log-probabilities (G, W) of groups with these output `limits`: one
+        row per group, at 0."""
+        return torch.zeros(len(limits), 1, device=device)
 
     def mask(
         self, log_probs: torch.Tensor, prefix: torch.Tensor, alive: list[int], step: int
@@ -178,21 +180,25 @@ def generate(
     max_lengths: torch.Tensor,
     strategy: Strategy,
     alpha: float = 0.0,
-    nbest: int = 1,
     use_cache: bool = True,
 ) -> list[list[Hypothesis]]:
-    """Search with `strategy`: the `nbest` best hypotheses of every group, best first.
+    """Search with `strategy`: the hypotheses of every source row, the `strategy.nbest` best of
+    each of its groups, best first (its `strategy.repeat` samples: one each, in the order drawn).
 
     Args:
-        src: (B, S) source ids, right-padded.  max_lengths: (B * repeat,) output limits in
-            tokens, per group.  alpha: length-penalty exponent of the scores.
+        src: (B, S) source ids, right-padded.  max_lengths: (B,) output limits in tokens.
+        alpha: length-penalty exponent of the scores.
     """
-    decoder = _StepDecoder(models, src, use_cache, strategy.repeat)
+    if not 1 <= strategy.nbest <= strategy.beam_size:
+        raise ValueError(
+            f"nbest ({strategy.nbest}) must be between 1 and the beam size ({strategy.beam_size})"
+        )
+    decoder = StepDecoder(models, src, use_cache, strategy.repeat)
     device = src.device
-    limits = max_lengths.long().tolist()  # per group
+    limits = max_lengths.repeat_interleave(strategy.repeat).long().tolist()  # per group
     alive = list(range(len(limits)))  # the original group of each live group
     alive_index = torch.arange(len(limits), device=device)  # the same on the device
-    scores = strategy.start(len(limits), device)  # (G, W)
+    scores = strategy.start(limits, device)  # (G, W)
     prefix = torch.full((scores.numel(), 1), BOS_ID, dtype=torch.long, device=device)  # (N, 1)
     finished: list[list[Hypothesis]] = [[] for _ in limits]
     for step in range(max(limits, default=0)):
@@ -231,7 +237,12 @@ def generate(
             scores, prefix = scores[index], prefix.index_select(0, rows)
             decoder.select(rows, sentences=index)
             strategy.select(keep)
-    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
+    ranked = [sorted(hyps, key=lambda h: h.score, reverse=True) for hyps in finished]
+    width = strategy.repeat  # groups per source row
+    return [
+        [h for hyps in ranked[first : first + width] for h in hyps[: strategy.nbest]]
+        for first in range(0, len(ranked), width)
+    ]
 
 
 def _finish(chosen: Step, prefix: torch.Tensor, into: list[list[Hypothesis]], alpha: float) -> None:

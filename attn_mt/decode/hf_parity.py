@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from attn_mt.decode.search import beam_search, greedy_search, max_output_lengths
+from attn_mt.decode.generate import generate, max_output_lengths
+from attn_mt.decode.search import Beam, Greedy
 from attn_mt.decode.translator import Translator
 from attn_mt.model.vocab import BOS_ID, EOS_ID
 
@@ -92,10 +93,11 @@ def check_parity(tf, translator: Translator, folder: Path) -> Parity:
         src = torch.tensor([ids + [EOS_ID]])  # (1, S)
         limit = int(max_output_lengths(src, cfg.max_len_a, cfg.max_len_b, model.max_positions))
         options = dict(max_length=limit + 1, do_sample=False, early_stopping=False)
-        ours = greedy_search(model, src, torch.tensor([limit]))[0].tokens
+        [[ours_greedy]] = generate(model, src, torch.tensor([limit]), Greedy())
+        ours = ours_greedy.tokens
         theirs = hf_model.generate(src, num_beams=1, **options)[0].tolist()
         greedy_same += theirs == [BOS_ID, *ours, EOS_ID]
-        ours_beam = beam_search(model, src, torch.tensor([limit]), beam, alpha=0.0)[0][0].tokens
+        ours_beam = generate(model, src, torch.tensor([limit]), Beam(beam))[0][0].tokens
         theirs = hf_model.generate(
             src,
             num_beams=beam,

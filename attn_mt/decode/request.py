@@ -1,7 +1,8 @@
 """What one call of `Translator.translate_nbest` asks for, as one typed, frozen value (as
 transformers' `GenerationConfig`): the search (beam, n-best, length penalty, or sampling), what
 the outputs must hold (terms, prefixes, avoided words), alignment, and the batching. Checked
-once, by `resolved`, whose messages name the command-line options that set each field.
+once, by `resolved`, whose messages name the command-line options that set each field; it names
+its search strategy (`strategy`) and how many source tokens a batch of it holds (`line_budget`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from attn_mt.config import DecodeConfig
-from attn_mt.decode.search import Sampling
+from attn_mt.decode.controls import Controls
+from attn_mt.decode.generate import Strategy
+from attn_mt.decode.search import Beam, Draw, Greedy, Sampling
+from attn_mt.decode.steered import SteeredBeam
 from attn_mt.errors import UserError
 
 
@@ -76,3 +80,17 @@ class Request:
         if self.sampling is not None:
             return max(budget // self.nbest, 1)
         return max(2 * budget // ((self.beam or 1) + 1), 1)
+
+    def strategy(self, lines: Sequence[int], controls: Sequence[Controls] = ()) -> Strategy:
+        """The search this (resolved) request names for one batch of source lines: steered beam
+        search where they carry `controls` (every line of the batch, or none), sampling, greedy
+        search (beam 1) or beam search. `lines`: their numbers in the user's input, which seed
+        the samples."""
+        beam = self.beam or 1
+        if controls:
+            return SteeredBeam(controls, beam, self.nbest)
+        if self.sampling is not None:
+            return Draw(self.sampling, lines, self.nbest)
+        if beam == 1:
+            return Greedy()
+        return Beam(beam, self.nbest)

@@ -1,6 +1,6 @@
 """Greedy search, beam search and sampling: strategies of the one search loop
-(`attn_mt.decode.generate.generate`), which only choose each step's tokens, and the functions
-that run them.
+(`attn_mt.decode.generate.generate`), which only choose each step's tokens; a `Request` names
+the one it asks for.
 
 Shape legend: G groups still searching (a sentence's beams, or one greedy row or sample each),
 W rows per group (1, or the beam size K), N = G * W rows, V vocabulary, t step.
@@ -16,53 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from attn_mt.decode.generate import (
-    Hypothesis,
-    Models,
-    Step,
-    Strategy,
-    _sentence_done,
-    _StepDecoder,
-    generate,
-    indices,
-    length_penalty,
-    max_output_lengths,
-)
+from attn_mt.decode.generate import Step, Strategy, indices
 from attn_mt.errors import UserError
 from attn_mt.model.vocab import EOS_ID
-
-# Re-exported: the names callers have always imported from here.
-__all__ = [
-    "Hypothesis",
-    "Models",
-    "Sampling",
-    "_StepDecoder",
-    "_sentence_done",
-    "beam_search",
-    "greedy_search",
-    "length_penalty",
-    "max_output_lengths",
-    "sample",
-    "top_candidates",
-]
-
-
-@torch.no_grad()
-def greedy_search(
-    model: Models,
-    src: torch.Tensor,
-    max_lengths: torch.Tensor,
-    alpha: float = 0.0,
-    use_cache: bool = True,
-) -> list[Hypothesis]:
-    """Pick the most probable token at every step; one Hypothesis per source row.
-
-    Args:
-        src: (B, S) source ids, right-padded.  max_lengths: (B,) output limits in tokens.
-        alpha: length-penalty exponent, used only for the reported score.
-    """
-    found = generate(model, src, max_lengths, Greedy(), alpha, 1, use_cache)
-    return [best for [best] in found]
 
 
 @dataclass(frozen=True)
@@ -112,34 +68,6 @@ class Sampling:
         return order.gather(1, rank[:, None]).squeeze(1)
 
 
-@torch.no_grad()
-def sample(
-    model: Models,
-    src: torch.Tensor,
-    max_lengths: torch.Tensor,
-    sampling: Sampling,
-    lines: Sequence[int],
-    samples: int = 1,
-    alpha: float = 0.0,
-    use_cache: bool = True,
-) -> list[list[Hypothesis]]:
-    """`samples` random outputs of every source row, in the order drawn.
-
-    Args:
-        src: (B, S) source ids, right-padded.  max_lengths: (B,) output limits in tokens.
-        lines: (B,) the number of each row in the user's input; it seeds the row's draws.
-        alpha: length-penalty exponent, used only for the reported score.
-    """
-    limits = max_lengths.repeat_interleave(samples)  # (B * samples,) one group per sample
-    steps = limits.long().tolist()  # one copy to the host, not one per row
-    uniforms = torch.zeros(len(steps), max(steps, default=0))  # (B * samples, longest)
-    for row, (line, j) in enumerate((line, j) for line in lines for j in range(samples)):
-        uniforms[row, : steps[row]] = sampling.uniforms(line, j, steps[row])
-    draw = Draw(sampling, uniforms.to(src.device), samples)
-    found = generate(model, src, limits, draw, alpha, 1, use_cache)
-    return [[best for [best] in found[i : i + samples]] for i in range(0, len(found), samples)]
-
-
 class Greedy(Strategy):
     """One row per group, extended by its most probable token until that is <eos>."""
 
@@ -163,46 +91,41 @@ class Greedy(Strategy):
 
 
 class Draw(Greedy):
-    """`Sampling`'s draws instead of the most probable token; `repeat` samples per source row
-    (groups of their own), with their uniforms (G, longest) drawn in advance."""
+    """`Sampling`'s draws instead of the most probable token: `samples` outputs of every source
+    row (groups of their own, in the order drawn), whose draws come from the stream of the
+    row's number in the user's input, `lines` (B,)."""
 
-    def __init__(self, sampling: Sampling, uniforms: torch.Tensor, repeat: int):
-        self.sampling, self.uniforms, self.repeat = sampling, uniforms, repeat
+    def __init__(self, sampling: Sampling, lines: Sequence[int], samples: int = 1):
+        self.sampling, self.lines, self.repeat = sampling, list(lines), samples
+        self.uniforms = torch.zeros(0, 0)  # (G, longest), drawn at `start`
+
+    def start(self, limits: list[int], device: torch.device) -> torch.Tensor:
+        """Draw every group's uniforms for its whole output limit in advance, then start as
+        greedy search does."""
+        self.uniforms = torch.zeros(len(limits), max(limits, default=0))  # (G, longest)
+        groups = ((line, j) for line in self.lines for j in range(self.repeat))
+        for group, (line, j) in enumerate(groups):
+            self.uniforms[group, : limits[group]] = self.sampling.uniforms(line, j, limits[group])
+        self.uniforms = self.uniforms.to(device)
+        return super().start(limits, device)
 
     def choose(self, log_probs: torch.Tensor, alive_index: torch.Tensor, step: int) -> torch.Tensor:
         """The draw of each row of log_probs (G, V) from its own stream; (G,)."""
         return self.sampling.pick(log_probs, self.uniforms[alive_index, step])
 
 
-@torch.no_grad()
-def beam_search(
-    model: Models,
-    src: torch.Tensor,
-    max_lengths: torch.Tensor,
-    beam_size: int,
-    alpha: float = 1.0,
-    nbest: int = 1,
-    use_cache: bool = True,
-) -> list[list[Hypothesis]]:
-    """Beam search; returns the `nbest` best hypotheses of every source row, best first.
+class Beam(Strategy):
+    """K beams per sentence, the `nbest` best hypotheses returned.
 
     At each step the 2K best continuations (all, if fewer) of each sentence's K beams are
     ranked; an <eos> among the first K ends a hypothesis, scored logprob / lp(length), and the
     best K others go on. A sentence is done once it holds K finished hypotheses and the best
-    open beam, scored logprob / lp(its length so far), does not beat the K-th of them
-    (`_sentence_done`).
-    """
-    if not 1 <= nbest <= beam_size:
-        raise ValueError(f"nbest ({nbest}) must be between 1 and the beam size ({beam_size})")
-    return generate(model, src, max_lengths, Beam(beam_size), alpha, nbest, use_cache)
+    open beam, scored logprob / lp(its length so far), does not beat the K-th of them. All K
+    would start as the same <s>: the first step runs one row per sentence, then its K best
+    become K (what they share stays one row: `StepDecoder`)."""
 
-
-class Beam(Strategy):
-    """K beams per sentence. All K would start as the same <s>: the first step runs one row
-    per sentence, then its K best become K (what they share stays one row: `_StepDecoder`)."""
-
-    def __init__(self, beam_size: int):
-        self.beam_size = beam_size
+    def __init__(self, beam_size: int, nbest: int = 1):
+        self.beam_size, self.nbest = beam_size, nbest
 
     def step(self, step, log_probs, scores, alive, alive_index) -> Step:
         """The 2K best continuations ranked; <eos> among the first K ends, the best K others go

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from attn_mt.decode.controls import Controls
-from attn_mt.decode.generate import Hypothesis, Models, Step, Strategy, generate
+from attn_mt.decode.generate import Step, Strategy
 from attn_mt.model.vocab import EOS_ID, PAD_ID
 
 
@@ -62,39 +62,21 @@ class TermProgress:
         return TermProgress(met, tuple(partial))
 
 
-@torch.no_grad()
-def steered_beam_search(
-    model: Models,
-    src: torch.Tensor,
-    max_lengths: torch.Tensor,
-    controls: Sequence[Controls],
-    beam_size: int,
-    alpha: float = 1.0,
-    nbest: int = 1,
-    use_cache: bool = True,
-) -> list[list[Hypothesis]]:
-    """Beam search whose every output starts with its prefix, holds every term and none of
-    the avoided sequences; the `nbest` best of every source row, best first.
-
-    Args:
-        src: (B, S) source ids, right-padded.  max_lengths: (B,) output limits in tokens, at
-            least each row's `needed_length()`.  controls: (B,) what each row must hold.
-    """
-    steered = SteeredBeam(controls, beam_size)
-    return generate(model, src, max_lengths, steered, alpha, nbest, use_cache)
-
-
 class SteeredBeam(Strategy):
     """K beams per sentence dealt from the banks of term tokens met (`_deal`), after the
-    prefix, avoided words and unmet terms closed their tokens (`mask`). All K rows run from
-    the first step: one starts, the others join as it branches."""
+    prefix, avoided words and unmet terms closed their tokens (`mask`); the `nbest` best
+    hypotheses returned, each starting with its sentence's prefix, holding every term and none
+    of the avoided sequences (`controls` (B,), what each source row must hold; its output
+    limit must be at least the row's `needed_length()`). All K rows run from the first step:
+    one starts, the others join as it branches."""
 
-    def __init__(self, controls: Sequence[Controls], beam_size: int):
-        self.controls, self.beam_size = list(controls), beam_size
+    def __init__(self, controls: Sequence[Controls], beam_size: int, nbest: int = 1):
+        self.controls, self.beam_size, self.nbest = list(controls), beam_size, nbest
         self.progress: list[TermProgress] = []  # per row
 
-    def start(self, groups: int, device: torch.device) -> torch.Tensor:
+    def start(self, limits: list[int], device: torch.device) -> torch.Tensor:
         """(B, K) scores: beam 0 at 0, the others -inf until the first step branches."""
+        groups = len(limits)
         self.progress = [TermProgress() for _ in range(groups * self.beam_size)]
         scores = torch.full((groups, self.beam_size), float("-inf"), device=device)
         scores[:, 0] = 0.0

@@ -33,17 +33,10 @@ from attn_mt.decode.alignment import (
     word_alignment,
 )
 from attn_mt.decode.controls import Controls, line_controls
+from attn_mt.decode.generate import Models, generate, max_output_lengths
 from attn_mt.decode.packed import pack, packing_pays
 from attn_mt.decode.packed import quantize as quantize_model
 from attn_mt.decode.request import Request
-from attn_mt.decode.search import (
-    Models,
-    beam_search,
-    greedy_search,
-    max_output_lengths,
-    sample,
-)
-from attn_mt.decode.steered import steered_beam_search
 from attn_mt.errors import LINE_BREAKS, UserError
 from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.transformer import Transformer
@@ -212,26 +205,18 @@ class Translator:
         request: Request,
     ) -> list[list[Translation]]:
         """The entries of the lines `rows` (their text `lines`, source `ids`), searched as one
-        batch: all steered (`controls`) or all plain."""
-        cfg, models, nbest = self.config.decode, self.models, request.nbest
-        beam, cache = request.beam or 1, request.use_cache
-        alpha = request.length_penalty
+        batch with the strategy the request names: all steered (`controls`) or all plain."""
+        cfg, alpha = self.config.decode, request.length_penalty
         assert alpha is not None, "a resolved request"
-        src = source_batch(ids, rows).to(self.device)
+        steering = [c for c in controls if c is not None]
+        src = source_batch(ids, rows).to(self.device)  # (B, S)
         limits = max_output_lengths(src, cfg.max_len_a, cfg.max_len_b, self.max_output_len)
+        if steering:  # room for what the controls need
+            needed = torch.tensor([c.needed_length() for c in steering], device=self.device)
+            limits = torch.maximum(limits, needed)
+        strategy = request.strategy([request.first_line + row for row in rows], steering)
         with autocast_context(self.device, self.dtype):
-            if controls[0] is not None:
-                steering = [c for c in controls if c is not None]
-                needed = torch.tensor([c.needed_length() for c in steering], device=self.device)
-                limits = torch.maximum(limits, needed)  # room for what the controls need
-                hyps = steered_beam_search(models, src, limits, steering, beam, alpha, nbest, cache)
-            elif request.sampling is not None:
-                numbers = [request.first_line + i for i in rows]
-                hyps = sample(models, src, limits, request.sampling, numbers, nbest, alpha, cache)
-            elif beam == 1:
-                hyps = [[h] for h in greedy_search(models, src, limits, alpha, cache)]
-            else:
-                hyps = beam_search(models, src, limits, beam, alpha, nbest, cache)
+            hyps = generate(self.models, src, limits, strategy, alpha, request.use_cache)
         for row, row_hyps, limit in zip(rows, hyps, limits.tolist(), strict=True):
             if not row_hyps:  # only steering can leave a line without any output
                 raise UserError(

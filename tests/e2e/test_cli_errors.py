@@ -27,14 +27,14 @@ from attn_mt import load
 from attn_mt.checkpoint import save_checkpoint
 from attn_mt.configfile import config_from_dict
 from attn_mt.data.tokenizer import train_tokenizer
-from attn_mt.decode.search import Hypothesis
+from attn_mt.decode.generate import Hypothesis
 from attn_mt.decode.translator import Translator
 from attn_mt.fileio import write_output
 from attn_mt.train.runfolder import lock_run_folder
 
 # The private names this module patches, in one place to update when the package moves.
 LOSS = "attn_mt.train.loss.projected_loss"  # the training loss, as the objective calls it
-SEARCHES = ("attn_mt.decode.translator.beam_search", "attn_mt.decode.translator.greedy_search")
+SEARCH = "attn_mt.decode.translator.generate"  # the one search loop, as the Translator calls it
 
 
 # The holder imports attn_mt.train.runfolder without the package's __init__ (which imports torch):
@@ -175,10 +175,7 @@ def test_output_has_one_line_per_input_line_whatever_the_model_emits(world: Worl
 
     lines = ["qb qc", "", "qd qf qg", "qh"]
     stdin = Stdin("".join(line + "\n" for line in lines).encode())
-    with (
-        mock.patch(SEARCHES[0], search),
-        mock.patch(SEARCHES[1], lambda *a: [h[0] for h in search(*a)]),
-    ):
+    with mock.patch(SEARCH, search):
         beam = translator.translate(lines, beam=2)
         greedy = translator.translate(lines, beam=1)
         result = run_cli(translate_args(world.run), stdin, {"ATTN_MT_OFFLINE": "1"})

@@ -15,7 +15,8 @@ from helpers.workspace import World
 import attn_mt as library
 from attn_mt.data.batching import source_batch
 from attn_mt.decode.forced import score_ids
-from attn_mt.decode.search import greedy_search
+from attn_mt.decode.generate import generate
+from attn_mt.decode.search import Greedy
 from attn_mt.model.vocab import BOS_ID, EOS_ID
 
 
@@ -61,7 +62,7 @@ def test_greedy_output_scores_its_own_logprob(world: World, seed: int) -> None:
     batch = source_batch(ids, list(range(len(ids))))
     limits = torch.full((len(ids),), 40)
     with torch.no_grad():
-        hyps = greedy_search(translator.models, batch, limits)
+        hyps = [best for [best] in generate(translator.models, batch, limits, Greedy())]
     scores = score_ids(translator.model, ids, [h.tokens for h in hyps], batch_tokens=24)
     for hyp, tokens in zip(hyps, scores, strict=True):
         assert sum(tokens) == pytest.approx(hyp.logprob, abs=1e-4)

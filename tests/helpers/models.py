@@ -12,9 +12,7 @@ from attn_mt.checkpoint import FORMAT, save_checkpoint
 from attn_mt.configfile import config_from_dict
 from attn_mt.data.batching import pad_sequences
 from attn_mt.data.tokenizer import train_tokenizer
-from attn_mt.decode.search import (
-    Hypothesis,
-)
+from attn_mt.decode.generate import Hypothesis
 from attn_mt.model.transformer import LayerSpec, Transformer, build_model
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
 from helpers.toy import toy_config_dict, toy_pairs

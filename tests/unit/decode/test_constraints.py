@@ -12,8 +12,9 @@ import torch
 from helpers.models import VOCAB, assert_same, random_model, random_sources
 
 from attn_mt.decode.controls import Controls
-from attn_mt.decode.search import beam_search, max_output_lengths
-from attn_mt.decode.steered import TermProgress, steered_beam_search
+from attn_mt.decode.generate import generate, max_output_lengths
+from attn_mt.decode.search import Beam
+from attn_mt.decode.steered import SteeredBeam, TermProgress
 from attn_mt.model.vocab import EOS_ID
 
 SEEDS = [0, 1]
@@ -47,7 +48,8 @@ def search(model, src, controls, beam: int, nbest: int = 1, use_cache: bool = Tr
     limits = max_output_lengths(src, 1.0, 2)
     needed = torch.tensor([c.needed_length() for c in controls])
     limits = torch.maximum(limits, needed)
-    return steered_beam_search(model, src, limits, controls, beam, 1.0, nbest, use_cache), limits
+    steered = SteeredBeam(controls, beam, nbest)
+    return generate(model, src, limits, steered, alpha=1.0, use_cache=use_cache), limits
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -92,7 +94,7 @@ def test_nothing_to_steer_is_beam_search(seed: int) -> None:
     model, src = random_model(seed), random_sources(seed)
     controls = [Controls() for _ in range(src.size(0))]
     steered, limits = search(model, src, controls, beam=4, nbest=4)
-    plain = beam_search(model, src, limits, 4, 1.0, nbest=4)
+    plain = generate(model, src, limits, Beam(4, nbest=4), alpha=1.0)
     for a, b in zip(steered, plain, strict=True):
         assert_same(a, b)
 

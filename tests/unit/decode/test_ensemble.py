@@ -15,15 +15,8 @@ from helpers.toy import script_validation, toy_config_dict
 
 import attn_mt
 from attn_mt.configfile import config_from_dict
-from attn_mt.decode.search import (
-    Hypothesis,
-    Sampling,
-    _StepDecoder,
-    beam_search,
-    greedy_search,
-    max_output_lengths,
-    sample,
-)
+from attn_mt.decode.generate import Hypothesis, StepDecoder, generate, max_output_lengths
+from attn_mt.decode.search import Beam, Draw, Greedy, Sampling
 from attn_mt.errors import UserError
 from attn_mt.model.vocab import BOS_ID, PAD_ID
 from attn_mt.train.loop import Trainer
@@ -43,11 +36,12 @@ def as_tuples(rows: list[list[Hypothesis]]) -> list[list[tuple]]:
 def searches(models, src, limits) -> dict[str, list[list[Hypothesis]]]:
     """Greedy, beam (3-best) and sampling (2 samples) outputs of `models` for every row."""
     lines = list(range(1, src.size(0) + 1))
-    return {
-        "greedy": [[h] for h in greedy_search(models, src, limits, alpha=0.6)],
-        "beam": beam_search(models, src, limits, beam_size=3, alpha=0.6, nbest=3),
-        "sample": sample(models, src, limits, Sampling(temperature=1.5, seed=2), lines, 2),
+    strategies = {
+        "greedy": Greedy(),
+        "beam": Beam(3, nbest=3),
+        "sample": Draw(Sampling(temperature=1.5, seed=2), lines, samples=2),
     }
+    return {name: generate(models, src, limits, s, alpha=0.6) for name, s in strategies.items()}
 
 
 @pytest.mark.parametrize("members", [1, 2], ids=["alone", "with-itself"])
@@ -64,9 +58,9 @@ def test_step_log_probs_are_the_mean_of_the_models(setup) -> None:
     first, second, src, _ = setup
     prefix = torch.full((src.size(0), 1), BOS_ID)
     prefix = torch.cat([prefix, torch.randint(4, 24, (src.size(0), 3))], dim=1)  # (B, 4)
-    both = _StepDecoder([first, second], src, use_cache=False).log_probs(prefix)  # (B, V)
-    one = _StepDecoder(first, src, use_cache=False).log_probs(prefix)
-    two = _StepDecoder(second, src, use_cache=False).log_probs(prefix)
+    both = StepDecoder([first, second], src, use_cache=False).log_probs(prefix)  # (B, V)
+    one = StepDecoder(first, src, use_cache=False).log_probs(prefix)
+    two = StepDecoder(second, src, use_cache=False).log_probs(prefix)
     assert not torch.allclose(one, two)
     assert torch.equal(both, (one + two) / 2)  # -inf at <pad> and <s> in all three
 
@@ -76,8 +70,8 @@ def test_two_models_score_the_mean_of_their_log_probabilities(setup) -> None:
     log P(y | x); cached (each model its own cache) and uncached search agree."""
     first, second, src, limits = setup
     ensemble = [first, second]
-    hyps = beam_search(ensemble, src, limits, beam_size=3, alpha=0.0, nbest=3)
-    uncached = beam_search(ensemble, src, limits, 3, alpha=0.0, nbest=3, use_cache=False)
+    hyps = generate(ensemble, src, limits, Beam(3, nbest=3), alpha=0.0)
+    uncached = generate(ensemble, src, limits, Beam(3, nbest=3), alpha=0.0, use_cache=False)
     assert [[h.tokens for h in r] for r in hyps] == [[h.tokens for h in r] for r in uncached]
     differs = 0
     for row, row_hyps in enumerate(hyps):
@@ -87,7 +81,7 @@ def test_two_models_score_the_mean_of_their_log_probabilities(setup) -> None:
             assert h.logprob == pytest.approx(sum(each) / 2, abs=1e-4)
             differs += abs(each[0] - each[1]) > 1e-3
     assert differs, "the two models should disagree"
-    single = [[h.tokens for h in r] for r in beam_search(first, src, limits, 3, 0.0, 3)]
+    single = [[h.tokens for h in r] for r in generate(first, src, limits, Beam(3, nbest=3))]
     assert [[h.tokens for h in r] for r in hyps] != single  # the second model counts
 
 

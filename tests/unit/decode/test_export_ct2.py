@@ -26,7 +26,7 @@ from attn_mt.cli import app
 from attn_mt.data.batching import collate
 from attn_mt.data.text import read_lines
 from attn_mt.decode.export_ct2 import DECODE_OPTIONS, QUANTIZATIONS, export_ctranslate2
-from attn_mt.decode.search import max_output_lengths
+from attn_mt.decode.generate import max_output_lengths
 from attn_mt.errors import UserError
 from attn_mt.model.vocab import EOS_ID, PAD_ID
 from attn_mt.scores import score

@@ -16,7 +16,8 @@ import attn_mt
 from attn_mt.data.text import read_lines
 from attn_mt.decode import packed
 from attn_mt.decode import translator as translator_module
-from attn_mt.decode.search import beam_search, greedy_search, max_output_lengths
+from attn_mt.decode.generate import generate, max_output_lengths
+from attn_mt.decode.search import Beam, Greedy
 from attn_mt.errors import UserError
 from attn_mt.model.attention import MultiHeadAttention
 from attn_mt.model.transformer import FeedForward
@@ -55,16 +56,16 @@ def test_a_packed_model_computes_the_same_function(seed: int) -> None:
 def test_packing_changes_no_hypothesis(seed: int) -> None:
     model, src = random_model(seed), random_sources(seed)
     fast, limits = packed.pack(random_model(seed)), max_output_lengths(src, 1.5, 5)
-    greedy = greedy_search(fast, src, limits), greedy_search(model, src, limits)
-    for a, b in zip(*greedy, strict=True):
-        assert_same([a], [b])
-    beams = beam_search(fast, src, limits, 4, nbest=4), beam_search(model, src, limits, 4, nbest=4)
-    for a, b in zip(*beams, strict=True):
-        assert_same(a, b)
+    beam = Beam(4, nbest=4)
+    for strategy in (Greedy(), beam):
+        found = [generate(m, src, limits, strategy, alpha=1.0) for m in (fast, model)]
+        for a, b in zip(*found, strict=True):
+            assert_same(a, b)
     # Batch-independent: each sentence alone finds what it found in the batch.
+    in_batch = generate(fast, src, limits, beam, alpha=1.0)
     for row in range(3):
         alone = src[row : row + 1, : int((src[row] != PAD_ID).sum())]
-        assert_same(beam_search(fast, alone, limits[row : row + 1], 4, nbest=4)[0], beams[0][row])
+        assert_same(generate(fast, alone, limits[row : row + 1], beam, alpha=1.0)[0], in_batch[row])
 
 
 def test_padded_rows_are_few_sizes_and_little_waste() -> None:

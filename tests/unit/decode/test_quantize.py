@@ -13,9 +13,9 @@ from helpers.toy import invoke
 
 import attn_mt
 from attn_mt.data.text import read_lines
-from attn_mt.decode import search
+from attn_mt.decode.generate import StepDecoder, generate, max_output_lengths
 from attn_mt.decode.packed import split_in_proj
-from attn_mt.decode.search import beam_search, max_output_lengths
+from attn_mt.decode.search import Beam
 from attn_mt.scores import score
 
 INT8_BLEU_TOLERANCE = 2.0  # BLEU points below float32 that int8 may lose on the toy test set
@@ -30,13 +30,13 @@ def test_reordering_beams_only_in_the_self_attention_cache_changes_no_hypothesis
     caches reordered) find the same hypotheses with bit-equal scores."""
     model, src = random_model(seed), random_sources(seed)
     limits = max_output_lengths(src, 1.5, 5)
-    fast = beam_search(model, src, limits, 4, alpha=1.0, nbest=4)
-    every_row = search._StepDecoder.select
-    monkeypatch.setattr(search._StepDecoder, "reorder_beams", every_row)
+    fast = generate(model, src, limits, Beam(4, nbest=4), alpha=1.0)
+    every_row = StepDecoder.select
+    monkeypatch.setattr(StepDecoder, "reorder_beams", every_row)
     monkeypatch.setattr(
-        search._StepDecoder, "select", lambda self, rows, sentences=None: every_row(self, rows)
+        StepDecoder, "select", lambda self, rows, sentences=None: every_row(self, rows)
     )
-    slow = beam_search(model, src, limits, 4, alpha=1.0, nbest=4)
+    slow = generate(model, src, limits, Beam(4, nbest=4), alpha=1.0)
     for a, b in zip(fast, slow, strict=True):
         assert_same(a, b, rel=0.0)
 

@@ -14,7 +14,8 @@ from helpers.models import random_model, random_sources
 from helpers.toy import toy_config_dict
 
 from attn_mt.configfile import config_from_dict
-from attn_mt.decode.search import Hypothesis, Sampling, greedy_search, max_output_lengths, sample
+from attn_mt.decode.generate import Hypothesis, generate, max_output_lengths
+from attn_mt.decode.search import Draw, Greedy, Sampling
 from attn_mt.decode.translator import Translator
 from attn_mt.errors import UserError
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
@@ -53,20 +54,19 @@ def assert_same(a: list[Hypothesis], b: list[Hypothesis]) -> None:
 )
 def test_a_cut_to_one_token_is_greedy_search(case, sampling: Sampling) -> None:
     model, src, limits, lines = case
-    greedy = greedy_search(model, src, limits, alpha=0.6)
-    for row_samples, g in zip(
-        sample(model, src, limits, sampling, lines, 2, 0.6), greedy, strict=True
-    ):
+    greedy = generate(model, src, limits, Greedy(), alpha=0.6)
+    drawn = generate(model, src, limits, Draw(sampling, lines, samples=2), alpha=0.6)
+    for row_samples, [g] in zip(drawn, greedy, strict=True):
         assert_same(row_samples, [g, g])
 
 
 def test_a_temperature_near_zero_is_greedy_search(case) -> None:
     """Dividing by 1e-300 overflows every log-probability but the likeliest's: still greedy."""
     model, src, limits, lines = case
-    greedy = greedy_search(model, src, limits, alpha=0.6)
-    drawn = sample(model, src, limits, Sampling(temperature=1e-300), lines, 1, 0.6)
+    greedy = generate(model, src, limits, Greedy(), alpha=0.6)
+    drawn = generate(model, src, limits, Draw(Sampling(temperature=1e-300), lines), alpha=0.6)
     for row_samples, g in zip(drawn, greedy, strict=True):
-        assert_same(row_samples, [g])
+        assert_same(row_samples, g)
 
 
 @pytest.mark.parametrize("top_k", [2, 5])
@@ -76,7 +76,7 @@ def test_every_token_is_in_the_top_k_of_its_step(case, top_k: int) -> None:
     model, src, limits, lines = case
     sampling = Sampling(top_k=top_k, temperature=3.0, seed=11)  # hot: the tail would show up
     not_argmax = 0
-    for row, hyps in enumerate(sample(model, src, limits, sampling, lines, samples=4)):
+    for row, hyps in enumerate(generate(model, src, limits, Draw(sampling, lines, samples=4))):
         for h in hyps:
             log_probs = step_log_probs(model, src[row], h.tokens)  # (T, V)
             log_probs[:, [PAD_ID, BOS_ID]] = float("-inf")
@@ -91,7 +91,8 @@ def test_every_token_is_in_the_top_k_of_its_step(case, top_k: int) -> None:
 def test_every_token_is_in_the_nucleus_of_its_step(case) -> None:
     model, src, limits, lines = case
     top_p = 0.5
-    for row, hyps in enumerate(sample(model, src, limits, Sampling(top_p=top_p), lines, 4)):
+    draw = Draw(Sampling(top_p=top_p), lines, samples=4)
+    for row, hyps in enumerate(generate(model, src, limits, draw)):
         for h in hyps:
             probs = step_log_probs(model, src[row], h.tokens).exp()  # (T, V)
             probs[:, [PAD_ID, BOS_ID]] = 0.0
@@ -106,7 +107,7 @@ def test_never_emits_padding_or_bos(case) -> None:
     model, src, limits, lines = case
     tokens = [
         t
-        for hyps in sample(model, src, limits, Sampling(temperature=20.0), lines, 8)
+        for hyps in generate(model, src, limits, Draw(Sampling(temperature=20.0), lines, 8))
         for h in hyps
         for t in h.tokens
     ]
@@ -117,27 +118,27 @@ def test_never_emits_padding_or_bos(case) -> None:
 def test_reproducible_for_a_seed_and_different_for_another(case) -> None:
     model, src, limits, lines = case
     sampling = Sampling(temperature=1.5, top_p=0.95, seed=5)
-    first = sample(model, src, limits, sampling, lines, 3)
-    again = sample(model, src, limits, sampling, lines, 3)
+    first = generate(model, src, limits, Draw(sampling, lines, samples=3))
+    again = generate(model, src, limits, Draw(sampling, lines, samples=3))
     for a, b in zip(first, again, strict=True):
         assert_same(a, b)
-    other = sample(model, src, limits, Sampling(temperature=1.5, top_p=0.95, seed=6), lines, 3)
+    reseeded = Sampling(temperature=1.5, top_p=0.95, seed=6)
+    other = generate(model, src, limits, Draw(reseeded, lines, samples=3))
     assert [[h.tokens for h in r] for r in other] != [[h.tokens for h in r] for r in first]
 
 
 def test_a_line_samples_the_same_in_any_batch_and_with_any_count(case) -> None:
     model, src, limits, lines = case
     sampling = Sampling(temperature=1.5, top_k=10, seed=9)
-    batched = sample(model, src, limits, sampling, lines, samples=3)
+    batched = generate(model, src, limits, Draw(sampling, lines, samples=3))
     for row, hyps in enumerate(batched):
         alone = src[row : row + 1, : int((src[row] != PAD_ID).sum())]  # (1, S_row), no padding
-        one = sample(model, alone, limits[row : row + 1], sampling, [lines[row]], samples=1)
+        one = generate(model, alone, limits[row : row + 1], Draw(sampling, [lines[row]]))
         assert [h.tokens for h in one[0]] == [hyps[0].tokens]  # sample 0 whatever the count
         assert [h.logprob for h in one[0]] == pytest.approx([hyps[0].logprob], abs=1e-4)
     reversed_rows = list(range(src.size(0)))[::-1]
-    shuffled = sample(
-        model, src[reversed_rows], limits[reversed_rows], sampling, lines[::-1], samples=3
-    )
+    draw = Draw(sampling, lines[::-1], samples=3)
+    shuffled = generate(model, src[reversed_rows], limits[reversed_rows], draw)
     assert [[h.tokens for h in r] for r in shuffled[::-1]] == [
         [h.tokens for h in r] for r in batched
     ]

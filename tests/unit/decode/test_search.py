@@ -20,15 +20,14 @@ from helpers.models import assert_same, random_model, random_sources, teacher_fo
 import attn_mt
 from attn_mt.data.batching import pad_sequences
 from attn_mt.data.text import read_lines
-from attn_mt.decode.search import (
+from attn_mt.decode.generate import (
     Hypothesis,
-    _StepDecoder,
-    beam_search,
-    greedy_search,
+    StepDecoder,
+    generate,
     length_penalty,
     max_output_lengths,
-    top_candidates,
 )
+from attn_mt.decode.search import Beam, Greedy, top_candidates
 from attn_mt.model.transformer import Transformer
 from attn_mt.model.vocab import EOS_ID, PAD_ID
 
@@ -58,8 +57,8 @@ def case(request: pytest.FixtureRequest) -> tuple[Transformer, torch.Tensor, tor
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 def test_beam_1_equals_greedy(case, alpha: float) -> None:
     model, src, limits = case
-    greedy = greedy_search(model, src, limits, alpha)
-    beam = [best for [best] in beam_search(model, src, limits, beam_size=1, alpha=alpha)]
+    greedy = [best for [best] in generate(model, src, limits, Greedy(), alpha)]
+    beam = [best for [best] in generate(model, src, limits, Beam(1), alpha)]
     assert [h.tokens for h in beam] == [h.tokens for h in greedy]
     assert [h.score for h in beam] == [h.score for h in greedy]
     assert [h.logprob for h in beam] == [h.logprob for h in greedy]
@@ -67,14 +66,11 @@ def test_beam_1_equals_greedy(case, alpha: float) -> None:
 
 def test_cached_equals_uncached(case) -> None:
     model, src, limits = case
-    assert_same(
-        greedy_search(model, src, limits, use_cache=True),
-        greedy_search(model, src, limits, use_cache=False),
-    )
-    cached = beam_search(model, src, limits, 3, nbest=3, use_cache=True)
-    uncached = beam_search(model, src, limits, 3, nbest=3, use_cache=False)
-    for row_cached, row_uncached in zip(cached, uncached, strict=True):
-        assert_same(row_cached, row_uncached)
+    for strategy in (Greedy(), Beam(3, nbest=3)):
+        cached = generate(model, src, limits, strategy, alpha=1.0, use_cache=True)
+        uncached = generate(model, src, limits, strategy, alpha=1.0, use_cache=False)
+        for row_cached, row_uncached in zip(cached, uncached, strict=True):
+            assert_same(row_cached, row_uncached)
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
@@ -83,9 +79,8 @@ def test_batched_equals_one_sentence_at_a_time(case, search: str) -> None:
     model, src, limits = case
 
     def run(src: torch.Tensor, limits: torch.Tensor) -> list[list[Hypothesis]]:
-        if search == "greedy":
-            return [[h] for h in greedy_search(model, src, limits, alpha=1.0)]
-        return beam_search(model, src, limits, 3, alpha=1.0, nbest=3)
+        strategy = Greedy() if search == "greedy" else Beam(3, nbest=3)
+        return generate(model, src, limits, strategy, alpha=1.0)
 
     batched = run(src, limits)
     assert len({len(hyps[0].tokens) for hyps in batched}) > 1, "outputs should differ in length"
@@ -107,11 +102,11 @@ def test_beam_never_scores_below_greedy(case, alpha: float) -> None:
     while open beams still score better fails here, on the trained model and on random-2.
     """
     model, src, limits = case
-    greedy = greedy_search(model, src, limits, alpha)
+    greedy = [best for [best] in generate(model, src, limits, Greedy(), alpha)]
     if alpha == 0.0:
         assert all(h.score == h.logprob for h in greedy)
     for beam_size in (2, 4):
-        beam = beam_search(model, src, limits, beam_size, alpha)
+        beam = generate(model, src, limits, Beam(beam_size), alpha)
         for g, [b] in zip(greedy, beam, strict=True):
             assert b.score >= g.score - 1e-5
             if alpha == 0.0:
@@ -121,7 +116,7 @@ def test_beam_never_scores_below_greedy(case, alpha: float) -> None:
 def test_nbest_is_sorted_distinct_and_scored_by_the_model(case) -> None:
     model, src, limits = case
     alpha = 0.6
-    for row, hyps in enumerate(beam_search(model, src, limits, 4, alpha, nbest=4)):
+    for row, hyps in enumerate(generate(model, src, limits, Beam(4, nbest=4), alpha)):
         assert len(hyps) == 4
         scores = [h.score for h in hyps]
         assert scores == sorted(scores, reverse=True)
@@ -136,7 +131,7 @@ def test_nbest_is_sorted_distinct_and_scored_by_the_model(case) -> None:
 def test_nbest_larger_than_beam_is_refused() -> None:
     src = random_sources(0, count=2)
     with pytest.raises(ValueError, match="nbest"):
-        beam_search(random_model(0), src, max_output_lengths(src, 1.5, 5), 2, nbest=3)
+        generate(random_model(0), src, max_output_lengths(src, 1.5, 5), Beam(2, nbest=3))
 
 
 def test_length_penalty_is_gnmt() -> None:
@@ -170,10 +165,10 @@ def test_output_length_limit_is_reached_not_passed(use_cache: bool) -> None:
     """The limit counts decoder steps: the tokens plus the forced <eos>."""
     model, src = random_model(1, NeverEndsModel), random_sources(1)
     limits = max_output_lengths(src, 1.5, 2)
-    for row, h in enumerate(greedy_search(model, src, limits, use_cache=use_cache)):
-        assert len(h.tokens) + 1 == limits[row]
-    for row, hyps in enumerate(beam_search(model, src, limits, 3, nbest=3, use_cache=use_cache)):
-        assert [len(h.tokens) + 1 for h in hyps] == [limits[row]] * 3
+    for strategy in (Greedy(), Beam(3, nbest=3)):
+        found = generate(model, src, limits, strategy, alpha=1.0, use_cache=use_cache)
+        for row, hyps in enumerate(found):
+            assert [len(h.tokens) + 1 for h in hyps] == [limits[row]] * strategy.nbest
 
 
 def count_decoder_calls(model: Transformer, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -197,12 +192,12 @@ def test_search_stops_as_soon_as_every_sentence_is_done(
     src = pad_sequences([s + [EOS_ID] for s in translator.src_tokenizer.encode(lines)], PAD_ID)
     limits = torch.full((3,), 100)
     calls = count_decoder_calls(translator.model, monkeypatch)
-    hyps = greedy_search(translator.model, src, limits)
+    hyps = [best for [best] in generate(translator.model, src, limits, Greedy())]
     longest = max(len(h.tokens) for h in hyps)
     assert len(calls) == longest + 1  # one step per token and one for <eos>, no more
     assert calls == sorted(calls, reverse=True) and calls[0] == 3 and calls[-1] == 1
     calls.clear()
-    beam_search(translator.model, src, limits, 3)
+    generate(translator.model, src, limits, Beam(3), alpha=1.0)
     assert len(calls) <= 2 * (longest + 1)  # far from the limit of 100 steps
     assert calls[0] == 3  # the first step: one row per sentence, the K beams would be equal
     assert calls[1:] == sorted(calls[1:], reverse=True) and calls[1] == 9 and calls[-1] == 3
@@ -259,18 +254,16 @@ def test_the_search_reads_the_device_at_most_twice_a_step(host_reads, monkeypatc
     model, src = random_model(0), random_sources(0)
     limits = max_output_lengths(src, 1.5, 5)  # of different lengths: rows end at different steps
     steps: list[int] = []
-    log_probs = _StepDecoder.log_probs
+    log_probs = StepDecoder.log_probs
 
     def step(self, prefix):
         steps.append(prefix.size(1))
         return log_probs(self, prefix)
 
-    monkeypatch.setattr(_StepDecoder, "log_probs", step)
+    monkeypatch.setattr(StepDecoder, "log_probs", step)
     host_reads.clear()
-    if search == "greedy":
-        hyps = greedy_search(model, src, limits)
-    else:
-        hyps = [best for best, *_ in beam_search(model, src, limits, beam_size=4)]
+    strategy = Greedy() if search == "greedy" else Beam(4)
+    hyps = [best for best, *_ in generate(model, src, limits, strategy, alpha=1.0)]
     reads = list(host_reads)
     assert all(h is not None for h in hyps) and len(hyps) == src.size(0)
     assert len({len(h.tokens) for h in hyps}) > 1  # rows did end at different steps

@@ -20,14 +20,9 @@ from helpers.toy import toy_pairs
 
 import attn_mt
 from attn_mt.decode.controls import Controls
-from attn_mt.decode.search import (
-    Sampling,
-    beam_search,
-    greedy_search,
-    max_output_lengths,
-    sample,
-)
-from attn_mt.decode.steered import steered_beam_search
+from attn_mt.decode.generate import generate, max_output_lengths
+from attn_mt.decode.search import Beam, Draw, Greedy, Sampling
+from attn_mt.decode.steered import SteeredBeam
 
 SAMPLING = Sampling(temperature=0.8, top_k=6, top_p=0.9, seed=3)
 
@@ -111,7 +106,7 @@ def controls(count: int, kind: str) -> list[Controls]:
 
 
 def search_outputs() -> dict[str, list]:
-    """Every mode of the search functions on random models and sources."""
+    """Every strategy of the search loop on random models and sources."""
     src = random_sources(3, count=10)
     limits = max_output_lengths(src, 1.5, 5)
     one, pair = random_model(0), [random_model(1), random_model(2)]
@@ -119,17 +114,16 @@ def search_outputs() -> dict[str, list]:
     for name, model in (("one", one), ("ensemble", pair)):
         for cache in (True, False):
             tag = f"{name}/{'cache' if cache else 'nocache'}"
-            out[f"greedy/{tag}"] = greedy_search(model, src, limits, 0.6, cache)
-            out[f"beam4/{tag}"] = beam_search(model, src, limits, 4, 1.0, 4, cache)
-            lines = list(range(7, 7 + src.size(0)))
-            out[f"sample/{tag}"] = sample(model, src, limits, SAMPLING, lines, 3, 0.6, cache)
+            out[f"greedy/{tag}"] = generate(model, src, limits, Greedy(), 0.6, cache)
+            out[f"beam4/{tag}"] = generate(model, src, limits, Beam(4, nbest=4), 1.0, cache)
+            draw = Draw(SAMPLING, range(7, 7 + src.size(0)), samples=3)
+            out[f"sample/{tag}"] = generate(model, src, limits, draw, 0.6, cache)
             for kind in ("terms", "prefix", "avoid", "all"):
                 rows = controls(src.size(0), kind)
                 needed = torch.tensor([c.needed_length() for c in rows])
                 steered = torch.maximum(limits, needed)
-                out[f"steered-{kind}/{tag}"] = steered_beam_search(
-                    model, src, steered, rows, 3, 1.0, 3, cache
-                )
+                strategy = SteeredBeam(rows, 3, nbest=3)
+                out[f"steered-{kind}/{tag}"] = generate(model, src, steered, strategy, 1.0, cache)
     return out
 
 
