@@ -55,7 +55,7 @@ def lock_run_folder(out_dir: str | Path) -> Iterator[None]:
 def check_run_start(out_dir: str | Path, resume: bool) -> None:
     """Refuse what the run folder alone rules out: overwriting a run, a run that stopped before
     its first checkpoint, nothing to resume, a folder (or a resumed run's log) not writable.
-    Whether last.pt fits the config is checked where it is read (train/state.py)."""
+    Whether last.pt fits the config is checked where it is read (train/start.py)."""
     out = Path(out_dir)
     last = out / "checkpoints" / "last.pt"
     started = out.is_dir() and any(

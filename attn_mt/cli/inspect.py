@@ -114,7 +114,7 @@ def info(
     for path in checkpoints:
         print(f"checkpoint: {path.name}  {path.stat().st_size / 1e6:.1f} MB")
     if folder is not None:
-        from attn_mt.train.loglines import continue_command
+        from attn_mt.train.runlog import continue_command
 
         t = cfg.train
         stopped = "max_steps" if 0 < t.max_steps <= state["step"] else "signal"

@@ -88,7 +88,7 @@ def train(
             f"`attn-mt train --resume {run}` (with --set train.max_steps=N to go further); "
             "to start a new one from it, copy it and change train.out_dir"
         )
-    from attn_mt.train.runfolder import check_run_start, is_locked
+    from attn_mt.runfolder import check_run_start, is_locked
     from attn_mt.world import world_from_env
 
     # Rank 0 holds the folder (the others would see it being written); a folder a running

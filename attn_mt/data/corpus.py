@@ -1,10 +1,16 @@
 """What a training run reads: the prepared training shards (memory-mapped) and the validation
-split (in memory, encoded), prepared once for every process of the run."""
+split (in memory, encoded), prepared once for every process of the run; the start-up stages a
+run announces in its log (`stage`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import random
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +24,19 @@ from attn_mt.data.shards import Shards, TokenView, corpus_lines, mix_weights
 from attn_mt.data.text import FilterStats, read_parallel
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import DataError
-from attn_mt.train.stage import stage
+
+log = logging.getLogger("attn_mt")
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Log a start-up stage as it begins, and its time when it took more than a second."""
+    log.info("%s ...", name)
+    begin = time.monotonic()
+    yield
+    seconds = time.monotonic() - begin
+    if seconds > 1:
+        log.info("%s: %.1f s", name, seconds)
 
 
 @dataclass

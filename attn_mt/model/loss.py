@@ -1,5 +1,6 @@
-"""The training loss: label-smoothed cross-entropy over the non-padding target tokens, and
-`SmoothedObjective`, the module training runs (the model and its loss in one forward)."""
+"""The model's training objective: label-smoothed cross-entropy over the non-padding target
+tokens, and `SmoothedObjective`, the module training runs (the model and its loss in one
+forward, the output projection and the loss a chunk of rows at a time); perplexity."""
 
 from __future__ import annotations
 

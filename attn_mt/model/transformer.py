@@ -330,7 +330,7 @@ class Transformer(nn.Module):
 
     def features(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """Teacher forcing short of the output projection: the decoder's final states (B, T, D)
-        (the training loss projects them a chunk at a time: `train.loss.projected_loss`)."""
+        (the training loss projects them a chunk at a time: `loss.projected_loss`)."""
         src_mask = (src != PAD_ID)[:, None, None, :]  # (B, 1, 1, S)
         return self._decoder_states(tgt_in, self.encode(src, src_mask), src_mask)  # (B, T, D)
 

@@ -1,24 +1,33 @@
-"""The run's time budget and its stopping rules: `RunClock` (the run's time, what is left of
-max_minutes, the time a time-driven lr reads, and where this process's time went),
-`stop_rules` (each rule as this process sees it) and, under torchrun, `RankAgreement` (the
-rules and the clock every rank takes, so all ranks stop at the same update and set the same
-lr).
+"""A run's budget and the rules that stop it: the learning rate, a pure function of the update
+number, the config and the run's time, so a resume needs no scheduler state (`learning_rate`);
+the run's time (`RunClock`: what is left of max_minutes, where this process's time went); the
+stopping rules (`stop_rules`) and, under torchrun, the ranks' agreement on them
+(`RankAgreement`), so all ranks stop at the same update and set the same lr; Ctrl-C and SIGTERM
+(`StopSignals`); updates skipped for NaN/inf, too many of which in a row end a run (`SkipRule`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from attn_mt import distributed
 from attn_mt.config import TrainConfig
-from attn_mt.train.schedule import time_driven
+from attn_mt.errors import UserError
+from attn_mt.fileio import Terminated
 from attn_mt.train.state import TrainProgress
+
+log = logging.getLogger("attn_mt")
 
 # The stopping rules whose value can differ between ranks (a signal, the clock, rank 0's
 # validations): under torchrun every rank takes any rank's.
@@ -26,6 +35,80 @@ RANK_RULES = ("early stopping", "signal", "max_minutes")
 # Before any validation, max_minutes keeps back this share of the budget, at most RESERVE_CAP
 # seconds, for the final validation (a 2-minute budget keeps back 18 s).
 RESERVE_SHARE, RESERVE_CAP = 0.15, 120.0
+# A second signal sooner than this is the first one delivered again (a terminal signals torchrun
+# and its workers, and torchrun passes its copy on to them), not a user asking to stop at once.
+REPEAT_SECONDS = 1.0
+# fp16: below this loss scale the gradients overflow whatever the scale, and the run has
+# diverged (fairseq's --min-loss-scale). From GradScaler's 2^16 it takes ~30 overflows in a row.
+MIN_LOSS_SCALE = 1e-4
+
+
+# The shape of each decaying schedule: the share of (lr - min_lr) left at `progress` in [0, 1].
+DECAYS = {
+    "linear": lambda progress: 1.0 - progress,
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+}
+
+
+def learning_rate(step: int, train: TrainConfig, seconds: float = 0.0) -> float:
+    """The learning rate of update number `step` (1-based) after `seconds` of training.
+
+    inverse_sqrt: lr * min(step / warmup, sqrt(warmup / step))  (peak lr at step = warmup)
+    linear:       linear warm-up, then min_lr + (lr - min_lr) * (1 - progress)
+    cosine:       linear warm-up, then min_lr + (lr - min_lr) * (1 + cos(pi * progress)) / 2
+    constant:     linear warm-up, then lr
+    For linear and cosine, progress = (step - warmup) / (max_steps - warmup) with max_steps set;
+    without it progress = seconds / (max_minutes * 60), the share of the time budget spent, and
+    the lr is the lower of the warm-up ramp and the decay (the warm-up's end time is not known
+    in advance), so it reaches min_lr exactly when the budget runs out, whatever the CPU.
+    (The config refuses linear and cosine with neither length.)
+    """
+    warmup = max(train.warmup, 1)
+    if train.schedule == "inverse_sqrt":
+        return train.lr * min(step / warmup, math.sqrt(warmup / step))
+    ramp = train.lr * min(step / warmup, 1.0)
+    if train.schedule not in DECAYS:
+        return ramp
+    if not time_driven(train):
+        if step < warmup:
+            return ramp
+        return _decayed(min((step - warmup) / max(train.max_steps - warmup, 1), 1.0), train)
+    return min(ramp, _decayed(min(seconds / (train.max_minutes * 60), 1.0), train))
+
+
+def _decayed(progress: float, train: TrainConfig) -> float:
+    """The decaying schedule's lr at `progress` in [0, 1]: lr at 0, exactly min_lr at 1."""
+    return train.min_lr + (train.lr - train.min_lr) * DECAYS[train.schedule](progress)
+
+
+def time_driven(train: TrainConfig) -> bool:
+    """True when the lr follows the time budget (linear or cosine with no max_steps)."""
+    return train.schedule in DECAYS and train.max_steps <= 0
+
+
+def learning_rates(
+    step: int, train: TrainConfig, seconds: float, after: bool
+) -> tuple[float, float]:
+    """The lr of the update after `step - 1` taken steps and `seconds` of the schedule's clock,
+    launched `after` an update not read yet (`loop.Pending`): if that one is taken, and if it
+    is skipped (a skipped update moves no step)."""
+    taken = learning_rate(step + after, train, seconds)
+    return taken, learning_rate(step, train, seconds)
+
+
+def chosen_lr(
+    lrs: tuple[float, float], before_finite: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
+    """The learning rate to give the optimizer, as a tensor on the device: `lrs[0]` when the
+    update before is known (`before_finite` None), else whichever of `lrs` (taken, skipped) its
+    NaN/inf flag picks. Always a tensor, so that every update reads its lr the same way (a
+    resumed run's first update as the straight run's); float64 on the CPU, where the fused
+    optimizer reads it as the Python float it replaces, float32 on a GPU, as its kernel does."""
+    dtype = torch.float32 if device.type == "cuda" else torch.float64
+    options = distributed.to_device(list(lrs), device).to(dtype)
+    if before_finite is None:
+        return options[0]
+    return torch.where(before_finite, options[0], options[1])
 
 
 @dataclass
@@ -182,3 +265,136 @@ class RankAgreement:
         agreed = {**rules, **dict(zip(RANK_RULES, self.rules, strict=True))}
         self.rules = None
         return agreed
+
+
+class StopSignals:
+    """The run's SIGINT/SIGTERM handlers (`installed` for the length of a run); `name` is the
+    first signal's name once one came.
+
+    The first signal stops the run after the update in flight, which then saves last.pt, and
+    says so at once; a second stops at once: the checkpoint write in flight is abandoned (its
+    temp file is removed as the stack unwinds), so last.pt stays the last one completed.
+    """
+
+    def __init__(self, abandon: Callable[[], None]):
+        self.name: str | None = None
+        self.at = 0.0  # time.monotonic() of the first signal
+        self.abandon = abandon  # gives up the checkpoint write in flight (CheckpointWriter's)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """The handlers in place for the block, the previous ones back however it ends."""
+        previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle(self, signum: int, frame: Any) -> None:
+        """The first SIGINT/SIGTERM notes the stop and says it saves; a second stops at once."""
+        name = signal.Signals(signum).name
+        again = "Ctrl-C" if signum == signal.SIGINT else name
+        if self.name is None:
+            self.name, self.at = name, time.monotonic()
+            _say("%s: stopping: saving last.pt ... (%s again to stop at once)", name, again)
+            return
+        if time.monotonic() - self.at < REPEAT_SECONDS:
+            return  # the same stop delivered twice: a terminal's Ctrl-C, then torchrun's copy
+        _say("%s again: stopping at once; last.pt stays the last one completed", again)
+        self.abandon()
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(128 + signum)
+
+
+def _say(message: str, *args: Any) -> None:
+    """Log from a signal handler, on a thread of its own: the handler may have interrupted the
+    main thread inside a write to the same log stream, which a second write from that thread
+    would re-enter (`RuntimeError: reentrant call`); the thread waits for the stream's lock."""
+    speaker = threading.Thread(target=log.info, args=(message, *args), name="attn-mt signal")
+    speaker.start()
+    speaker.join(timeout=1.0)  # at once, unless the main thread holds the stream
+
+
+class TrainingDiverged(UserError):
+    """The loss stayed NaN/inf for `train.max_nonfinite` updates in a row, or fp16's loss scale
+    fell below MIN_LOSS_SCALE."""
+
+    @classmethod
+    def after(cls, what: str, step: int, last: Path, advice: str) -> TrainingDiverged:
+        """The error once `what` happened at `step`."""
+        kept = (
+            f"the last good checkpoint is kept: {last}"
+            if last.is_file()
+            else "no checkpoint had been written yet"
+        )
+        return cls(f"{what} at step {step}; {advice} ({kept})")
+
+
+@dataclass
+class Update:
+    """What one optimizer update did, summed over all processes."""
+
+    loss: float  # summed label-smoothed loss
+    nll: float  # summed negative log-likelihood
+    tokens: int  # target tokens
+    grad_norm: float
+    finite: bool  # False: NaN/inf in the loss or a gradient, the update was skipped
+
+
+@dataclass
+class SkipRule:
+    """Counts skipped updates in a row and ends the run when there are too many.
+
+    A NaN/inf loss or gradient leaves the weights, the optimizer, the step count, the learning
+    rate and the EMA as they were (fairseq does not count such a step). Under fp16 an overflowed
+    gradient is GradScaler's normal way to find its scale, so it is counted apart: the run ends
+    only when the scale falls below MIN_LOSS_SCALE.
+    """
+
+    max_nonfinite: int  # train.max_nonfinite
+    scaler: torch.amp.GradScaler | None
+    last: Path  # last.pt, named in the error
+    # Waits for the checkpoint write in flight (CheckpointWriter.wait), so that the error names
+    # last.pt when a save before the divergence is still landing in the background.
+    settle: Callable[[], None]
+    nonfinite: int = 0  # updates in a row skipped for a NaN/inf loss
+    overflows: int = field(default=0)  # fp16 updates in a row skipped for overflowed gradients
+
+    def accept(self, update: Update, step: int) -> bool:
+        """False for a skipped update; raises TrainingDiverged when too many came in a row."""
+        if update.finite:
+            self.nonfinite = self.overflows = 0
+            return True
+        if self.scaler is not None and math.isfinite(update.loss + update.nll):
+            self.overflows += 1
+            scale = self.scaler.get_scale()  # already halved by GradScaler.update
+            log.info(
+                "step %d: fp16 gradients overflowed; update skipped, loss scale %g", step, scale
+            )
+            if scale < MIN_LOSS_SCALE:
+                raise self._diverged(
+                    f"fp16 gradients overflowed for {self.overflows} updates in a row and the "
+                    f"loss scale fell to {scale:g} (below {MIN_LOSS_SCALE:g})",
+                    step,
+                    "train with precision bf16 or fp32, or lower train.lr",
+                )
+            return False
+        self.nonfinite += 1
+        log.warning(
+            "step %d: non-finite loss or gradient; update skipped (%d in a row)",
+            step,
+            self.nonfinite,
+        )
+        if self.nonfinite >= max(self.max_nonfinite, 1):
+            raise self._diverged(
+                f"the loss was NaN/inf for {self.nonfinite} updates in a row",
+                step,
+                "lower train.lr or check the data",
+            )
+        return False
+
+    def _diverged(self, what: str, step: int, advice: str) -> TrainingDiverged:
+        """The error, once the checkpoint write in flight has landed (so it names last.pt
+        when a save from before the divergence was still being written)."""
+        self.settle()
+        return TrainingDiverged.after(what, step, self.last, advice)

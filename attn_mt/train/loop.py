@@ -1,10 +1,8 @@
-"""The training loop: `Trainer` sets a run up, runs its updates, validates and saves at
-intervals, and finishes it when a stopping rule fires (torchtune's recipe shape).
-
-The pieces it drives live in modules of their own: the loss (`loss.py`), the learning rate
-(`schedule.py`), the training state and checkpoints (`state.py`), validation (`validate.py`),
-the batches (`data/batching.py`), the time budget and stopping rules (`budget.py`), and what a
-run writes as it goes (`runlog.py`, its lines `loglines.py`).
+"""The training loop: `Trainer` sets a run up, runs its updates (`UpdateStep`), validates and
+saves at intervals (`validate.Validator`) and finishes when a stopping rule fires (torchtune's
+recipe shape). Beside it: the run's start (`start.py`), state and checkpoints (`state.py`),
+budget and stopping rules (`budget.py`), logs (`runlog.py`), validation (`validate.py`), what
+the updates run through (`speed.py`); the loss is the model's (`model/loss.py`).
 
 Exact resume rests on three facts: the batch source's position is a function of (seed, epoch,
 index), the learning rate a function of the step (and with a time-driven schedule of the
@@ -17,10 +15,10 @@ max_minutes bounds the whole run, and a time-driven schedule anneals exactly as 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
+import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -30,31 +28,35 @@ from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed
 from attn_mt.checkpoint import tokenizers_from
-from attn_mt.config import Config
+from attn_mt.config import Config, TrainConfig
 from attn_mt.configfile import save_config
 from attn_mt.data.batching import Batch
-from attn_mt.decode.translator import Translator
-from attn_mt.precision import (
-    DTYPES,
-    autocast_context,
-    configure_kernels,
-    resolve_device,
-    resolve_precision,
+from attn_mt.data.corpus import training_data, valid_subset
+from attn_mt.model.loss import SmoothedObjective
+from attn_mt.precision import DTYPES, configure_kernels, resolve_device, resolve_precision
+from attn_mt.runfolder import lock_run_folder
+from attn_mt.train import speed
+from attn_mt.train.budget import (
+    RankAgreement,
+    RunClock,
+    SkipRule,
+    StopSignals,
+    Update,
+    chosen_lr,
+    learning_rates,
+    stop_rules,
 )
-from attn_mt.train.budget import RankAgreement, RunClock, stop_rules
-from attn_mt.train.compile import choose_compiled, vary_batch_shape
-from attn_mt.train.corpus import training_data, valid_subset
-from attn_mt.train.loglines import TrainWindow, log_start, window_line
-from attn_mt.train.loss import SmoothedObjective
-from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
-from attn_mt.train.onednn import choose_for_run
-from attn_mt.train.pending import Pending, chosen_lr, learning_rates, read_at_once
-from attn_mt.train.runfolder import lock_run_folder
-from attn_mt.train.runlog import Monitor, QuietMonitor, RunLog
-from attn_mt.train.signals import StopSignals
-from attn_mt.train.skips import SkipRule
-from attn_mt.train.state import TrainProgress, build_state, starting_point
+from attn_mt.train.runlog import Monitor, QuietMonitor, RunLog, TrainWindow, window_line
+from attn_mt.train.start import (
+    build_state,
+    log_start,
+    out_of_memory_hint,
+    probe_largest_batch,
+    starting_point,
+)
+from attn_mt.train.state import TrainProgress, WeightEMA
 from attn_mt.train.validate import Validator
+from attn_mt.world import World
 
 log = logging.getLogger("attn_mt")
 
@@ -84,13 +86,13 @@ def train(
 
 class Trainer:
     """One training run: `setup` (called by `__init__`) prepares everything and holds nothing
-    that needs releasing, `run` trains with `update` until a stopping rule fires, and the
-    validator's `finish` validates and saves once more."""
+    that needs releasing; `run` opens the run's log, trains with `update` until a stopping rule
+    fires, and has the validator validate and save once more (`Validator.finish`)."""
 
     def __init__(
         self,
         cfg: Config,
-        world: distributed.World = distributed.World(),
+        world: World = World(),
         device: torch.device = torch.device("cpu"),
         resume: bool = False,
         monitor: Monitor | None = None,
@@ -108,7 +110,7 @@ class Trainer:
         and on resume restore them from last.pt."""
         world = self.world
         cfg, last, init = starting_point(self.cfg, resume, world)
-        self.cfg = cfg
+        self.cfg, self.resumed = cfg, last is not None
         log.info("run folder: %s (%s)", cfg.train.out_dir, "resumed" if last else "a new run")
         self.precision = resolve_precision(cfg.train.precision, self.device)
         self.dtype = DTYPES[self.precision]
@@ -117,38 +119,30 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
         checkpoint = last or (init[1] if init else None)  # its SentencePiece models are kept
-        self.src_tok, self.tgt_tok, corpus = training_data(
-            cfg, tokenizers_from(checkpoint) if checkpoint else None, world
-        )
+        tokenizers = tokenizers_from(checkpoint) if checkpoint else None
+        self.src_tok, self.tgt_tok, corpus = training_data(cfg, tokenizers, world)
         self.valid_total = len(corpus.valid_src)
         self.corpus = valid_subset(corpus, cfg.train.valid_max_sentences, cfg.train.seed)
-        self.state = build_state(
+        self.state = state = build_state(
             cfg, (self.src_tok, self.tgt_tok), self.corpus.shards, self.precision, self.device,
             world, init,
         )  # fmt: skip
-        state = self.state
+        if last:
+            state.restore(last)
         self.model, self.ema, self.optimizer = state.model, state.ema, state.optimizer
         self.scaler, self.source = state.scaler, state.source
-        self.resumed = last is not None
-        if last:
-            self.state.restore(last)
-        progress = self.progress
-        progress.matmul_backend = choose_for_run(
-            self.model, cfg, progress.matmul_backend, self.device, self.dtype, world
-        )
+        speed.choose_kernels(self.model, cfg, self.progress, self.device, self.dtype, world)
         if world.is_main:  # created only once the config, data and last.pt are known to be good
-            self.state.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            state.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
         self.objective = SmoothedObjective(self.model, cfg.train.label_smoothing)
-        self.train_model = wrap_model(self.objective, world, self.device)  # compiled by run()
-        self.runlog = RunLog(self.out, enabled=False, resume_step=None)  # opened by run()
-        self.signals = StopSignals(abandon=lambda: self.state.writer.abandon())
-        self.validator = Validator(
-            state, self.corpus, self.valid_total, self._translator, self.dtype, self.monitor,
-            lambda: self.signals.name,
-        )  # fmt: skip
-        self.skips = SkipRule(cfg.train.max_nonfinite, self.scaler, state.ckpt_dir / "last.pt",
-                              settle=lambda: self.state.writer.wait())  # fmt: skip
+        t = cfg.train
+        self.step = UpdateStep(
+            self.objective, self.optimizer, self.scaler, self.ema, t.clip_norm, world, self.dtype
+        )
+        self.signals = StopSignals(abandon=state.writer.abandon)
+        last_pt = state.ckpt_dir / "last.pt"
+        self.skips = SkipRule(t.max_nonfinite, self.scaler, last_pt, settle=state.writer.wait)
         self.agreement = RankAgreement(world, self.device)  # under torchrun: the ranks' stops
         self.window, self.taken = TrainWindow(), True  # the updates read since the last log
         self.line: tuple[str, dict[str, float]] = ("", {})  # the last read update's figures
@@ -158,45 +152,28 @@ class Trainer:
         """Where training stands (saved in last.pt)."""
         return self.state.progress
 
-    def _translator(self, dtype: torch.dtype | None = None) -> Translator:
-        return Translator(
-            self.state.eval_model, self.cfg, self.src_tok, self.tgt_tok, self.device, dtype
-        )
-
-    # -- the loop -------------------------------------------------------------------------------
-
     def run(self) -> TrainResult:
         """Train until max_steps / max_minutes / max_epochs / early stopping / a signal."""
         t = self.cfg.train
-        with self._session(), out_of_memory_hint(t):
-            log_start(self.runlog, self.state, self.corpus, self.precision, self.resumed)
+        with self._session() as runlog, out_of_memory_hint(t):
+            log_start(runlog, self.state, self.corpus, self.precision, self.resumed)
             probe_largest_batch(self.model, self.source, self.dtype, t.label_smoothing)
-            self._choose_compiled()
-            p = self.progress
-            self.clock = RunClock.of(self.began, p, self.now)
-            self.source.prepare(t.accumulate, self._place)
-            pending: Pending | None = None  # launched, not read yet
-            while not (stopped_by := self._stop_reason()):
-                self.window.pause(self.validator.loss_if_due(self.runlog, self.clock))
-                lrs = self._set_lr(pending)
-                launched = replace(self.update(), lrs=lrs, after_pending=pending is not None)
-                if pending is not None:
-                    self._read(pending)
-                pending = launched
-                if self._read_now():
-                    self._read(pending, last=True)
-                    pending = None
-            if pending is not None:
-                self._read(pending, last=True)
-            if self.window.updates:  # a run shorter than log_every has its curves too
-                self.runlog.training(self.progress.step, *self.line)
-            self.progress.elapsed = self.clock.elapsed()
-            self.validator.finish(stopped_by, self.runlog, self.clock)
+            batches = [self._place(b) for b in self.source.first_batches(t.accumulate)]
+            self.step.forward = speed.choose_compiled(
+                self.step.forward, t.compile, self.progress, batches, self.world
+            )
+            self.clock = RunClock.of(self.began, self.progress, self.now)
+            self.validator = Validator(
+                self.state, self.corpus, self.valid_total, self.dtype, self.monitor,
+                self.signals, runlog, self.clock,
+            )  # fmt: skip
+            stopped_by = self._train()
+            self.validator.finish(stopped_by)
         p, signal_name = self.progress, self.signals.name
         return TrainResult(p.step, p.best_score, t.select_metric, stopped_by, self.out, signal_name)
 
     @contextlib.contextmanager
-    def _session(self) -> Iterator[None]:
+    def _session(self) -> Iterator[RunLog]:
         """What a run holds while it trains, released however it ends: the signal handlers,
         and on rank 0 train.log, TensorBoard and metrics.jsonl."""
         resume_step = self.progress.step if self.resumed else None
@@ -206,22 +183,34 @@ class Trainer:
                 RunLog(self.out, self.world.is_main, resume_step) as runlog,
             ):
                 self.runlog = runlog
-                yield
+                yield runlog
         finally:
             # DDP's reducer holds the process group: let it go with the run, so that
             # `distributed.teardown` really destroys the group (see there).
-            self.train_model = self.objective
+            self.step.forward = speed.Forward(self.objective, self.objective, self.dtype)
 
-    def _choose_compiled(self) -> None:
-        """Compile the updates as train.compile says (`compile.choose_compiled`), timed for
-        `auto` on the epoch's first update's batches, and say which in train.log."""
-        batches = [self._place(b) for b in self.source.first_batches(self.cfg.train.accumulate)]
-        setting, recorded = self.cfg.train.compile, self.progress.compiled
-        self.train_model, choice = choose_compiled(
-            setting, recorded, self.train_model, self.objective, batches, self.dtype, self.world
-        )
-        self.progress.compiled = choice.mode
-        log.info("%s", choice.describe(setting))
+    def _train(self) -> str:
+        """Updates until a stopping rule fires (its name is returned), each read one update
+        later unless it must be read at once (`read_at_once`)."""
+        t = self.cfg.train
+        self.source.prepare(t.accumulate, self._place)
+        pending: Pending | None = None  # launched, not read yet
+        while not (stopped_by := self._stop_reason()):
+            self.window.pause(self.validator.loss_if_due())
+            lrs = self._set_lr(pending)
+            launched = replace(self.update(), lrs=lrs, after_pending=pending is not None)
+            if pending is not None:
+                self._read(pending)
+            pending = launched
+            if read_at_once(self.progress.step + 1, t, self.scaler is not None):
+                self._read(pending, last=True)
+                pending = None
+        if pending is not None:
+            self._read(pending, last=True)
+        if self.window.updates:  # a run shorter than log_every has its curves too
+            self.runlog.training(self.progress.step, *self.line)
+        self.progress.elapsed = self.clock.elapsed()
+        return stopped_by
 
     def _stop_reason(self) -> str:
         """Which stopping rule fires before the next update ('' if none); agreed by all ranks
@@ -232,13 +221,8 @@ class Trainer:
         return next((name for name, hit in rules.items() if hit), "")
 
     def _stop_rules(self) -> dict[str, bool]:
-        signalled = self.signals.name is not None
-        epochs_done = self.source.epochs_done
+        signalled, epochs_done = self.signals.name is not None, self.source.epochs_done
         return stop_rules(self.cfg.train, self.progress, signalled, self.clock, epochs_done)
-
-    def _read_now(self) -> bool:
-        """Whether the update just launched is read before the next is queued."""
-        return read_at_once(self.progress.step + 1, self.cfg.train, self.scaler is not None)
 
     def _read(self, pending: Pending, last: bool = False) -> None:
         """Read an update launched earlier: count its step (or the skip), follow it in the
@@ -257,14 +241,13 @@ class Trainer:
             self.progress.skipped += 1
             return
         self.progress.step = step
-        window = self.window
-        window.add(update.loss, update.nll, update.tokens, update.grad_norm)
-        self.line = window_line(step, window, lr, t, self.clock, self.source, self.device)
+        self.window.add(update.loss, update.nll, update.tokens, update.grad_norm)
+        self.line = window_line(step, self.window, lr, t, self.clock, self.source, self.device)
         self.monitor.training(self.line[0])
         if step % t.log_every == 0:
             self.runlog.training(step, *self.line)
             self.window = TrainWindow()
-        took = self.validator.at_step(self.runlog, self.clock)  # None: no validation was due
+        took = self.validator.at_step()  # None: no validation was due
         if took is not None:
             self.agreement.forget()  # rank 0 alone knows whether a validation improved
             self.window.pause(took)  # tokens/s counts training only
@@ -274,27 +257,64 @@ class Trainer:
         `before` (the update launched before it, not read yet): taken, skipped."""
         t = self.cfg.train
         seconds = self.agreement.schedule_seconds(self.clock, t)
-        lrs = learning_rates(self.progress.step + 1, t, seconds, before)
-        lr = chosen_lr(lrs, before, self.device)
+        lrs = learning_rates(self.progress.step + 1, t, seconds, before is not None)
+        lr = chosen_lr(lrs, before.finite if before else None, self.device)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lrs
 
     def update(self) -> Pending:
-        """One optimizer update over `accumulate` batches on every rank, launched and not
-        read (`_read` reads it).
-
-        The loss is normalised by the target tokens of all batches on all ranks, so the update
-        does not depend on how a batch is split (DDP averages gradients, hence `* world size`).
-        Under torchrun that count is all-reduced while the first batch's forward pass runs
-        (launched before it, waited for only before the backward pass), so the forward never
-        waits for it (why not after the backward: docs/distributed.md). Nothing here waits for
-        the GPU: the next update's batches are made and copied meanwhile, a NaN/inf skips the
-        step on the device (the fused optimizer's `found_inf`, and the EMA's), and the figures
-        stay there until `_read` (train/pending.py).
-        """
+        """One optimizer update over `accumulate` batches on every rank (`UpdateStep`),
+        launched and not read (`_read` reads it). Nothing here waits for the GPU: the next
+        update's batches are made and copied meanwhile, and under torchrun the stopping rules
+        and the clock travel with the update's all-reduce."""
         t = self.cfg.train
         batches = [self._place(self.source.next()) for _ in range(t.accumulate)]  # prepared
+        tokens, sums = self.step.backward(batches)
+        self.source.prepare(t.accumulate, self._place)  # the next update's, while the GPU works
+        shared: list[float] = []
+        if self.world.distributed:
+            shared = self.agreement.figures(self._stop_rules(), self.clock.schedule_seconds(t))
+        return Pending(*self.step.apply(tokens, sums, shared))
+
+    def _place(self, batch: Batch) -> Batch:
+        """`batch` on the training device (a batch already there stays as it is)."""
+        return batch.to(self.device)
+
+
+class UpdateStep:
+    """One optimizer update over a list of batches, the step `Trainer.update` runs; public so
+    that a benchmark times the trainer's own update on its own model and batches:
+
+        step = UpdateStep(SmoothedObjective(model, 0.1), make_optimizer(model, cfg.train))
+        figures, taken = step.apply(*step.backward(batches))
+
+    The loss is normalised by the target tokens of all batches on all ranks, so the update does
+    not depend on how a batch is split (DDP averages gradients, hence `* world size`); under
+    torchrun that count is all-reduced during the first batch's forward pass, which never waits
+    for it (why not after the backward: docs/distributed.md). Nothing waits for the GPU: a
+    NaN/inf skips the step on the device (the fused optimizer's `found_inf`, and the EMA's).
+    """
+
+    def __init__(
+        self,
+        objective: SmoothedObjective,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None = None,
+        ema: WeightEMA | None = None,
+        clip_norm: float = 0.0,  # 0: not clipped
+        world: World = World(),
+        dtype: torch.dtype | None = None,  # autocast's (None: float32)
+    ):
+        self.objective, self.optimizer, self.scaler, self.ema = objective, optimizer, scaler, ema
+        self.clip_norm, self.world = clip_norm, world
+        self.device = next(objective.parameters()).device
+        self.forward = speed.eager_forward(objective, world, dtype)  # the run may compile it
+
+    def backward(self, batches: Sequence[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward and backward passes of one update's `batches` (on the device), their
+        gradients accumulated. Returns the target tokens of all ranks (1,) and these batches'
+        summed loss and NLL (2,), float64 on the device, not read."""
         tokens = distributed.to_device([sum(b.num_tgt_tokens for b in batches)], self.device)
         counted = distributed.all_reduce_async(tokens, self.world)  # during the forward
         loss_scale = torch.ones((), device=self.device)  # set once the count is in
@@ -303,14 +323,10 @@ class Trainer:
         for i, batch in enumerate(batches):
             sync: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
             if self.world.distributed and i < len(batches) - 1:
-                ddp = cast(DistributedDataParallel, self.train_model)  # or its compiled wrapper
+                ddp = cast(DistributedDataParallel, self.forward.module)  # or compiled wrapper
                 sync = ddp.no_sync()  # gradients are reduced once, after the last batch
             with sync:
-                if self.progress.compiled == "compiled":
-                    vary_batch_shape(batch)
-                with autocast_context(self.device, self.dtype):
-                    self.objective.tokens = batch.num_tgt_tokens
-                    loss, nll = self.train_model(batch.src, batch.tgt_in, batch.tgt_out)
+                loss, nll = self.forward(batch)
                 if i == 0:
                     counted.wait()
                     loss_scale = (self.world.size / tokens[0]).float()
@@ -318,42 +334,67 @@ class Trainer:
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_sum += loss.detach()
             nll_sum += nll.detach()
-        self.source.prepare(t.accumulate, self._place)  # the next update's, while the GPU works
-        sums = torch.stack([loss_sum, nll_sum]).double()
-        if self.world.distributed:  # the stopping rules and the clock travel with the sums
-            mine = self.agreement.figures(self._stop_rules(), self.clock.schedule_seconds(t))
-            shared = distributed.to_device(mine, self.device)
-            sums = torch.cat([sums, shared])
+        return tokens, torch.stack([loss_sum, nll_sum]).double()
+
+    def apply(
+        self, tokens: torch.Tensor, sums: torch.Tensor, shared: Sequence[float] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The optimizer step with the accumulated gradients clipped to `clip_norm`, then the
+        EMA's and the fp16 scale's, and the gradients zeroed. Under torchrun the loss `sums`
+        (with `shared`, figures the ranks agree on) are all-reduced first, so that where they
+        or the gradient norm are NaN/inf every rank skips the step, on the device. Returns the
+        update's figures (float64: loss, nll, `shared` summed, tokens, gradient norm) and
+        whether the step was taken (bool), on the device, not read."""
+        if self.world.distributed:
+            sums = torch.cat([sums, distributed.to_device(list(shared), self.device)])
             torch.distributed.all_reduce(sums)
-        norm, finite = self.state.apply_gradients(sums[:2], t.clip_norm)
-        figures = torch.cat([sums, tokens, norm.double().view(1)])
-        return Pending(figures, finite)
-
-    def _place(self, batch: Batch) -> Batch:
-        """`batch` on the training device (a batch already there stays as it is)."""
-        return batch.to(self.device)
-
-
-# No buffer syncs before each forward: the only buffers are the fixed positional tables, equal on
-# every rank, and they grow on demand (a rank's longer batch would change the shape). torch 2.13
-# names the setting `forward_sync_buffers` (it still syncs once at start-up, where the tables are
-# equal) and warns on each rank at the older `broadcast_buffers`.
-NO_BUFFER_SYNC: dict[str, Any] = (
-    {"forward_sync_buffers": False}
-    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-    else {"broadcast_buffers": False}
-)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # and notes overflowed gradients for update()
+        params = self.objective.model.parameters()
+        norm = torch.nn.utils.clip_grad_norm_(params, self.clip_norm or float("inf"))
+        finite = torch.isfinite(sums[:2]).all() & torch.isfinite(norm)
+        self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+        self.optimizer.step()
+        del self.optimizer.found_inf  # type: ignore[attr-defined]
+        if self.ema:
+            self.ema.update(finite)  # a skipped step leaves it as it was
+        if self.scaler is not None:
+            self.scaler.update()  # halves the scale after an overflow
+        self.optimizer.zero_grad(set_to_none=True)
+        return torch.cat([sums, tokens, norm.double().view(1)]), finite
 
 
-def wrap_model(
-    objective: SmoothedObjective, world: distributed.World, device: torch.device
-) -> torch.nn.Module:
-    """The module the updates run eagerly: the objective, in DDP across processes."""
-    wrapped: torch.nn.Module = objective
-    if world.distributed:
-        ids = [device.index] if device.type == "cuda" else None
-        # The gradients are views into DDP's buckets: no copy in and out of them per update.
-        wrapped = DistributedDataParallel(
-            objective, device_ids=ids, gradient_as_bucket_view=True, **NO_BUFFER_SYNC
-        )
-    return wrapped
+@dataclass
+class Pending:
+    """An update launched and not read yet: the loop queues update k+1 before it reads update
+    k's figures, so the host never makes the device wait (nanoGPT and torchtitan read the loss
+    only when they log it). What the host cannot know yet is decided on the device: update
+    k+1's lr is the next step's if update k was taken, else the same step's again, and the EMA
+    follows a step only if it was taken. The loop reads it before anything that needs the exact
+    state (a log line, a validation, a checkpoint, a stop): a run trains, validates and resumes
+    bit for bit as one that read every update at once."""
+
+    figures: torch.Tensor  # float64: loss, nll, the ranks' agreement figures, tokens, grad norm
+    finite: torch.Tensor  # bool: no NaN/inf, so the optimizer took the step
+    lrs: tuple[float, float] = (0.0, 0.0)  # its lr: if the update before it was taken, or not
+    after_pending: bool = False  # launched before the update before it was read (else lrs[0])
+
+    def lr(self, before_taken: bool) -> float:
+        """The learning rate it trained with, once the update before it is read."""
+        return self.lrs[0] if before_taken or not self.after_pending else self.lrs[1]
+
+    def read(self) -> tuple[Update, list[float]]:
+        """The update's figures on the host (the one wait for the device), and the ranks'
+        agreement figures that travelled with them."""
+        figures = self.figures.tolist()
+        loss, nll, tokens, grad_norm = *figures[:2], figures[-2], figures[-1]
+        finite = math.isfinite(loss) and math.isfinite(nll) and math.isfinite(grad_norm)
+        return Update(loss, nll, int(tokens), grad_norm, finite), figures[2:-2]
+
+
+def read_at_once(step: int, train: TrainConfig, fp16: bool) -> bool:
+    """Whether the update that makes `step` is read before the next is queued: when that step
+    is logged, validated (its loss alone included) or the last of max_steps, and under fp16
+    (the loss scale is read with the update); else it is read one update later."""
+    logged = step % train.log_every == 0 or step % train.eval_every == 0
+    return logged or train.checks_loss_alone(step) or step == train.max_steps or fp16

@@ -1,5 +1,6 @@
-"""The training state: what last.pt holds beyond a translation checkpoint, how it is written and
-read back, which step_N.pt are kept, and what a new or resumed run may start from.
+"""The training state and its checkpoints: where training stands (`TrainProgress`), what last.pt
+holds beyond a translation checkpoint and how it is read back (`TrainState`), the weight EMA
+(`WeightEMA`), and checkpoints written in the background (`CheckpointWriter`).
 
 last.pt is `checkpoint.make_checkpoint`'s dict plus `train_state`:
     progress   `TrainProgress` as a dict (step, best score, early-stop count, elapsed time, ...)
@@ -9,53 +10,37 @@ last.pt is `checkpoint.make_checkpoint`'s dict plus `train_state`:
     rng        (cpu, cuda) generator states, one pair per rank
 With a weight EMA, last.pt's `model` holds the raw weights and `ema` the average (which best.pt
 and step_N.pt hold as `model`), so a resume continues the raw weights and the average alike.
+
+Checkpoints are written while training goes on: `CheckpointWriter` copies a checkpoint's
+tensors to the CPU (the only part that waits), then writes the files on a background thread,
+each atomically (`checkpoint.save_checkpoint`), so last.pt is always a complete checkpoint. At
+most one write is in flight: the files land in order and the host never holds more than one
+extra copy of the weights and optimizer state. A failed write (a full disk) is raised at the
+next save or at `wait`, which the end of a run calls. `abandon` (a second Ctrl-C) gives up the
+write in flight: its file is finished but removed, not renamed, so each checkpoint stays the
+last one completed.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+import copy
+import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import torch
+from torch import nn
 
 from attn_mt import distributed
-from attn_mt.checkpoint import (
-    checkpoint_config,
-    config_differences,
-    load_checkpoint,
-    load_weights,
-    make_checkpoint,
-    translation_weights,
-)
-from attn_mt.config import Config, TrainConfig
+from attn_mt.checkpoint import WriteAbandoned, make_checkpoint, save_checkpoint, translation_weights
+from attn_mt.config import Config
 from attn_mt.data.batching import ShardBatches
-from attn_mt.data.shards import Shards
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import UserError
-from attn_mt.fileio import resolve_checkpoint
-from attn_mt.model.transformer import Transformer, build_model
-from attn_mt.train.ema import WeightEMA
-from attn_mt.train.runfolder import check_run_start
-from attn_mt.train.saver import CheckpointWriter
-from attn_mt.train.skips import make_scaler
-from attn_mt.train.stage import stage
+from attn_mt.model.transformer import Transformer
 
-# Config keys a resumed run must share with its checkpoint (the rest may change, and so may
-# the subword sampling, which changes no piece).
-RESUME_KEYS = ("model", "tokenizer", "data.src_lang", "data.tgt_lang")
-SAMPLING_KEY = "tokenizer.sampling_alpha"
-# Model and tokenizer keys a run started from a checkpoint (train.init_from) may change: none
-# shapes a weight or a piece.
-INIT_FREE_KEYS = (
-    "model.dropout",
-    "model.activation_dropout",
-    "model.attention_dropout",
-    "model.fused_attention",
-    SAMPLING_KEY,
-)
 # A damaged train_state fails with one of these while it is read back.
 _DAMAGE = (KeyError, TypeError, ValueError, IndexError, RuntimeError)
 
@@ -89,6 +74,109 @@ class TrainProgress:
         return improved
 
 
+class WeightEMA:
+    """The moving average of `model`'s parameters, held as a frozen copy of the model (so it
+    validates and saves like one: tied weights stay tied, buffers come along)."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"EMA decay {decay} must be in (0, 1)")
+        self.decay = decay
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        # parameters() yields tied tensors once, in the same order in the model and its copy.
+        self._averages: list[torch.Tensor] = list(self.model.parameters())
+        self._weights: list[torch.Tensor] = list(model.parameters())
+
+    @torch.no_grad()
+    def update(self, taken: torch.Tensor | None = None) -> None:
+        """avg <- avg + (1 - decay) * (weights - avg), in place, all tensors in one call; with
+        `taken` (a bool on the device: the optimizer took the step) only if it is true, decided
+        on the device (a weight of 0 leaves every average exactly as it was)."""
+        weight = 1.0 - self.decay
+        if taken is None:
+            torch._foreach_lerp_(self._averages, self._weights, weight)
+        else:
+            # One 0-d weight per tensor: a tensor as the scalar weight would be read back to
+            # the host (`.item()`), a wait for the GPU.
+            gated = taken.to(self._averages[0].dtype) * weight
+            torch._foreach_lerp_(self._averages, self._weights, [gated] * len(self._averages))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The averaged weights as the model's state_dict."""
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from saved averaged weights."""
+        self.model.load_state_dict(state)
+
+
+def cpu_copy(value: Any, copies: dict[int, torch.Tensor] | None = None) -> Any:
+    """`value` with every tensor in it copied to the CPU (a new tensor even on the CPU), and
+    every dict, list and tuple rebuilt, so that training on may change none of it. A tensor
+    met again (in `copies`, by identity: the same weights in best.pt, step_N.pt and last.pt)
+    is copied once."""
+    copies = {} if copies is None else copies
+    if isinstance(value, torch.Tensor):
+        if id(value) not in copies:  # the originals outlive the call, so no id is reused
+            copies[id(value)] = value.detach().to("cpu", copy=True)
+        return copies[id(value)]
+    if isinstance(value, dict):
+        return {k: cpu_copy(v, copies) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(cpu_copy(v, copies) for v in value)
+    return value
+
+
+class CheckpointWriter:
+    """Writes checkpoints on one background thread, one save at a time."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._abandon = threading.Event()
+
+    def submit(self, files: Sequence[tuple[dict[str, Any], Path]], drop: Sequence[Path]) -> None:
+        """Write each (state, path) of `files` in order, then delete the `drop` paths, in the
+        background; the states are copied before this returns."""
+        self.wait()
+        tensors: dict[int, torch.Tensor] = {}  # each copied once, whichever files hold it
+        copies = [(cpu_copy(state, tensors), path) for state, path in files]
+        # Not a daemon: a process that ends (or fails) with a write in flight finishes it.
+        self._thread = threading.Thread(
+            target=self._write, args=(copies, list(drop)), name="attn-mt checkpoint writer"
+        )
+        self._thread.start()
+
+    def _write(self, files: list[tuple[dict[str, Any], Path]], drop: list[Path]) -> None:
+        try:
+            for state, path in files:
+                save_checkpoint(state, path, self._abandon)
+            for path in drop:
+                path.unlink(missing_ok=True)
+        except WriteAbandoned:
+            pass  # what was asked: the earlier files stay as they were
+        except BaseException as err:  # noqa: BLE001 - raised on the training thread instead
+            self._error = err
+
+    def wait(self) -> None:
+        """Wait for the write in flight, if any; raise its error, if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def abandon(self) -> None:
+        """Give up the write in flight (its current file is removed once torch.save returns,
+        never renamed into place) and write nothing more."""
+        self._abandon.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._error = None
+
+
 @dataclass
 class TrainState:
     """Everything an exact resume needs, written into last.pt and read back from it whole."""
@@ -115,28 +203,6 @@ class TrainState:
     def eval_model(self) -> Transformer:
         """The weights that validate, go into best.pt and translate: the EMA when kept."""
         return cast(Transformer, self.ema.model) if self.ema else self.model
-
-    def apply_gradients(
-        self, sums: torch.Tensor, clip_norm: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The optimizer step with the accumulated gradients clipped to `clip_norm` (0: not
-        clipped), then the EMA's and the fp16 scale's, and the gradients zeroed. Where the
-        update's loss `sums` or its gradient norm are NaN/inf, the step is skipped on the
-        device (the fused optimizer's `found_inf`, and the EMA's), so nothing waits for it.
-        Returns the gradient norm and whether the step was taken (0-d tensors, not read)."""
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)  # and notes overflowed gradients for update()
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_norm or float("inf"))
-        finite = torch.isfinite(sums).all() & torch.isfinite(norm)
-        self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
-        self.optimizer.step()
-        del self.optimizer.found_inf  # type: ignore[attr-defined]
-        if self.ema:
-            self.ema.update(finite)  # a skipped step leaves it as it was
-        if self.scaler is not None:
-            self.scaler.update()  # halves the scale after an overflow
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm, finite
 
     def save(self, best: bool, metrics: dict[str, float] | None = None) -> None:
         """Write last.pt, best.pt when `best`, and after a validation (`metrics` given) step_N.pt
@@ -208,139 +274,3 @@ class TrainState:
         if "products" in progress:  # its name in last.pt files written before it was renamed
             progress["matmul_backend"] = progress.pop("products")
         self.progress = TrainProgress(**progress)
-
-
-def build_state(
-    cfg: Config,
-    tokenizers: tuple[Tokenizer, Tokenizer],
-    shards: Shards,
-    precision: str,
-    device: torch.device,
-    world: distributed.World,
-    init: tuple[str, dict[str, Any]] | None,
-) -> TrainState:
-    """A run's training state as it begins: the model on `device` (with train.init_from's
-    weights, `init`, when given), its EMA, the optimizer, the loss scaler and the batches;
-    `TrainState.restore` then brings a resumed run's back."""
-    src_tok, tgt_tok = tokenizers
-    with stage("building the model"):
-        model = build_model(cfg, src_tok.vocab_size, tgt_tok.vocab_size)
-        model.to(device)
-    if init:
-        load_weights(model, translation_weights(init[1]), init[0])
-    ema = WeightEMA(model, cfg.train.ema_decay) if cfg.train.ema_decay else None
-    optimizer = make_optimizer(model, cfg.train)
-    scaler = make_scaler(precision, device)
-    batches = ShardBatches.from_config(cfg, shards, world)
-    return TrainState(cfg, tokenizers, model, ema, optimizer, scaler, batches, world, device)
-
-
-def make_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; weight decay only on matrices (not biases, norms)."""
-    params = list({id(p): p for p in model.parameters()}.values())  # tied weights once
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    # The fused kernel updates every tensor in one pass: the per-tensor loop it replaces was a
-    # visible share of a CPU step (docs/performance.md).
-    return torch.optim.AdamW(
-        groups, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, fused=True
-    )
-
-
-def starting_point(
-    cfg: Config, resume: bool, world: distributed.World
-) -> tuple[Config, dict[str, Any] | None, tuple[str, dict[str, Any]] | None]:
-    """What a run starts from: on resume its last.pt, else the checkpoint train.init_from names
-    (its path and contents), or neither; and `cfg` with train.init_from recording it."""
-    out = Path(cfg.train.out_dir)
-
-    def resumable() -> tuple[str, dict[str, Any]] | None:
-        state = check_run_folder(out, cfg, resume)
-        return (str(out / "checkpoints" / "last.pt"), state) if state else None
-
-    # Rank 0 alone looks at the run folder (no rank can see a folder rank 0 has begun to write)
-    # and checks the checkpoint; the other ranks then read the file it names themselves.
-    checked = _checked_on_main(resumable, world)
-    last = checked[1] if checked else None
-    # A new run may start from a checkpoint's weights; a resumed one keeps its own record.
-    init = None if last else _checked_on_main(lambda: init_checkpoint(cfg), world)
-    if init:
-        cfg = with_init_from(cfg, init[0])
-    elif last:
-        cfg = with_init_from(cfg, last["config"]["train"].get("init_from"))
-    return cfg, last, init
-
-
-def _checked_on_main(
-    check: Callable[[], tuple[str, dict[str, Any]] | None], world: distributed.World
-) -> tuple[str, dict[str, Any]] | None:
-    """`check()` (a checkpoint's path and contents, or None) run on rank 0; the other ranks
-    get the path and read the file themselves. Only when some rank cannot see the file (no
-    shared disk) are the contents sent pickled, which takes twice their size in each rank's
-    memory (a transformer-big last.pt is ~3.4 GB)."""
-    held: dict[str, dict[str, Any]] = {}
-
-    def on_main() -> str | None:
-        found = check()
-        if found:
-            held[found[0]] = found[1]
-        return found[0] if found else None
-
-    path = distributed.from_main(on_main, world)
-    if path is None:
-        return None
-    if not all(distributed.gather(Path(path).is_file(), world)):
-        return path, distributed.from_main(lambda: held[path], world)
-    return path, held[path] if path in held else load_checkpoint(path)
-
-
-def check_run_folder(out: Path, cfg: Config, resume: bool) -> dict[str, Any] | None:
-    """Refuse to overwrite a run; on resume, return last.pt once it is known to fit `cfg`."""
-    check_run_start(out, resume)
-    if not resume:
-        return None
-    last = out / "checkpoints" / "last.pt"
-    state = load_checkpoint(last)
-    if not isinstance(state.get("train_state"), dict):
-        raise UserError(f"{last}: holds no training state, so it cannot be resumed")
-    old = checkpoint_config(state, last).to_dict()  # validated like a config file
-    diff = [k for k in config_differences(old, cfg.to_dict(), RESUME_KEYS) if k != SAMPLING_KEY]
-    if diff:
-        raise UserError(
-            f"{out}: cannot resume with a changed config ({', '.join(diff)} differ "
-            "from the checkpoint); restore them or start a new train.out_dir"
-        )
-    return state
-
-
-def init_checkpoint(cfg: Config) -> tuple[str, dict[str, Any]] | None:
-    """The checkpoint `train.init_from` names (its absolute path and contents), once its model
-    and tokenizer keys are known to equal `cfg`'s (but for INIT_FREE_KEYS); None without one."""
-    if cfg.train.init_from is None:
-        return None
-    path = resolve_checkpoint(cfg.train.init_from).resolve()
-    state = load_checkpoint(path)
-    old, new = state["config"], cfg.to_dict()
-    differ = config_differences(old, new, ("model", "tokenizer"))
-    if keys := [key for key in differ if key not in INIT_FREE_KEYS]:
-        values = ", ".join(f"{k} ({_value(new, k)!r} here, {_value(old, k)!r} there)" for k in keys)
-        raise UserError(
-            f"{path}: cannot start from this checkpoint, the config differs in {values}; a run "
-            "started from it keeps its model and SentencePiece models (only model.dropout, "
-            "model.activation_dropout, model.attention_dropout, tokenizer.sampling_alpha and "
-            "train.* may change)"
-        )
-    return str(path), state
-
-
-def _value(config: dict[str, Any], key: str) -> Any:
-    """The value of a dotted `section.key` in a plain config (None when missing)."""
-    section, name = key.split(".")
-    return config.get(section, {}).get(name)
-
-
-def with_init_from(cfg: Config, init_from: str | None) -> Config:
-    """`cfg` with train.init_from set: config.yaml records the checkpoint a run started from."""
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=init_from))

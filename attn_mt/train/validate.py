@@ -1,33 +1,41 @@
 """Validation during training: the loss and perplexity by teacher forcing, BLEU and chrF of the
-search output, and a few samples to show (`validate`); `Validator`, rank 0's validation at
-intervals, and the checkpoints written after it.
+search output, and a few samples to show (`validate`); a multilingual run's directions each on
+their own, with their off-target rate, and their mean (`validate_directions`); the search
+shared among torchrun ranks (`shared_search`); and `Validator`, rank 0's validation at
+intervals and the checkpoints written after it.
 
 `Validator` runs it under `torch.random.fork_rng`, so validation never moves the training RNG.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from attn_mt import distributed
 from attn_mt.config import TrainConfig
 from attn_mt.data.batching import collate, length_batches
+from attn_mt.data.corpus import Corpus
 from attn_mt.decode.translator import Translator
+from attn_mt.langid import off_target_rate
+from attn_mt.model.loss import SmoothedObjective, perplexity
 from attn_mt.precision import autocast_context
 from attn_mt.scores import score
-from attn_mt.train.budget import RunClock
-from attn_mt.train.corpus import Corpus
-from attn_mt.train.directions import validate_directions
-from attn_mt.train.loglines import log_finish, log_timesheet, valid_share
-from attn_mt.train.loss import SmoothedObjective, perplexity
-from attn_mt.train.runlog import Monitor, RunLog, Validation
-from attn_mt.train.shared_search import Interrupted, shared_search
+from attn_mt.train.budget import RunClock, StopSignals
+from attn_mt.train.runlog import (
+    Monitor,
+    RunLog,
+    Validation,
+    log_finish,
+    log_timesheet,
+    valid_share,
+)
 from attn_mt.train.state import TrainState
 from attn_mt.world import World
 
@@ -35,6 +43,8 @@ log = logging.getLogger("attn_mt")
 
 # train.select_metric -> whether a higher value is better
 HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False}
+# The figures a multilingual run averages over its directions (`sentences` is summed).
+MEAN_KEYS = ("loss", "ppl", "bleu", "chrf", "off_target")
 # The validation attention plot takes at most about this share of a run's wall time
 # (`PlotBudget`); PLOT_GUESS is what its first drawing in a process, matplotlib's import
 # included, is taken to cost before one was timed.
@@ -42,13 +52,17 @@ PLOT_SHARE = 0.02
 PLOT_GUESS = 1.0
 
 
+class Interrupted(Exception):
+    """A signal came during validation."""
+
+
 @torch.no_grad()
 def validate(
     translator: Translator,
     corpus: Corpus,
     t: TrainConfig,
-    on_progress: Callable[[str, int, int], None] = lambda phase, done, total: None,
-    world: World = World(),
+    on_progress: Callable[[str, int, int], None],
+    world: World,
 ) -> Validation:
     """Validate `translator.model` on the corpus's validation split (in the translator's device
     and dtype); `on_progress(phase, done, total)` follows the sentences scored ("loss") and
@@ -131,6 +145,67 @@ def search_share(
     return shared_search(search, corpus.valid_src, world)
 
 
+def validate_directions(
+    translator: Translator,
+    corpus: Corpus,
+    t: TrainConfig,
+    on_progress: Callable[[str, int, int], None],
+    world: World,
+) -> Validation:
+    """`validate` each direction of a multilingual `corpus.pairs`; the result's metrics are their
+    mean (which picks best.pt and stops early as a bilingual run's one figure does) and its
+    `pairs` each direction's own figures, with the off-target rate: the share of outputs not in
+    the language asked for."""
+    languages = translator.config.data.target_languages()
+    languages += [src for src, _ in translator.config.data.directions()]
+    per_pair: dict[str, dict[str, float]] = {}
+    samples: list[tuple[str, str, str]] = []
+    seconds: dict[str, float] = {}
+    for pair, direction in corpus.pairs.items():
+        result = validate(translator, direction, t, on_progress, world)
+        tgt_lang = str(direction.valid_tgt_lang)
+        rate = off_target_rate(result.hypotheses, tgt_lang, languages)
+        per_pair[pair] = result.metrics | ({"off_target": rate} if rate is not None else {})
+        samples += result.samples[:1]
+        for phase, took in result.seconds.items():
+            seconds[phase] = seconds.get(phase, 0.0) + took
+    metrics = {
+        name: sum(m[name] for m in per_pair.values()) / len(per_pair)
+        for name in MEAN_KEYS
+        if all(name in m for m in per_pair.values())
+    }
+    metrics["sentences"] = sum(m["sentences"] for m in per_pair.values())
+    return Validation(metrics, samples[: max(t.samples, 0)], seconds, pairs=per_pair)
+
+
+def shared_search(
+    search: Callable[[list[str]], list[str]], sentences: list[str], world: World
+) -> list[str]:
+    """`search(sentences)`, each rank searching its slice; the whole output on every rank, in
+    order, for rank 0 to score. Rank r takes sentences r, r + size, r + 2 size, ...: sentences
+    of every length on every rank, so the ranks finish at about the same time. Greedy and beam
+    search translate a sentence the same way whatever else is in its batch (tests/unit/decode
+    hold batched == one at a time), so the output is the one a single process would give.
+
+    A search `Interrupted` on one rank is `Interrupted` on every rank, raised after the gather,
+    so that the ranks' collectives stay paired (the checkpoint written next gathers too).
+    """
+    if not world.distributed:
+        return search(sentences)
+    mine: list[str] | None
+    try:
+        mine = search(sentences[world.rank :: world.size])
+    except Interrupted:
+        mine = None
+    shares = distributed.gather(mine, world)
+    hyps = [""] * len(sentences)
+    for rank, share in enumerate(shares):
+        if share is None:
+            raise Interrupted
+        hyps[rank :: world.size] = share
+    return hyps
+
+
 @dataclass
 class PlotBudget:
     """When a validation draws the attention plot: when the plot's expected seconds (the last
@@ -155,28 +230,37 @@ class PlotBudget:
         self.since, self.cost = self.clock(), seconds
 
 
+def translator_of(state: TrainState, dtype: torch.dtype | None = None) -> Translator:
+    """A `Translator` of the weights that validate (`TrainState.eval_model`: the EMA when kept),
+    in `dtype` (None: float32)."""
+    src_tok, tgt_tok = state.tokenizers
+    return Translator(state.eval_model, state.cfg, src_tok, tgt_tok, state.device, dtype)
+
+
 class Validator:
     """Rank 0's validation at intervals during training, its log lines, and the checkpoints
     written after it on every rank (best.pt when the score of train.select_metric improved);
-    at the end of a run, the last validation and checkpoints (`finish`).
+    at the end of a run, the last validation and checkpoints (`finish`). A run builds it once
+    its log and clock exist.
 
-    A signal (`stop_signal()` not None) abandons a validation, so last.pt is written at once:
-    torchrun kills its workers 30 s after it forwards a SIGTERM.
+    A signal abandons a validation, so last.pt is written at once: torchrun kills its workers
+    30 s after it forwards a SIGTERM.
     """
 
     def __init__(
         self,
         state: TrainState,
         corpus: Corpus,
-        valid_total: int,
-        translator: Callable[[torch.dtype | None], Translator],  # in that dtype (None: default)
+        valid_total: int,  # sentences of the whole validation split, `corpus` a subset of it
         dtype: torch.dtype | None,  # training's, which validation runs in
         monitor: Monitor,
-        stop_signal: Callable[[], str | None],
+        signals: StopSignals,
+        runlog: RunLog,
+        clock: RunClock,
     ):
-        self.state, self.corpus, self.valid_total = state, corpus, valid_total
-        self.translator, self.dtype = translator, dtype
-        self.monitor, self.stop_signal = monitor, stop_signal
+        self.state, self.corpus, self.dtype = state, corpus, dtype
+        self.monitor, self.signals, self.runlog, self.clock = monitor, signals, runlog, clock
+        self.share = valid_share(len(corpus.valid_src), valid_total)  # said in the log lines
         self.plots = PlotBudget(PLOT_SHARE)
         self.loss_due = False  # the loss alone is due at the step last read (`loss_if_due`)
 
@@ -184,56 +268,52 @@ class Validator:
         """Validation loss/perplexity (teacher forcing) and BLEU/chrF of search output, on
         rank 0, of each direction and their mean for a multilingual run (None on the other
         ranks, which search their share of each direction's sentences)."""
-        translator, t, world = self.translator(self.dtype), self.state.cfg.train, self.state.world
-        result = None
+        state, result = self.state, None
+        translator, t, world = translator_of(state, self.dtype), state.cfg.train, state.world
         if not world.is_main:
             for corpus in list(self.corpus.pairs.values()) or [self.corpus]:
-                search_share(translator, corpus, t, lambda count: self._check_signal(), world)
+                search_share(translator, corpus, t, self._check_signal, world)
         elif self.corpus.pairs:  # multilingual: each direction, and their mean
-            one = functools.partial(validate, world=world)
-            result = validate_directions(one, translator, self.corpus, t, self._follow)
+            result = validate_directions(translator, self.corpus, t, self._follow, world)
         else:
             result = validate(translator, self.corpus, t, self._follow, world)
-        self.state.model.train()
+        state.model.train()
         return result
 
     def _follow(self, phase: str, done: int, total: int) -> None:
         self._check_signal()
         self.monitor.validating(phase, done, total)
 
-    def _check_signal(self) -> None:
-        if self.stop_signal():
+    def _check_signal(self, _sentences: int = 0) -> None:
+        if self.signals.name:
             raise Interrupted
 
-    def at_step(self, runlog: RunLog, clock: RunClock) -> float | None:
-        """After an update: a validation at eval_every (`at_interval`); the seconds it took,
+    def at_step(self) -> float | None:
+        """After an update: a validation at eval_every (`validate_and_save`, timed on the run's
+        clock, which then holds back as much time for the final one); the seconds it took,
         None when none was due. The loss alone, when due, waits for `loss_if_due`."""
-        t, step = self.state.cfg.train, self.state.progress.step
-        self.loss_due = t.checks_loss_alone(step)
-        return self.at_interval(runlog, clock) if step % t.eval_every == 0 else None
+        t, progress = self.state.cfg.train, self.state.progress
+        self.loss_due = t.checks_loss_alone(progress.step)
+        if progress.step % t.eval_every:
+            return None
+        began = self.clock.now()
+        progress.elapsed = self.clock.elapsed()
+        self.validate_and_save()
+        took = progress.validation_seconds = self.clock.now() - began
+        self.clock.validated(took)
+        return took
 
-    def loss_if_due(self, runlog: RunLog, clock: RunClock) -> float:
+    def loss_if_due(self) -> float:
         """The loss alone (`loss_at_interval`) if the update last read was due one; the loop
         asks once it knows the run goes on, as a run that stops there validates at that step,
         its loss included. The seconds it took on this rank (0 when none was due)."""
         due, self.loss_due = self.loss_due, False
         if not due:
             return 0.0
-        with clock.phase("loss only"):
-            return self.loss_at_interval(runlog)
+        with self.clock.phase("loss only"):
+            return self.loss_at_interval()
 
-    def at_interval(self, runlog: RunLog, clock: RunClock) -> float:
-        """A validation at eval_every (`validate_and_save`), timed on the run's clock, which
-        then holds back as much time for the final one; returns its seconds."""
-        progress = self.state.progress
-        began = clock.now()
-        progress.elapsed = clock.elapsed()
-        self.validate_and_save(runlog, clock)
-        took = progress.validation_seconds = clock.now() - began
-        clock.validated(took)
-        return took
-
-    def loss_at_interval(self, runlog: RunLog) -> float:
+    def loss_at_interval(self) -> float:
         """The validation loss alone, at valid_loss_every between validations: on rank 0 (the
         mean of the directions' for a multilingual run), logged, neither selecting nor saving
         a checkpoint; the other ranks go on and wait for it in the next update's all-reduce.
@@ -241,10 +321,10 @@ class Validator:
         began = time.perf_counter()
         if not self.state.world.is_main:
             return 0.0
-        translator, t, device = self.translator(self.dtype), self.state.cfg.train, self.state.device
+        translator, t = translator_of(self.state, self.dtype), self.state.cfg.train
         figures = []
         try:
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            with fork_rng(self.state.device):
                 for corpus in list(self.corpus.pairs.values()) or [self.corpus]:
                     figures.append(validation_loss(translator, corpus, t, self._follow)[0])
         except Interrupted:  # the loop's next check of the signal stops the run
@@ -253,59 +333,54 @@ class Validator:
         took = time.perf_counter() - began
         if figures:
             mean = {key: sum(f[key] for f in figures) / len(figures) for key in figures[0]}
-            runlog.validation_loss(self.state.progress.step, mean, took, self.share())
+            self.runlog.validation_loss(self.state.progress.step, mean, took, self.share)
         return took
 
-    def validate_and_save(self, runlog: RunLog, clock: RunClock) -> None:
+    def validate_and_save(self) -> None:
         """Validate on rank 0, log it, and write the checkpoints (best.pt if it improved);
         each part timed as a `clock.phase`."""
         state, progress = self.state, self.state.progress
         step, metric = progress.step, state.cfg.train.select_metric
         improved = False
-        with clock.phase("validation"):
-            result = self._validate_and_plot(runlog, step)
+        with self.clock.phase("validation"):
+            result = self._validate_and_plot(step)
             if result is not None:
                 improved = progress.record(result.metrics[metric], HIGHER_IS_BETTER[metric])
                 best = (metric, progress.best_score)
-                runlog.validation(step, result, improved, best, self.share())
+                self.runlog.validation(step, result, improved, best, self.share)
         progress.last_valid_step = step
-        with clock.phase("checkpoints"):
+        with self.clock.phase("checkpoints"):
             state.save(best=improved, metrics=result.metrics if result else None)
 
-    def _validate_and_plot(self, runlog: RunLog, step: int) -> Validation | None:
+    def _validate_and_plot(self, step: int) -> Validation | None:
         """`validate`, then the attention plot when its budget allows (`PlotBudget`); None on
         the ranks but rank 0, and where a signal abandoned the validation itself."""
-        state, result = self.state, None
-        device = state.device
+        result = None
         try:  # on every rank: each searches its share of the sentences
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            with fork_rng(self.state.device):
                 result = self.validate()
                 if result is not None and self.plots.due():
                     start = time.perf_counter()
-                    plotted = next(iter(self.corpus.pairs.values()), self.corpus)
-                    runlog.attention(
-                        step,
-                        lambda: self.translator(None),
-                        plotted.valid_src,
-                        plotted.valid_tgt_lang,
-                    )
+                    shown = next(iter(self.corpus.pairs.values()), self.corpus)
+                    translator = translator_of(self.state)
+                    self.runlog.attention(step, translator, shown.valid_src, shown.valid_tgt_lang)
                     result.seconds["plot"] = time.perf_counter() - start
                     self.plots.spent(result.seconds["plot"])
         except Interrupted:  # a plot interrupted keeps its validation
-            if state.world.is_main:
-                log.warning("%s: validation at step %d abandoned", self.stop_signal(), step)
-        state.model.train()
+            if self.state.world.is_main:
+                log.warning("%s: validation at step %d abandoned", self.signals.name, step)
+        self.state.model.train()
         return result
 
-    def finish(self, stopped_by: str, runlog: RunLog, clock: RunClock) -> None:
+    def finish(self, stopped_by: str) -> None:
         """End a run: a stopped run saves last.pt; a finished one validates unless it just did.
         Returns once the checkpoints are on disk and every rank is here."""
-        state, progress = self.state, self.state.progress
+        state, progress, clock = self.state, self.state.progress, self.clock
         step = progress.step
         if progress.skipped:
             log.info("%d updates skipped for NaN/inf so far", progress.skipped)
         if stopped_by != "signal" and progress.last_valid_step != step:
-            self.validate_and_save(runlog, clock)  # and its checkpoints
+            self.validate_and_save()  # and its checkpoints
         elif stopped_by != "signal" or state.saved_step != step:
             # (a signal's last.pt may be written already, by an interrupted validation)
             with clock.phase("checkpoints"):
@@ -314,9 +389,11 @@ class Validator:
             state.writer.wait()
         distributed.barrier(state.world)  # no rank leaves before rank 0 has written last.pt
         log_timesheet(clock.timesheet())
-        signal = self.stop_signal()
-        log_finish(stopped_by, signal, step, state.cfg.train, progress.best_score, self.share())
+        t, signal = state.cfg.train, self.signals.name
+        log_finish(stopped_by, signal, step, t, progress.best_score, self.share)
 
-    def share(self) -> str:
-        """Which share of the validation split is validated on, for the log."""
-        return valid_share(len(self.corpus.valid_src), self.valid_total)
+
+def fork_rng(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """`torch.random.fork_rng` of the CPU's generator and `device`'s: validation never moves
+    the training RNG."""
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])

@@ -30,21 +30,21 @@ from attn_mt.data.tokenizer import train_tokenizer
 from attn_mt.decode.generate import Hypothesis
 from attn_mt.decode.translator import Translator
 from attn_mt.fileio import write_output
-from attn_mt.train.runfolder import lock_run_folder
+from attn_mt.runfolder import lock_run_folder
 
 # The private names this module patches, in one place to update when the package moves.
-LOSS = "attn_mt.train.loss.projected_loss"  # the training loss, as the objective calls it
+LOSS = "attn_mt.model.loss.projected_loss"  # the training loss, as the objective calls it
 SEARCH = "attn_mt.decode.translator.generate"  # the one search loop, as the Translator calls it
 
 
-# The holder imports attn_mt.train.runfolder without the package's __init__ (which imports torch):
+# The holder imports attn_mt.runfolder without the package's __init__ (which imports torch):
 # the real locking code, started in milliseconds instead of seconds.
 HOLD_LOCK = (
     "import sys, time, types\n"
     "package = types.ModuleType('attn_mt')\n"
     "package.__path__ = [sys.argv[2]]\n"
     "sys.modules['attn_mt'] = package\n"
-    "from attn_mt.train.runfolder import lock_run_folder\n"
+    "from attn_mt.runfolder import lock_run_folder\n"
     "with lock_run_folder(sys.argv[1]):\n"
     "    print('locked', flush=True)\n"
     "    time.sleep(120)\n"

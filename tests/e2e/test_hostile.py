@@ -43,7 +43,7 @@ from helpers.clirun import (
 from helpers.workspace import Stdin, Workspace, World, run_cli
 
 from attn_mt.checkpoint import FORMAT
-from attn_mt.train.runfolder import lock_run_folder
+from attn_mt.runfolder import lock_run_folder
 
 # The private names this module patches, in one place to update when the package moves: the
 # work that no user error may start (SentencePiece and model training, translating, averaging,

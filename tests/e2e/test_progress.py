@@ -106,7 +106,7 @@ def test_remaining_time_counts_the_run_to_its_end() -> None:
     the final one count; max_minutes keeps back the final validation's time."""
     from attn_mt.config import TrainConfig
     from attn_mt.train.budget import RunClock
-    from attn_mt.train.loglines import clock
+    from attn_mt.train.runlog import clock
 
     now = [20.0]  # 20 s of start-up, then 600 updates of 0.1 s and one validation of 30 s
     run = RunClock(start=0.0, first_step=0, now=lambda: now[0])  # training began at 20 s

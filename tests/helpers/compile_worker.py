@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed
 from attn_mt.configfile import load_config
+from attn_mt.train import speed
 from attn_mt.train.loop import Trainer
 
 
@@ -35,13 +36,14 @@ def main() -> None:
 
     DistributedDataParallel.no_sync = counted
     trained_with = []  # the module each run's updates ran (the run lets it go as it ends)
-    choose = Trainer._choose_compiled
+    choose = speed.choose_compiled
 
-    def noted(self):
-        choose(self)
-        trained_with.append(self.train_model)
+    def noted(*args):
+        forward = choose(*args)
+        trained_with.append(forward.module)
+        return forward
 
-    Trainer._choose_compiled = noted
+    speed.choose_compiled = noted
     with distributed.process_group(torch.device("cpu")) as (world, device):
         for name, config in (("eager", eager), ("compiled", compiled)):
             calls.clear()

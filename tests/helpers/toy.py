@@ -19,7 +19,8 @@ from attn_mt.config import Config
 from attn_mt.configfile import config_from_dict
 from attn_mt.data.batching import epoch_order
 from attn_mt.train.loop import Trainer, TrainResult
-from attn_mt.train.validate import Validation, Validator
+from attn_mt.train.runlog import Validation
+from attn_mt.train.validate import Validator
 
 SRC_WORDS = [f"q{w}" for w in "bcdfghjklmnprstvwz"]  # 18 source "words"
 

@@ -21,6 +21,7 @@ LAYERS = [
     "configdata",  # the config schema's data section
     "config",
     "fileio",
+    "runfolder",  # one training process per run folder, checked before torch loads
     "precision",
     "kernels",  # the MKL-vs-oneDNN timing rule
     "scores",  # sacreBLEU

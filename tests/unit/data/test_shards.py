@@ -25,13 +25,13 @@ from attn_mt.data import prepare as prepare_module
 from attn_mt.data import shardwriter
 from attn_mt.data.batching import ShardBatches, collate, length_batches
 from attn_mt.data.corpora import cache_dir
+from attn_mt.data.corpus import training_data
 from attn_mt.data.prepare import prepare_shards, sample_pairs
 from attn_mt.data.shards import open_shards
 from attn_mt.data.text import clean_pairs, read_parallel
 from attn_mt.data.tokenizer import build_tokenizers
 from attn_mt.distributed import World
 from attn_mt.errors import ConfigError, DataError
-from attn_mt.train.corpus import training_data
 
 
 def shard_config(toy_data: dict[str, Path], tmp_path: Path, **data) -> Config:

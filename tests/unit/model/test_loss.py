@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attn_mt.model.loss import SmoothedObjective, fused_chunk, label_smoothed_loss, projected_loss
 from attn_mt.model.transformer import LayerSpec, Transformer
 from attn_mt.model.vocab import EOS_ID, PAD_ID
-from attn_mt.train.loss import SmoothedObjective, fused_chunk, label_smoothed_loss, projected_loss
 
 
 def test_label_smoothed_loss_matches_the_formula_and_ignores_pads() -> None:
@@ -91,7 +91,7 @@ def _logits_reference(hidden, weight, target, epsilon):
 def test_projected_loss_equals_the_loss_of_the_full_logits(chunk, fused, monkeypatch) -> None:
     """Loss, NLL and both gradients as through the full logits (float64: to rounding), with
     each chunk op by op or as the function train.compile compiles (run eagerly here)."""
-    monkeypatch.setattr("attn_mt.train.loss.PROJECTION_CHUNK", chunk)
+    monkeypatch.setattr("attn_mt.model.loss.PROJECTION_CHUNK", chunk)
     torch.manual_seed(0)
     hidden = torch.randn(3, 6, 8, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(13, 8, dtype=torch.float64, requires_grad=True)
@@ -146,7 +146,7 @@ def test_projected_loss_keeps_no_vocabulary_sized_tensor_for_the_backward() -> N
 def test_compiled_label_smoothed_loss_serves_every_batch_shape_with_one_graph(monkeypatch) -> None:
     """Under torch.compile the bf16 gradient is not chunked: a chunk loop ties the graph to
     the token count, a recompile for every batch shape (seen on an H200, docs/gpu.md)."""
-    monkeypatch.setattr("attn_mt.train.loss.GRAD_CHUNK", 3 * 50)  # eagerly: 3 rows at a time
+    monkeypatch.setattr("attn_mt.model.loss.GRAD_CHUNK", 3 * 50)  # eagerly: 3 rows at a time
     graphs = []
 
     def counting_backend(graph, _inputs):
@@ -173,7 +173,7 @@ def test_fused_loss_compiles_with_the_devices_inductor_settings(monkeypatch) -> 
     device (`precision.inductor_options`), as the compiled model gets them."""
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
-    monkeypatch.setattr("attn_mt.train.loss.inductor_options", lambda kind: {"for": kind})
+    monkeypatch.setattr("attn_mt.model.loss.inductor_options", lambda kind: {"for": kind})
     model = Transformer(50, 50, LayerSpec(d_model=16, heads=2, d_ff=32), 1, 1)
     SmoothedObjective(model, 0.1).fuse(True)
     assert calls == [{"dynamic": True, "options": {"for": "cpu"}}]
@@ -183,7 +183,7 @@ def test_fused_loss_compiles_one_graph_for_every_chunk_and_batch(monkeypatch) ->
     """`SmoothedObjective.fuse`: the loss's chunks run through torch.compile, one dynamic graph
     for chunks of every row count (full ones, a short last one, other batches), with the
     eager objective's loss and gradients."""
-    monkeypatch.setattr("attn_mt.train.loss.PROJECTION_CHUNK", 7 * 50)  # 7 rows a chunk
+    monkeypatch.setattr("attn_mt.model.loss.PROJECTION_CHUNK", 7 * 50)  # 7 rows a chunk
     graphs = []
 
     def counted(graph, _inputs):

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from helpers.toy import make_config
 
 from attn_mt.config import Config, TrainConfig
-from attn_mt.train.budget import RunClock
+from attn_mt.train.budget import RunClock, learning_rate
 from attn_mt.train.loop import Trainer
-from attn_mt.train.schedule import learning_rate
 from attn_mt.train.state import TrainProgress
+from attn_mt.train.validate import Validator
 
 UPDATE_SECONDS, VALIDATION_SECONDS = 1.0, 1.5
 BUDGET = {"max_steps": 0, "max_minutes": 10 / 60, "schedule": "linear", "warmup": 2}
@@ -50,12 +51,13 @@ def timed_run(cfg: Config, clock: FakeTime, resume: bool = False, stop_after: in
             trainer.signals.name = "SIGTERM"
         return result
 
-    def slow_validation(runlog, run_clock) -> None:
+    def slow_validation(validator: Validator) -> None:
         trainer.progress.last_valid_step = trainer.progress.step
         clock.now += VALIDATION_SECONDS
 
-    trainer.update, trainer.validator.validate_and_save = timed_update, slow_validation
-    return trainer, trainer.run()
+    trainer.update = timed_update
+    with mock.patch.object(Validator, "validate_and_save", slow_validation):
+        return trainer, trainer.run()
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,8 @@ from helpers.toy import toy_config_dict
 from attn_mt import distributed
 from attn_mt.config import Config
 from attn_mt.configfile import config_from_dict
-from attn_mt.train import compile as compile_module
-from attn_mt.train import loop
-from attn_mt.train import loss as loss_module
+from attn_mt.model import loss as loss_module
+from attn_mt.train import loop, speed
 
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -91,18 +90,19 @@ def test_bucketed_shapes_recompile_at_most_twice(toy_config, scripted_validation
 
 
 def slower(monkeypatch: pytest.MonkeyPatch, which: str) -> list[str]:
-    """Make `compile._timed` report `which` mode ("eager" or "compiled") far slower (1000 s),
+    """Make `speed.timed_passes` report `which` mode ("eager" or "compiled") far slower (1000 s),
     after really running it; returns the modes timed, in order."""
-    timed = compile_module._timed
+    timed = speed.timed_passes
     modes: list[str] = []
 
-    def rigged(module, *args):
-        took = timed(module, *args)
-        mode = "compiled" if isinstance(module, torch._dynamo.OptimizedModule) else "eager"
+    def rigged(forward, *args):
+        took = timed(forward, *args)
+        compiled = isinstance(forward.module, torch._dynamo.OptimizedModule)
+        mode = "compiled" if compiled else "eager"
         modes.append(mode)
         return took + (1e6 if mode == which else 0.0)
 
-    monkeypatch.setattr(compile_module, "_timed", rigged)
+    monkeypatch.setattr(speed, "timed_passes", rigged)
     return modes
 
 
@@ -156,13 +156,14 @@ def test_failing_compiler_trains_eagerly_with_one_warning(
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=broken))
     scripted_validation()
     trained_with = []  # the module the updates ran (the run lets it go as it ends)
-    choose = loop.Trainer._choose_compiled
+    choose = speed.choose_compiled
 
-    def noted(self):
-        choose(self)
-        trained_with.append(self.train_model)
+    def noted(*args):
+        forward = choose(*args)
+        trained_with.append(forward.module)
+        return forward
 
-    monkeypatch.setattr(loop.Trainer, "_choose_compiled", noted)
+    monkeypatch.setattr(speed, "choose_compiled", noted)
     torch._dynamo.reset()
     try:
         trainer, log = trained(toy_config(compile="true", max_steps=2, batch_tokens=256))
@@ -254,17 +255,19 @@ def test_choice_follows_the_setting_and_what_the_run_recorded(
         options.append(kwargs["options"])
         return compiled_modules[-1]
 
-    def fake_timed(module, objective, batches, dtype, updates):
-        timed.append(module)
-        return 2.0 if module in compiled_modules else 1.0  # compiled slower: auto keeps eager
+    def fake_timed(forward, batches, updates):
+        timed.append(forward.module)
+        compiled = forward.module in compiled_modules
+        return 2.0 if compiled else 1.0  # compiled slower: auto keeps eager
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    monkeypatch.setattr(compile_module, "_timed", fake_timed)
-    monkeypatch.setattr(compile_module, "inductor_options", lambda kind: {"for": kind})
+    monkeypatch.setattr(speed, "timed_passes", fake_timed)
+    monkeypatch.setattr(speed, "inductor_options", lambda kind: {"for": kind})
     eager = FusedLinear(2, 2)
-    module, choice = compile_module.choose_compiled(
-        setting, recorded, eager, eager, [], None, distributed.World()
+    forward, choice = speed.compile_choice(
+        setting, recorded, speed.Forward(eager, eager), [], distributed.World()
     )
+    module = forward.module
     assert (choice.mode, choice.why) == (mode, why)
     assert (module is eager) == (mode == "eager")
     assert eager.fused == (mode == "compiled"), "the loss is compiled with the model, only"

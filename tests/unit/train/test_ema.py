@@ -24,8 +24,9 @@ from attn_mt.checkpoint import average_checkpoints
 from attn_mt.config import Config
 from attn_mt.configfile import config_from_dict
 from attn_mt.errors import ConfigError
-from attn_mt.train.ema import WeightEMA
 from attn_mt.train.loop import Trainer
+from attn_mt.train.state import WeightEMA
+from attn_mt.train.validate import translator_of
 
 DECAY = 0.9  # strong enough to move visibly in 6 updates
 
@@ -137,5 +138,5 @@ def test_resuming_a_run_without_ema_starts_the_average_at_its_weights(
     before = load_raw(out / "checkpoints" / "last.pt")["model"]
     trainer = Trainer(ema_config(toy_data, out, ema_decay=DECAY), resume=True)
     assert_identical(trainer.ema.state_dict(), before)
-    assert trainer.state.eval_model is trainer.ema.model is trainer._translator().model
+    assert trainer.state.eval_model is trainer.ema.model is translator_of(trainer.state).model
     assert trainer.ema.model is not trainer.model

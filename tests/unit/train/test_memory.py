@@ -10,14 +10,14 @@ import pytest
 import torch
 from helpers.toy import run
 
-import attn_mt.train.loss as loss_module
+import attn_mt.model.loss as loss_module
 from attn_mt.data.batching import collate
 from attn_mt.errors import UserError
+from attn_mt.model.loss import label_smoothed_loss
 from attn_mt.train.budget import RunClock
-from attn_mt.train.loglines import TrainWindow, window_line
 from attn_mt.train.loop import Trainer
-from attn_mt.train.loss import label_smoothed_loss
-from attn_mt.train.memory import probe, worst_batch
+from attn_mt.train.runlog import TrainWindow, window_line
+from attn_mt.train.start import probe, worst_batch
 
 
 def test_the_probe_takes_the_batch_with_the_most_padded_target_positions(toy_config) -> None:

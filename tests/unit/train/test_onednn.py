@@ -1,5 +1,5 @@
-"""Float32 training products through oneDNN (`attn_mt.train.onednn`): the same values and
-gradients as `nn.Linear` to rounding, every product of a routed model through it, the choice
+"""Float32 training products through oneDNN (`attn_mt.kernels.OneDnnLinear`): the same values
+and gradients as `nn.Linear` to rounding, every product of a routed model through it, the choice
 made once per run and kept on resume (exact resume), a clear error for a bad setting."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from helpers.models import random_model
 from helpers.toy import assert_identical, load_raw, make_config, resumable_state, run
 from torch import nn
 
-import attn_mt.train.onednn as onednn
+from attn_mt import kernels
 from attn_mt.errors import UserError
 from attn_mt.kernels import packing_available
 from attn_mt.model.transformer import Transformer
@@ -47,7 +47,7 @@ def test_forward_and_gradients_equal_nn_linear(shape: tuple[int, ...], with_bias
     x = torch.randn(shape, generator=generator, requires_grad=True)
     weight = torch.randn(40, 24, generator=generator, requires_grad=True)
     bias = torch.randn(40, generator=generator, requires_grad=True) if with_bias else None
-    ours = products_of(x, onednn.onednn_linear, weight, bias)
+    ours = products_of(x, kernels.onednn_linear, weight, bias)
     reference = products_of(x, F.linear, weight, bias)
     assert len(ours) == len(reference) == (4 if with_bias else 3)
     for got, want in zip(ours, reference, strict=True):
@@ -64,9 +64,9 @@ def test_a_routed_model_keeps_its_parameters_and_multiplies_only_through_onednn(
     reference, routed = random_model(0).train(), random_model(0).train()
     params = [id(p) for p in routed.parameters()]
     keys = list(routed.state_dict())
-    onednn.route_through_onednn(routed)
+    kernels.route_through_onednn(routed)
     assert not [m for m in routed.modules() if type(m) is nn.Linear]
-    assert sum(isinstance(m, onednn.OneDnnLinear) for m in routed.modules()) == sum(
+    assert sum(isinstance(m, kernels.OneDnnLinear) for m in routed.modules()) == sum(
         type(m) is nn.Linear for m in reference.modules()
     )
     assert [id(p) for p in routed.parameters()] == params
@@ -100,20 +100,20 @@ def test_the_choice_keeps_a_recorded_one_and_otherwise_follows_the_setting_or_th
         timed.append(size)
         return True
 
-    monkeypatch.setattr(onednn, "onednn_pays", pays)
-    choose = onednn.choose_products
-    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, "auto")
+    monkeypatch.setattr(kernels, "onednn_pays", pays)
+    choose = kernels.choose_products
+    monkeypatch.setenv(kernels.PRODUCTS_VARIABLE, "auto")
     assert choose("", True, SHAPES) == "onednn"
     assert timed == [(SHAPES, torch.get_num_threads())]
     assert choose("", False, SHAPES) == "mkl"  # bf16, a GPU or a compiled model
     assert [choose(kept, True, SHAPES) for kept in ("mkl", "onednn")] == ["mkl", "onednn"]
-    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, "mkl")
+    monkeypatch.setenv(kernels.PRODUCTS_VARIABLE, "mkl")
     assert choose("", True, SHAPES) == "mkl"
     assert choose("onednn", True, SHAPES) == "onednn"  # a resumed run multiplies as it began
-    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, "onednn")
+    monkeypatch.setenv(kernels.PRODUCTS_VARIABLE, "onednn")
     assert choose("", True, SHAPES) == "onednn"
     assert len(timed) == 1
-    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, "fast")
+    monkeypatch.setenv(kernels.PRODUCTS_VARIABLE, "fast")
     with pytest.raises(UserError, match="ATTN_MT_FP32_PRODUCTS=fast: unknown"):
         choose("", True, SHAPES)
 
@@ -124,7 +124,7 @@ def test_onednn_pays_where_its_products_are_faster(
 ) -> None:
     """The timing answers by which is faster here: each side slowed by 20 ms a step in turn
     (far beyond the products of this small layer) flips the answer."""
-    slowed = onednn._OneDnnLinearFunction if slow == "onednn" else None
+    slowed = kernels._OneDnnLinearFunction if slow == "onednn" else None
     if slowed is not None:
         forward = slowed.forward
 
@@ -142,14 +142,14 @@ def test_onednn_pays_where_its_products_are_faster(
 
         monkeypatch.setattr(F, "linear", slow_linear)
     shapes = ((24, 40), (40, 24))
-    assert onednn.onednn_pays.__wrapped__(shapes, torch.get_num_threads()) == (slow == "mkl")
+    assert kernels.onednn_pays.__wrapped__(shapes, torch.get_num_threads()) == (slow == "mkl")
 
 
 @pytest.fixture(scope="module")
 def straight_onednn(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     """The last.pt of an uninterrupted fp32 run through oneDNN, and its train.log."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(onednn.PRODUCTS_VARIABLE, "onednn")
+        patch.setenv(kernels.PRODUCTS_VARIABLE, "onednn")
         out = tmp_path_factory.mktemp("straight-onednn") / "run"
         run(make_config(toy_data, out, RESUME_MODEL, **RESUME_TRAIN))
     return load_raw(out / "checkpoints" / "last.pt"), out / "train.log"
@@ -169,9 +169,9 @@ def test_a_run_through_onednn_says_so_and_resumes_through_it_exactly(
     assert products(straight) == "onednn"
     assert "float32 products through oneDNN" in log.read_text()
     out = tmp_path / "run"
-    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, "onednn")
+    monkeypatch.setenv(kernels.PRODUCTS_VARIABLE, "onednn")
     run(make_config(toy_data, out, RESUME_MODEL, **{**RESUME_TRAIN, "max_steps": 3}))
-    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, "mkl")
+    monkeypatch.setenv(kernels.PRODUCTS_VARIABLE, "mkl")
     run(make_config(toy_data, out, RESUME_MODEL, **RESUME_TRAIN), resume=True)
     resumed = load_raw(out / "checkpoints" / "last.pt")
     assert products(resumed) == "onednn"
@@ -184,14 +184,14 @@ def test_a_last_pt_naming_the_backend_products_resumes_through_it_exactly(
     """A last.pt written before `matmul_backend` had its name (it was `products`) resumes as
     it began, bit for bit."""
     out = tmp_path / "run"
-    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, "onednn")
+    monkeypatch.setenv(kernels.PRODUCTS_VARIABLE, "onednn")
     run(make_config(toy_data, out, RESUME_MODEL, **{**RESUME_TRAIN, "max_steps": 3}))
     last = out / "checkpoints" / "last.pt"
     old = load_raw(last)
     progress = old["train_state"]["progress"]
     progress["products"] = progress.pop("matmul_backend")
     torch.save(old, last)
-    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, "mkl")
+    monkeypatch.setenv(kernels.PRODUCTS_VARIABLE, "mkl")
     run(make_config(toy_data, out, RESUME_MODEL, **RESUME_TRAIN), resume=True)
     resumed = load_raw(last)
     assert products(resumed) == "onednn"
@@ -203,7 +203,7 @@ def test_onednn_and_mkl_runs_differ_only_by_rounding(
 ) -> None:
     """The same run through MKL: other bits (so the resume test above can fail), the same
     training to within float rounding grown over 6 updates."""
-    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, "mkl")
+    monkeypatch.setenv(kernels.PRODUCTS_VARIABLE, "mkl")
     out = tmp_path / "run"
     run(make_config(toy_data, out, RESUME_MODEL, **RESUME_TRAIN))
     mkl = load_raw(out / "checkpoints" / "last.pt")
@@ -217,7 +217,7 @@ def test_onednn_and_mkl_runs_differ_only_by_rounding(
 def test_bf16_training_never_routes(
     toy_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
 ) -> None:
-    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, "onednn")
+    monkeypatch.setenv(kernels.PRODUCTS_VARIABLE, "onednn")
     out = tmp_path / "run"
     with caplog.at_level(logging.INFO, logger="attn_mt"):
         run(make_config(toy_data, out, precision="bf16", max_steps=1))
@@ -229,11 +229,11 @@ def test_bf16_training_never_routes(
 def test_choosing_draws_no_random_numbers(monkeypatch: pytest.MonkeyPatch, asked: str) -> None:
     """The choice comes between a run's seed (or its restored RNG) and its first update, so
     it must leave the random stream where it was, even when it times or probes the CPU."""
-    monkeypatch.setenv(onednn.PRODUCTS_VARIABLE, asked)
-    for cached in (packing_available, onednn.onednn_pays):
+    monkeypatch.setenv(kernels.PRODUCTS_VARIABLE, asked)
+    for cached in (packing_available, kernels.onednn_pays):
         cached.cache_clear()
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
-    onednn.choose_products("", True, ((24, 40),))
+    kernels.choose_products("", True, ((24, 40),))
     assert torch.equal(torch.rand(3), expected)

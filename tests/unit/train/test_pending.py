@@ -1,22 +1,23 @@
-"""Reading an update one update later (train/pending.py): the loop queues the next update before
-it reads the last one, and trains bit for bit as a loop that reads every update at once, a
-NaN/inf update in the middle of a log window included (its step, learning rate and EMA stand
+"""Reading an update one update later (`Pending`, train/loop.py): the loop queues the next update
+before it reads the last one, and trains bit for bit as a loop that reads every update at once,
+a NaN/inf update in the middle of a log window included (its step, learning rate and EMA stand
 still, decided on the device)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 from helpers.toy import assert_identical, load_raw, resumable_state
 
-import attn_mt.train.loss as loss_module
-from attn_mt.train import pending as pending_module
-from attn_mt.train.loop import Trainer
-from attn_mt.train.loss import projected_loss
-from attn_mt.train.schedule import learning_rate
+import attn_mt.model.loss as loss_module
+from attn_mt.model.loss import projected_loss
+from attn_mt.train import loop
+from attn_mt.train.budget import learning_rate
+from attn_mt.train.loop import Pending, Trainer
 
 
 def nan_on(monkeypatch: pytest.MonkeyPatch, bad: set[int]) -> None:
@@ -37,7 +38,7 @@ def nan_on(monkeypatch: pytest.MonkeyPatch, bad: set[int]) -> None:
 def events(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """'U' for each update launched, 'R' for each read, in order."""
     seen: list[str] = []
-    update, read = Trainer.update, pending_module.Pending.read
+    update, read = Trainer.update, Pending.read
 
     def noted_update(self):
         seen.append("U")
@@ -48,7 +49,7 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return read(self)
 
     monkeypatch.setattr(Trainer, "update", noted_update)
-    monkeypatch.setattr(pending_module.Pending, "read", noted_read)
+    monkeypatch.setattr(Pending, "read", noted_read)
     return seen
 
 
@@ -58,9 +59,9 @@ def trained(toy_config, tmp: Path, at_once: bool) -> tuple[Trainer, Path]:
     )
     cfg.train.out_dir = str(tmp)
     trainer = Trainer(cfg)
-    if at_once:
-        trainer._read_now = lambda: True  # type: ignore[method-assign]
-    trainer.run()
+    read_at_once = (lambda *args: True) if at_once else loop.read_at_once
+    with mock.patch.object(loop, "read_at_once", read_at_once):
+        trainer.run()
     return trainer, tmp
 
 

@@ -1,6 +1,6 @@
-"""Checkpoints written in the background (train/saver.py): training goes on while a checkpoint is
-written, at most one write is in flight, last.pt is a complete checkpoint whenever it is read,
-and the run's final save has landed when the run returns."""
+"""Checkpoints written in the background (`CheckpointWriter`, train/state.py): training goes on
+while a checkpoint is written, at most one write is in flight, last.pt is a complete checkpoint
+whenever it is read, and the run's final save has landed when the run returns."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ import torch
 
 from attn_mt import checkpoint
 from attn_mt.checkpoint import load_checkpoint
-from attn_mt.train import loop, saver
+from attn_mt.train import loop
+from attn_mt.train import state as train_state
 from attn_mt.train.runlog import RunLog
 
 
 def test_cpu_copy_is_independent_of_the_original() -> None:
     weights = torch.ones(3)
     state = {"model": {"w": weights}, "groups": [{"lr": 1.0, "moments": (weights,)}]}
-    copied = saver.cpu_copy(state)
+    copied = train_state.cpu_copy(state)
     weights.add_(1)
     state["groups"][0]["lr"] = 2.0
     assert torch.equal(copied["model"]["w"], torch.ones(3))
@@ -38,9 +39,9 @@ def test_a_save_copies_each_tensor_once_whichever_files_hold_it(
     last = {"model": model, "train_state": {"optimizer": {"exp_avg": moments}}}
     written: dict[str, dict] = {}
     monkeypatch.setattr(
-        saver, "save_checkpoint", lambda state, path, *_: written.update({path.name: state})
+        train_state, "save_checkpoint", lambda state, path, *_: written.update({path.name: state})
     )
-    writer = saver.CheckpointWriter()
+    writer = train_state.CheckpointWriter()
     files = [({"model": model}, tmp_path / "best.pt"), ({"model": model}, tmp_path / "step_3.pt")]
     writer.submit([*files, (last, tmp_path / "last.pt")], [])
     writer.wait()
@@ -53,7 +54,7 @@ def test_a_save_copies_each_tensor_once_whichever_files_hold_it(
 def test_a_failed_write_is_raised_at_the_next_wait(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    writer = saver.CheckpointWriter()
+    writer = train_state.CheckpointWriter()
     writer.submit([({"x": torch.ones(1)}, blocker / "last.pt")], [])
     with pytest.raises(checkpoint.CheckpointError, match="could not write checkpoint"):
         writer.wait()
@@ -84,7 +85,7 @@ def test_training_goes_on_while_checkpoints_are_written(
         write(state, path, *rest)
         in_flight[0] -= 1
 
-    monkeypatch.setattr(saver, "save_checkpoint", slow)
+    monkeypatch.setattr(train_state, "save_checkpoint", slow)
     last = Path(trainer.cfg.train.out_dir) / "checkpoints" / "last.pt"
     read_steps, done = [], threading.Event()
 

@@ -11,12 +11,11 @@ import pytest
 import torch
 from helpers.toy import load_raw, run
 
-import attn_mt.train.loss as loss_module
-import attn_mt.train.state as state_module
+import attn_mt.model.loss as loss_module
+import attn_mt.train.start as start_module
+from attn_mt.model.loss import projected_loss
+from attn_mt.train.budget import SkipRule, TrainingDiverged, Update, learning_rate
 from attn_mt.train.loop import Trainer
-from attn_mt.train.loss import projected_loss
-from attn_mt.train.schedule import learning_rate
-from attn_mt.train.skips import SkipRule, TrainingDiverged, Update
 
 
 class _InfiniteGradient(torch.autograd.Function):
@@ -35,7 +34,7 @@ def overflow_on(monkeypatch: pytest.MonkeyPatch, bad: set[int] | None, init_scal
     """A CPU GradScaler starting at `init_scale`; the gradients of training updates `bad`
     (1-based attempts; None: all) are infinite while the loss stays finite."""
     monkeypatch.setattr(
-        state_module,  # the training state is built there
+        start_module,  # the training state is built there
         "make_scaler",
         lambda precision, device: torch.amp.GradScaler("cpu", init_scale=init_scale),
     )

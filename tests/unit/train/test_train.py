@@ -24,10 +24,10 @@ import yaml
 from helpers.toy import assert_identical, load_raw, make_config, resumable_state, run
 
 import attn_mt
+import attn_mt.model.loss as loss_module
+import attn_mt.train.budget as budget_module
 import attn_mt.train.loop as train_module
-import attn_mt.train.loss as loss_module
-import attn_mt.train.saver as saver_module
-import attn_mt.train.signals as signals_module
+import attn_mt.train.state as state_module
 import attn_mt.train.validate as validate_module
 from attn_mt import distributed
 from attn_mt.checkpoint import FORMAT, load_checkpoint, model_from, save_checkpoint
@@ -36,12 +36,13 @@ from attn_mt.configfile import config_from_dict
 from attn_mt.data.corpora import split_files
 from attn_mt.data.text import read_parallel
 from attn_mt.errors import UserError
+from attn_mt.model.loss import projected_loss
 from attn_mt.scores import score
+from attn_mt.train.budget import TrainingDiverged
 from attn_mt.train.loop import Trainer
-from attn_mt.train.loss import projected_loss
-from attn_mt.train.skips import TrainingDiverged
-from attn_mt.train.state import starting_point
-from attn_mt.train.validate import Validation, Validator
+from attn_mt.train.runlog import Validation
+from attn_mt.train.start import starting_point
+from attn_mt.train.validate import Validator
 
 REAL_TORCH_SAVE = torch.save
 
@@ -331,7 +332,7 @@ def test_a_second_signal_stops_at_once_abandoning_the_save(
                 time.sleep(0.01)
 
     with monkeypatch.context() as patch:
-        patch.setattr(signals_module, "REPEAT_SECONDS", 0.0)  # no time passes here between them
+        patch.setattr(budget_module, "REPEAT_SECONDS", 0.0)  # no time passes here between them
         signal_after_update(patch, 4, signum)  # after step 3's validation and save
         patch.setattr(torch, "save", save_then_signal)
         patch.setattr(Validator, "finish", lambda self, *a: first.append(1) or finish(self, *a))
@@ -697,9 +698,9 @@ def test_a_signal_during_validation_abandons_it_and_writes_last_once(
 
     monkeypatch.setattr(validate_module, "validate", validate)
     written = []
-    real_save = saver_module.save_checkpoint
+    real_save = state_module.save_checkpoint
     monkeypatch.setattr(
-        saver_module,
+        state_module,
         "save_checkpoint",
         lambda state, path, *rest: (written.append(Path(path).name), real_save(state, path, *rest)),
     )
