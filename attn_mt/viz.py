@@ -60,12 +60,8 @@ def attention_maps(
     if not text.strip():
         raise UserError("--text is empty: give a sentence to translate")
     [best] = translator.translate_nbest([text], beam=1, tgt_lang=tgt_lang)[0]
-    prefix = translator.language_prefix(tgt_lang)  # a multilingual model's <2xx> tag
-    ids = translator.src_tokenizer.encode([text.strip()])[0][
-        : translator.max_input_len - len(prefix)
-    ]
-    ids = prefix + ids
-    src = source_batch([ids], [0]).to(translator.device)  # (1, S): the input search saw
+    [ids] = translator.encode([text], tgt_lang, warn=False)  # as the search read it (it warned)
+    src = source_batch([ids], [0]).to(translator.device)  # (1, S)
     src_ids = src[0].tolist()
     tgt_ids = [BOS_ID] + best.tokens  # the decoder input that produced the translation
     model = translator.model  # in eval mode: the weights carry no dropout

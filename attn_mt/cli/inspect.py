@@ -10,7 +10,13 @@ from typing import Annotated, Any
 import typer
 
 from attn_mt.cli.app import app
-from attn_mt.cli.options import DeviceOption, ModelOption, Precision, PrecisionOption
+from attn_mt.cli.options import (
+    DeviceOption,
+    ModelOption,
+    Precision,
+    PrecisionOption,
+    TgtLangOption,
+)
 from attn_mt.errors import UserError
 
 
@@ -36,6 +42,7 @@ def score(
     batch_tokens: Annotated[
         int, typer.Option("--batch-tokens", metavar="N", min=1, help="Tokens per batch.")
     ] = 4096,
+    tgt_lang: TgtLangOption = None,
     device: DeviceOption = "auto",
     precision: PrecisionOption = Precision.fp32,
 ) -> None:
@@ -55,7 +62,7 @@ def score(
     from attn_mt.decode.forced import score_lines
 
     translator = attn_mt.load(model, device=device, precision=precision.value, prepack=False)
-    scores = score_lines(translator, sources, references, batch_tokens)
+    scores = score_lines(translator, sources, references, batch_tokens, tgt_lang)
     with io.output_file(output) as out:
         for pair in scores:
             total = pair.normalized if normalize else pair.total

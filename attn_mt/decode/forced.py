@@ -70,20 +70,22 @@ def score_lines(
     sources: Sequence[str],
     references: Sequence[str],
     batch_tokens: int = 4096,
+    tgt_lang: str | None = None,
 ) -> list[PairScore]:
-    """Score every (source, reference) pair with the translator's (first) model."""
+    """Score every (source, reference) pair with the translator's (first) model; the sources
+    read as `translate` reads them (`Translator.encode`: a multilingual model's tag for
+    `tgt_lang`, over-long lines cut), the references whole."""
     if len(sources) != len(references):
         raise UserError(f"score: {len(sources)} source lines but {len(references)} reference lines")
-    src = translator.src_tokenizer.encode([line.strip() for line in sources])
+    src = translator.encode(sources, tgt_lang)
     tgt = translator.tgt_tokenizer.encode([line.strip() for line in references])
     limit = translator.max_output_len
-    for number, (s, t) in enumerate(zip(src, tgt, strict=True), start=1):
-        for side, ids in (("source", s), ("reference", t)):
-            if limit is not None and len(ids) + 1 > limit:
-                raise UserError(
-                    f"line {number}: the {side} has {len(ids)} pieces; the model's positions "
-                    f"hold {limit - 1}"
-                )
+    for number, ids in enumerate(tgt, start=1):
+        if limit is not None and len(ids) + 1 > limit:
+            raise UserError(
+                f"line {number}: the reference has {len(ids)} pieces; the model's positions "
+                f"hold {limit - 1}"
+            )
     with autocast_context(translator.device, translator.dtype):
         scores = score_ids(translator.model, src, tgt, batch_tokens)
     return [

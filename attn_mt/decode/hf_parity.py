@@ -8,8 +8,7 @@ from pathlib import Path
 
 import torch
 
-from attn_mt.decode.generate import generate, max_output_lengths
-from attn_mt.decode.search import Beam, Greedy
+from attn_mt.decode.generate import max_output_lengths
 from attn_mt.decode.translator import Translator
 from attn_mt.model.vocab import BOS_ID, EOS_ID
 
@@ -61,11 +60,13 @@ class Parity:
 def check_parity(tf, translator: Translator, folder: Path) -> Parity:
     """Load `folder` with `tf` (the transformers package) as a user would (offline, no remote
     code) and compare it with attn-mt on a fixed sample: tokenizer ids, teacher-forced
-    log-probabilities, greedy and beam outputs.
+    log-probabilities, and greedy and beam outputs against `Translator.translate_nbest`'s.
 
-    Each sentence gets its own max_length, our a * S + b limit. Beam search runs with length
-    penalty 0 on both sides, where both rank by the summed log-probability, and with our rule
-    at the limit (`_end_at_limit`).
+    The sample's sentences are random piece ids written as text; both models read the ids
+    `Translator.encode` gives that text (a multilingual model's with the tag of its first
+    target language). Each sentence gets its own max_length, our a * S + b limit. Beam search
+    runs with length penalty 0 on both sides, where both rank by the summed log-probability,
+    and with our rule at the limit (`_end_at_limit`).
     """
     hf_model = tf.AutoModelForSeq2SeqLM.from_pretrained(folder, local_files_only=True).eval()
     tokenizer = tf.AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -76,28 +77,30 @@ def check_parity(tf, translator: Translator, folder: Path) -> Parity:
         torch.randint(4, translator.src_tokenizer.vocab_size, (n,), generator=gen).tolist()
         for n in torch.randint(1, 13, (PARITY_SOURCES,), generator=gen).tolist()
     ]
-    lines = TOKENIZER_SAMPLE + translator.src_tokenizer.decode(sources)
+    texts = translator.src_tokenizer.decode(sources)
+    # The tokenizer, line for line: the exported one against our SentencePiece model.
+    lines = TOKENIZER_SAMPLE + texts
     ours_ids = [ids + [EOS_ID] for ids in translator.src_tokenizer.encode(lines)]
     if translator.config.data.language_tags():  # `>>xx<< text`: <2xx> before the text's ids
         for lang in translator.target_languages:
             lines.append(f">>{lang}<< {TOKENIZER_SAMPLE[0]}")
-            text_ids = translator.src_tokenizer.encode([TOKENIZER_SAMPLE[0]])[0]
-            ours_ids.append([*translator.language_prefix(lang), *text_ids, EOS_ID])
+            ours_ids.append([*translator.encode([TOKENIZER_SAMPLE[0]], lang)[0], EOS_ID])
     theirs_ids = tokenizer(lines)["input_ids"]
     tokenizer_same = sum(a == b for a, b in zip(theirs_ids, ours_ids, strict=True))
 
+    lang = translator.target_languages[0]
+    sample = [(t, ids) for t, ids in zip(texts, translator.encode(texts, lang), strict=True) if ids]
     beam = max(cfg.beam, 2)
     greedy_same = beam_same = 0
     max_diff = 0.0
-    for ids in sources:
+    for text, ids in sample:
         src = torch.tensor([ids + [EOS_ID]])  # (1, S)
         limit = int(max_output_lengths(src, cfg.max_len_a, cfg.max_len_b, model.max_positions))
         options = dict(max_length=limit + 1, do_sample=False, early_stopping=False)
-        [[ours_greedy]] = generate(model, src, torch.tensor([limit]), Greedy())
-        ours = ours_greedy.tokens
+        [[ours]] = translator.translate_nbest([text], beam=1, tgt_lang=lang)
         theirs = hf_model.generate(src, num_beams=1, **options)[0].tolist()
-        greedy_same += theirs == [BOS_ID, *ours, EOS_ID]
-        ours_beam = generate(model, src, torch.tensor([limit]), Beam(beam))[0][0].tokens
+        greedy_same += theirs == [BOS_ID, *ours.tokens, EOS_ID]
+        [[ours]] = translator.translate_nbest([text], beam=beam, length_penalty=0.0, tgt_lang=lang)
         theirs = hf_model.generate(
             src,
             num_beams=beam,
@@ -106,12 +109,12 @@ def check_parity(tf, translator: Translator, folder: Path) -> Parity:
             logits_processor=_end_at_limit(tf, limit),
             **options,
         )
-        beam_same += theirs[0].tolist() == [BOS_ID, *ours_beam, EOS_ID]
+        beam_same += theirs[0].tolist() == [BOS_ID, *ours.tokens, EOS_ID]
         tgt_in = torch.tensor([[BOS_ID, *torch.randint(4, vocab, (limit,), generator=gen)]])
         ours_lp = model(src, tgt_in).log_softmax(-1)  # (1, T, V)
         theirs_lp = hf_model(input_ids=src, decoder_input_ids=tgt_in).logits.log_softmax(-1)
         max_diff = max(max_diff, float((ours_lp - theirs_lp).abs().max()))
-    return Parity(len(sources), greedy_same, beam_same, beam, max_diff, tokenizer_same, len(lines))
+    return Parity(len(sample), greedy_same, beam_same, beam, max_diff, tokenizer_same, len(lines))
 
 
 def _end_at_limit(tf, limit: int):

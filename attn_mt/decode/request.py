@@ -51,20 +51,29 @@ class Request:
     on_line: Callable[[int, list], None] | None = field(default=None, compare=False)
 
     def resolved(self, decode: DecodeConfig, vocab: int) -> Request:
-        """This request checked against a target vocabulary of `vocab` pieces, with the beam,
-        length penalty and batch budget that `decode` gives where they are None."""
+        """This request checked (its options together, and against a target vocabulary of
+        `vocab` pieces), with the beam, length penalty and batch budget that `decode` gives
+        where they are None. Each line's terms and prefix are checked as it is segmented
+        (`controls.line_controls`)."""
         beam, nbest = self.beam, self.nbest
+        terms = any(self.constraints or ())  # a line with terms to keep
         if self.sampling is not None:
             if beam is not None:
                 raise UserError(f"--beam {beam}: sampling searches no beam; leave --beam out")
             if not 1 <= nbest <= vocab:  # rows of the batch, as a beam's are
                 raise UserError(f"--nbest {nbest}: need 1 to {vocab} samples per line")
+            if terms or self.avoid or any(self.prefixes or ()):
+                raise UserError("--sample draws freely: it takes no constraints, prefix or avoid")
         else:
             beam = max(decode.beam, nbest) if beam is None else beam
             if beam < 1 or not 1 <= nbest <= beam or beam > vocab:
                 raise UserError(
                     f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam, "
                     f"and a beam no wider than the target vocabulary ({vocab} pieces)"
+                )
+            if beam == 1 and terms:
+                raise UserError(
+                    "--beam 1: constraints need a beam to share among the terms; use --beam 2+"
                 )
         alpha = decode.length_penalty if self.length_penalty is None else self.length_penalty
         budget = self.batch_tokens or decode.batch_tokens

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from attn_mt.decode.alignment import (
 )
 from attn_mt.decode.controls import Controls, line_controls
 from attn_mt.decode.generate import Models, generate, max_output_lengths
-from attn_mt.decode.packed import pack, packing_pays
+from attn_mt.decode.packed import linear_layers, pack, packing_pays
 from attn_mt.decode.packed import quantize as quantize_model
 from attn_mt.decode.request import Request
 from attn_mt.errors import LINE_BREAKS, UserError
@@ -123,6 +123,37 @@ class Translator:
             )
         return [self.src_tokenizer.sp.piece_to_id(language_tag(tgt_lang))]
 
+    def encode(
+        self,
+        lines: Sequence[str],
+        tgt_lang: str | None = None,
+        first_line: int = 1,
+        warn: bool = True,
+    ) -> list[list[int]]:
+        """The source ids of each line as the model reads them (without the `<eos>` a batch
+        adds): the line stripped and segmented, its pieces cut to decode.max_input_len less
+        the tag, after the `<2xx>` tag of `tgt_lang` (`language_prefix`: a multilingual
+        model's, checked); a blank line gives []. The one way an input line becomes source
+        ids: translation, evaluation, scoring, attention, the server and the exports' checks
+        all come here.
+
+        Each line cut is warned about, numbered from `first_line`; `warn=False` where the same
+        lines are translated too (which warns), so that a line gets one warning.
+        """
+        prefix = self.language_prefix(tgt_lang)
+        ids = self.src_tokenizer.encode([line.strip() for line in lines])
+        limit = self.max_input_len - len(prefix)
+        for number, seq in enumerate(ids, start=first_line):
+            if len(seq) > limit:
+                if warn:
+                    warnings.warn(
+                        f"line {number}: {len(seq)} source tokens, truncated to {limit} "
+                        "(decode.max_input_len)",
+                        stacklevel=2,
+                    )
+                del seq[limit:]
+        return [[*prefix, *seq] if seq else seq for seq in ids]
+
     def translate(self, lines: Sequence[str], beam: int | None = None, **options) -> list[str]:
         """One translation per input line, in order; empty lines give empty strings."""
         request = Request(beam=beam, nbest=1, **options)
@@ -144,12 +175,17 @@ class Translator:
             raise TypeError("translate: every sentence must be a str")
         if request is not None and options:
             raise TypeError("translate_nbest: give a Request or its fields as keywords, not both")
-        request = (request or Request(**options)).resolved(
-            self.config.decode, self.tgt_tokenizer.vocab_size
+        request = self.resolve(request or Request(**options))
+        controls = line_controls(  # per line: None, or what its output must hold
+            self.tgt_tokenizer,
+            len(lines),
+            request.constraints,
+            request.prefixes,
+            request.avoid,
+            self.max_input_len + 1,
+            request.first_line,
         )
-        prefix = self.language_prefix(request.tgt_lang)
-        controls = self._controls(lines, request)
-        ids = self._encode(lines, request.first_line, prefix)
+        ids = self.encode(lines, request.tgt_lang, request.first_line)
         # Blank lines stay "": `nbest` empty entries, as many as any other line gets (with
         # `alignment`, an empty one).
         empty: Alignment | None = [] if request.alignment else None
@@ -176,25 +212,28 @@ class Translator:
                 request.on_batch(len(batch))
         return results
 
-    def _controls(self, lines: list[str], request: Request) -> list[Controls | None]:
-        """Each line's terms, prefix and avoided words (None: plain search), checked."""
-        controls = line_controls(
-            self.tgt_tokenizer,
-            len(lines),
-            request.constraints,
-            request.prefixes,
-            request.avoid,
-            self.max_input_len + 1,
-            request.first_line,
-        )
-        if any(c is not None for c in controls):
-            if request.sampling is not None:
-                raise UserError("--sample draws freely: it takes no constraints, prefix or avoid")
-            if request.beam == 1 and any(c is not None and c.terms for c in controls):
-                raise UserError(
-                    "--beam 1: constraints need a beam to share among the terms; use --beam 2+"
-                )
-        return controls
+    def resolve(self, request: Request) -> Request:
+        """`request` checked against this model (its target languages and vocabulary), with
+        its decode.* settings where the request leaves them None (`Request.resolved`)."""
+        self.language_prefix(request.tgt_lang)
+        return request.resolved(self.config.decode, self.tgt_tokenizer.vocab_size)
+
+    def cross_attention(self, sources: list[list[int]], outputs: list[list[int]]) -> torch.Tensor:
+        """What each output token attended to when it was chosen, as `alignment` reads it:
+        decode.alignment_layer's cross-attention, the mean over heads and models; (B, T, S)
+        for sources from `encode` and outputs' tokens (rows: each token, then </s>; columns:
+        each source piece, then <eos>)."""
+        return cross_attention(self.models, sources, outputs, self.config.decode.alignment_layer)
+
+    def describe(self) -> dict[str, Any]:
+        """The model as the server's /info shows it: parameters (an ensemble's first model's),
+        device, the linear layers' kind (as --prepack or --quantize made them), decode.*."""
+        return {
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "device": str(self.device),
+            "linear_layers": linear_layers(self.model),
+            "decode": asdict(self.config.decode),
+        }
 
     def _search(
         self,
@@ -248,32 +287,12 @@ class Translator:
             for text, s, line in zip(lines, src, entries, strict=True)
             for e in line
         ]
-        attention = cross_attention(
-            self.models,
-            [s for s, _, _ in flat],
-            [e.tokens for _, _, e in flat],
-            self.config.decode.alignment_layer,
+        attention = self.cross_attention(
+            [s for s, _, _ in flat], [e.tokens for _, _, e in flat]
         )  # (outputs, T, S)
         for (_, src_words, entry), weights in zip(flat, attention, strict=True):
             out_words = output_words(self.tgt_tokenizer, entry.tokens)
             entry.alignment = word_alignment(weights[:, lead:], src_words, out_words)
-
-    def _encode(
-        self, lines: Sequence[str], first_line: int = 1, prefix: Sequence[int] = ()
-    ) -> list[list[int]]:
-        """Piece ids per line, after `prefix` (tags); blank lines become []; over-long lines
-        are cut, with a warning."""
-        ids = self.src_tokenizer.encode([line.strip() for line in lines])
-        limit = self.max_input_len - len(prefix)
-        for number, seq in enumerate(ids, start=first_line):
-            if len(seq) > limit:
-                warnings.warn(
-                    f"line {number}: {len(seq)} source tokens, truncated to {limit} "
-                    "(decode.max_input_len)",
-                    stacklevel=3,
-                )
-                del seq[limit:]
-        return [[*prefix, *seq] if seq else seq for seq in ids]
 
 
 def _one_line(text: str) -> str:

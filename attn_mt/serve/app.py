@@ -19,8 +19,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from attn_mt.decode.request import Request as DecodeRequest
 from attn_mt.errors import UserError
-from attn_mt.serve.batcher import Settings
 from attn_mt.serve.page import PAGE
 from attn_mt.serve.service import Disconnected, Service
 
@@ -147,9 +147,15 @@ def _add_routes(app: FastAPI, service: Service) -> None:
             if given is not None and len(given) != len(body.text):
                 lines = len(body.text)
                 raise HTTPException(422, f"{name}: give one entry per line of text ({lines})")
-        settings = Settings(body.beam, body.nbest, body.alignment, tuple(body.avoid), body.tgt_lang)
+        asked = DecodeRequest(
+            beam=body.beam,
+            nbest=body.nbest,
+            avoid=tuple(body.avoid),
+            alignment=body.alignment,
+            tgt_lang=body.tgt_lang,
+        )
         found = await service.translate(
-            body.text, settings, body.constraints, body.prefix, request.is_disconnected
+            body.text, asked, body.constraints, body.prefix, request.is_disconnected
         )
         return translations_json(found, body.nbest, body.alignment)
 
@@ -173,8 +179,8 @@ def _add_routes(app: FastAPI, service: Service) -> None:
         lines = [body.q] if isinstance(body.q, str) else body.q
         _check_lines(service, lines)
         tgt_lang = body.target if len(service.directions) > 1 else None
-        settings = Settings(tgt_lang=tgt_lang)
-        found = await service.translate(lines, settings, disconnected=request.is_disconnected)
+        asked = DecodeRequest(tgt_lang=tgt_lang)
+        found = await service.translate(lines, asked, disconnected=request.is_disconnected)
         texts = [entries[0].text for entries in found]
         return {"translatedText": texts[0] if isinstance(body.q, str) else texts}
 

@@ -1,11 +1,12 @@
 """Batching across requests: one worker thread owns the model and decodes the lines of requests
 that arrived close together as one batch.
 
-A request is a `Job` (its lines, one `Settings`, per-line constraints and prefixes). The worker
-takes the oldest job, waits at most `max_wait` after its arrival for others with the same
-settings, and decodes up to `max_batch_tokens` source tokens of them in one call (the library
-sorts them into length buckets). A job larger than that budget is decoded a budget at a time
-and goes to the back of the queue after each part, so a long request does not hold short ones.
+A request is a `Job` (its lines, the decode `Request` they share, per-line constraints and
+prefixes). The worker takes the oldest job, waits at most `max_wait` after its arrival for
+others with an equal Request, and decodes up to the source tokens its `line_budget()` allows of
+them in one call (the library sorts them into length buckets). A job larger than that budget is
+decoded a budget at a time and goes to the back of the queue after each part, so a long request
+does not hold short ones.
 Anything else that uses the model (the attention map) runs on the same thread as a `Call`:
 attention recording hooks into the model, so two threads must never decode at once.
 """
@@ -19,26 +20,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from attn_mt.decode.request import Request
 from attn_mt.errors import UserError
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The decode settings a batch shares: requests with equal settings are decoded together."""
-
-    beam: int | None = None  # None: the model's decode.beam, widened to nbest
-    nbest: int = 1
-    alignment: bool = False
-    avoid: tuple[str, ...] = ()
-    tgt_lang: str | None = None  # the language asked for (a multilingual model's)
 
 
 @dataclass(eq=False)
 class Job:
-    """One request's lines, decoded in parts; `future` gets the n-best lists of every line."""
+    """One request's lines, decoded in parts; `future` gets the n-best lists of every line.
+    Jobs of equal `request`s (resolved, none per line) are decoded together."""
 
     lines: list[str]
-    settings: Settings
+    request: Request
     constraints: list[list[str]] | None
     prefixes: list[str | None] | None
     sizes: list[int]  # source tokens of each line (at least 1)
@@ -70,18 +62,17 @@ class Part:
     end: int
 
 
-# decode(lines, settings, constraints, prefixes, first_line) -> n-best lists, one per line
+# decode(lines, request, constraints, prefixes, first_line) -> n-best lists, one per line
 Decode = Callable[
-    [list[str], Settings, list[list[str]] | None, list[str | None] | None, int], list[Any]
+    [list[str], Request, list[list[str]] | None, list[str | None] | None, int], list[Any]
 ]
 
 
 class Batcher:
     """A queue of jobs and calls, served by one worker thread (see the module docstring)."""
 
-    def __init__(self, decode: Decode, max_batch_tokens: int, max_wait_ms: float):
+    def __init__(self, decode: Decode, max_wait_ms: float):
         self.decode = decode
-        self.max_batch_tokens = max_batch_tokens
         self.max_wait = max_wait_ms / 1000
         self.batches = 0  # decode calls made, for /info
         self._queue: list[Job | Call] = []
@@ -107,12 +98,6 @@ class Batcher:
             self._cond.notify_all()
         return job.future
 
-    def budget(self, settings: Settings) -> int:
-        """Source tokens one batch of these settings may hold: as decode.batch_tokens counts
-        them, a line of a K-wide beam counting (K + 1) / 2 rows."""
-        beam = max(settings.beam or 1, settings.nbest)
-        return max(1, 2 * self.max_batch_tokens // (beam + 1))
-
     def _run(self) -> None:
         """The worker: wait for work, gather a batch, decode it; until stopped and empty."""
         while True:
@@ -135,23 +120,23 @@ class Batcher:
         if isinstance(first, Call):
             return
         deadline = first.arrived + self.max_wait
-        while not self._stopping and not self._full(first.settings):
+        while not self._stopping and not self._full(first.request):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             self._cond.wait(remaining)
 
-    def _full(self, settings: Settings) -> bool:
-        """Whether the queued lines of these settings fill a batch."""
+    def _full(self, request: Request) -> bool:
+        """Whether the queued lines of this request fill a batch."""
         queued = sum(
             sum(job.sizes[job.scheduled :])
             for job in self._queue
-            if isinstance(job, Job) and job.settings == settings and not job.cancelled
+            if isinstance(job, Job) and job.request == request and not job.cancelled
         )
-        return queued >= self.budget(settings)
+        return queued >= request.line_budget()
 
     def _take(self) -> Call | list[Part]:
-        """The next call, or the parts of the next batch: the oldest job's settings, jobs in
+        """The next call, or the parts of the next batch: the oldest job's request, jobs in
         queue order, up to the budget (at least one line). A job cut short moves to the back."""
         self._queue = [w for w in self._queue if not (isinstance(w, Job) and w.cancelled)]
         if not self._queue:
@@ -160,11 +145,11 @@ class Batcher:
         if isinstance(first, Call):
             self._queue.pop(0)
             return first
-        settings, budget = first.settings, self.budget(first.settings)
+        request, budget = first.request, first.request.line_budget()
         parts: list[Part] = []
         used = 0
         for job in self._queue:
-            if not isinstance(job, Job) or job.settings != settings:
+            if not isinstance(job, Job) or job.request != request:
                 continue
             end = job.scheduled
             # A line fits while the budget holds it; the batch's first line always fits.
@@ -205,7 +190,7 @@ class Batcher:
         prefixes = _joined(parts, "prefixes", None)
         first_line = parts[0].start + 1 if len(parts) == 1 else 1  # errors name the job's line
         self.batches += 1
-        found = self.decode(lines, parts[0].job.settings, constraints, prefixes, first_line)
+        found = self.decode(lines, parts[0].job.request, constraints, prefixes, first_line)
         offset = 0
         for part in parts:
             count = part.end - part.start

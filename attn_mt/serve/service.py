@@ -6,12 +6,13 @@ cross-attention of one sentence, describe the model. Everything here goes throug
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attn_mt.decode.request import Request
 from attn_mt.errors import UserError
-from attn_mt.serve.batcher import Batcher, Call, Job, Settings
+from attn_mt.serve.batcher import Batcher, Call, Job
 
 if TYPE_CHECKING:
     from attn_mt.decode.translator import Translation, Translator
@@ -58,53 +59,47 @@ class Service:
         self.translator = translator
         self.models = models
         self.limits = limits
-        self.batcher = Batcher(self._decode, max_batch_tokens, max_wait_ms)
+        self.max_batch_tokens = max_batch_tokens  # a batch's source tokens, as decode.batch_tokens
+        self.batcher = Batcher(self._decode, max_wait_ms)
         self.directions = translator.config.data.directions()
         self.src_lang, self.tgt_lang = self.directions[0]  # of a bilingual model, its pair
 
     def _decode(
         self,
         lines: list[str],
-        settings: Settings,
+        request: Request,
         constraints: list[list[str]] | None,
         prefixes: list[str | None] | None,
         first_line: int,
     ) -> list[list[Translation]]:
-        """One library call (on the worker thread); the batch budget as --max-batch-tokens."""
-        return self.translator.translate_nbest(
-            lines,
-            beam=settings.beam,
-            nbest=settings.nbest,
-            batch_tokens=self.batcher.max_batch_tokens,
-            first_line=first_line,
-            constraints=constraints,
-            prefixes=prefixes,
-            avoid=list(settings.avoid),
-            alignment=settings.alignment,
-            tgt_lang=settings.tgt_lang,
+        """One library call (on the worker thread)."""
+        request = replace(
+            request, constraints=constraints, prefixes=prefixes, first_line=first_line
         )
-
-    def source_tokens(self, lines: list[str]) -> list[int]:
-        """Source tokens of each line with its <eos> (what a batch's budget counts)."""
-        ids = self.translator.src_tokenizer.encode([line.strip() for line in lines])
-        return [min(len(seq), self.translator.max_input_len) + 1 for seq in ids]
+        return self.translator.translate_nbest(lines, request)
 
     async def translate(
         self,
         lines: list[str],
-        settings: Settings,
+        request: Request,
         constraints: list[list[str]] | None = None,
         prefixes: list[str | None] | None = None,
         disconnected: Any = None,
     ) -> list[list[Translation]]:
-        """The n-best lists of `lines`, decoded in the worker's batches with other requests'.
+        """The n-best lists of `lines`, decoded as `request` asks (what the lines share;
+        `constraints` and `prefixes` per line) in the worker's batches with other requests'.
 
         `disconnected`: an async function telling whether the client went away; then the
         job's undecoded lines are dropped and `Disconnected` is raised."""
         if not lines:
             return []
-        sizes = self.source_tokens(lines)
-        job = Job(list(lines), settings, constraints, prefixes, sizes)
+        request = self.translator.resolve(replace(request, batch_tokens=self.max_batch_tokens))
+        # Source tokens of each line with its <eos>, what a batch's budget counts (the
+        # translation warns of a line cut short).
+        sizes = [
+            len(ids) + 1 for ids in self.translator.encode(lines, request.tgt_lang, warn=False)
+        ]
+        job = Job(list(lines), request, constraints, prefixes, sizes)
         return await self._wait(job, self.batcher.submit(job), disconnected)
 
     async def call(self, function: Any) -> Any:
@@ -145,19 +140,14 @@ class Service:
         """Translate `text` (on the worker thread) and return its head-mean cross-attention at
         decode.alignment_layer, as the alignment uses it: rows are the output pieces and the
         `</s>` that ended them, columns the source pieces and the source's `</s>`."""
-        from attn_mt.decode.alignment import cross_attention
         from attn_mt.model.vocab import EOS_ID
 
         translator = self.translator
         [best] = translator.translate_nbest([text], beam=beam, tgt_lang=tgt_lang)[0][:1]
-        prefix = translator.language_prefix(tgt_lang)  # a multilingual model's <2xx> tag
-        limit = translator.max_input_len - len(prefix)
-        ids = translator.src_tokenizer.encode([text.strip()])[0][:limit]
-        ids = [*prefix, *ids] if ids else ids
+        [ids] = translator.encode([text], tgt_lang, warn=False)  # as the search read it
         if not ids or not best.tokens:
             return {"translation": best.text, "source": [], "target": [], "weights": []}
-        layer = translator.config.decode.alignment_layer
-        weights = cross_attention(translator.models, [ids], [best.tokens], layer)[0]  # (T+1, S)
+        weights = translator.cross_attention([ids], [best.tokens])[0]  # (T+1, S+1)
         return {
             "translation": best.text,
             "source": translator.src_tokenizer.pieces([*ids, EOS_ID]),
@@ -180,9 +170,7 @@ class Service:
     def info(self) -> dict[str, Any]:
         """The model, its settings and the server's limits, for GET /info."""
         from attn_mt import __version__
-        from attn_mt.decode.packed import linear_layers
 
-        translator = self.translator
         return {
             "version": __version__,
             "models": [str(p) for p in self.models],
@@ -193,13 +181,10 @@ class Service:
                 if len(self.directions) > 1
                 else {}
             ),
-            "parameters": sum(p.numel() for p in translator.model.parameters()),
-            "device": str(translator.device),
-            "linear_layers": linear_layers(translator.model),  # --prepack auto's choice
-            "decode": asdict(translator.config.decode),
+            **self.translator.describe(),
             "limits": asdict(self.limits),
             "batching": {
-                "max_batch_tokens": self.batcher.max_batch_tokens,
+                "max_batch_tokens": self.max_batch_tokens,
                 "max_wait_ms": self.batcher.max_wait * 1000,
                 "batches_decoded": self.batcher.batches,
             },
