@@ -1,1 +1,2 @@
-"""The data path: corpora and text, SentencePiece, token shards, preparation and batches."""
+"""The data path: corpora and text, SentencePiece, token shards, preparation, batches, and
+what a training run reads (`corpus.py`)."""

@@ -1,2 +1,2 @@
 """The network: attention (pure scoring functions, masks, the KV cache), the Transformer,
-and the special token ids."""
+the special token ids, and its training objective (the label-smoothed loss)."""

@@ -1,2 +1,2 @@
-"""Training: the loop, its state and validation, the run folder and log, the loss, the
-learning-rate schedule, the weight EMA and the torchrun plumbing."""
+"""Training: the loop (`loop.py`), a run's start, state and checkpoints, budget and stopping
+rules, validation, logs, and what the updates run through (`speed.py`)."""

@@ -40,7 +40,7 @@ from attn_mt.kernels import choose_products, route_through_onednn
 from attn_mt.model.loss import SmoothedObjective
 from attn_mt.model.transformer import Transformer
 from attn_mt.precision import autocast_context, inductor_options
-from attn_mt.train.state import TrainProgress
+from attn_mt.train.state import TrainProgress, fork_rng
 
 log = logging.getLogger("attn_mt")
 
@@ -185,7 +185,9 @@ def compile_choice(
 ) -> tuple[Forward, CompileChoice]:
     """`eager` or it compiled, and why: train.compile `setting` (auto|true|false); with `auto`,
     the mode the run `recorded` when it began ('' for none: then timed on `batches`, one
-    update's, on the device). `true` and `false` are obeyed on resume too."""
+    update's, on the device). `true` and `false` are obeyed on resume too. A benchmark compiles
+    a `loop.UpdateStep` as the trainer does with
+    `step.forward = compile_choice("true", "", step.forward, batches, World())[0]`."""
     resumed = recorded if setting == "auto" else ""
     if setting == "false" or resumed == "eager":
         return eager, CompileChoice("eager", "resumed" if resumed else "asked")
@@ -231,7 +233,7 @@ def timed_passes(forward: Forward, batches: Sequence[Batch], updates: int) -> fl
     are dropped, so training goes on as if this had not run."""
     params = list(forward.objective.parameters())
     device = params[0].device
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with fork_rng(device):
         _synchronize(device)
         start = time.perf_counter()
         for _ in range(updates):

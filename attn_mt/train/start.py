@@ -35,10 +35,10 @@ from attn_mt.errors import UserError
 from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.loss import SmoothedObjective
 from attn_mt.model.transformer import Transformer, build_model
-from attn_mt.precision import autocast_context
 from attn_mt.runfolder import check_run_start
 from attn_mt.train.runlog import RunLog, peak_gib
-from attn_mt.train.state import TrainState, WeightEMA
+from attn_mt.train.speed import Forward
+from attn_mt.train.state import TrainState, WeightEMA, fork_rng
 
 log = logging.getLogger("attn_mt")
 
@@ -278,7 +278,7 @@ def worst_rows(source: ShardBatches) -> np.ndarray:
     """The rows of this process's batch of the current epoch with the most padded target
     positions, ties broken by padded source positions: its activations, kept for the backward
     over every layer, are the largest tensors of an update (the loss makes no (B, T, V)
-    logits: `loss.projected_loss`)."""
+    logits: `projected_loss` in model/loss.py)."""
     lengths = source.shards.lengths  # (N, 2) source, target tokens without <eos>
 
     def padded(rows: np.ndarray) -> tuple[int, int]:
@@ -299,11 +299,9 @@ def probe(
     """One forward and backward of `batch`, its gradients dropped and the RNG left as it was,
     so training is the same bit for bit with or without it."""
     device = next(model.parameters()).device
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        with autocast_context(device, dtype):
-            objective = SmoothedObjective(model, label_smoothing)
-            objective.tokens = batch.num_tgt_tokens
-            loss, _ = objective(batch.src, batch.tgt_in, batch.tgt_out)
+    objective = SmoothedObjective(model, label_smoothing)
+    with fork_rng(device):
+        loss, _ = Forward(objective, objective, dtype)(batch)
         loss.backward()
     model.zero_grad(set_to_none=True)
 

@@ -23,6 +23,7 @@ last one completed.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from collections.abc import Sequence
@@ -43,6 +44,12 @@ from attn_mt.model.transformer import Transformer
 
 # A damaged train_state fails with one of these while it is read back.
 _DAMAGE = (KeyError, TypeError, ValueError, IndexError, RuntimeError)
+
+
+def fork_rng(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The training RNG (the CPU's generator and `device`'s) forked for a block: what runs in
+    it (a validation, a timing, a probe) never moves the streams last.pt saves."""
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
 
 
 @dataclass

@@ -9,12 +9,10 @@ intervals and the checkpoints written after it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -36,7 +34,7 @@ from attn_mt.train.runlog import (
     log_timesheet,
     valid_share,
 )
-from attn_mt.train.state import TrainState
+from attn_mt.train.state import TrainState, fork_rng
 from attn_mt.world import World
 
 log = logging.getLogger("attn_mt")
@@ -391,9 +389,3 @@ class Validator:
         log_timesheet(clock.timesheet())
         t, signal = state.cfg.train, self.signals.name
         log_finish(stopped_by, signal, step, t, progress.best_score, self.share)
-
-
-def fork_rng(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """`torch.random.fork_rng` of the CPU's generator and `device`'s: validation never moves
-    the training RNG."""
-    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])

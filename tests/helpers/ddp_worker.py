@@ -1,7 +1,7 @@
 """A training process for tests/test_distributed.py, started by torchrun.
 
-It trains with `attn_mt.train.Trainer` as `attn-mt train` does, records the corpus rows of every
-batch this rank takes, and saves what the rank ended with to OUT/rank{RANK}.pt.
+It trains with `attn_mt.train.loop.Trainer` as `attn-mt train` does, records the corpus rows of
+every batch this rank takes, and saves what the rank ended with to OUT/rank{RANK}.pt.
 
     torchrun --nproc_per_node 2 tests/ddp_worker.py CONFIG OUT [--sigterm-at N]
 

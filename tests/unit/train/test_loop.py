@@ -1,15 +1,21 @@
 """How the loop feeds the device: batches prepared one update ahead are the batches it would
 have made (and a checkpoint taken meanwhile resumes at the right one), target tokens are
-counted on the host, and an update reads the device back once."""
+counted on the host, an update reads the device back once, and its step (`UpdateStep`, public
+for benchmarks) updates on its own as in the trainer."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from helpers.toy import assert_identical
 
 from attn_mt.data.batching import Batch, ShardBatches
+from attn_mt.model.loss import SmoothedObjective
 from attn_mt.model.vocab import PAD_ID
-from attn_mt.train.loop import Trainer
+from attn_mt.train.loop import Trainer, UpdateStep
+from attn_mt.train.start import make_optimizer
 
 
 def marked(batch: Batch) -> Batch:
@@ -69,3 +75,27 @@ def test_an_update_reads_the_device_back_once(toy_config, monkeypatch: pytest.Mo
         assert reads == []
         update, _ = pending.read()
         assert update.finite and reads == ["tolist"]
+
+
+def test_the_update_step_on_its_own_updates_as_the_trainer_does(toy_config) -> None:
+    """A benchmark builds `UpdateStep` from its own model, optimizer and batches: the weights
+    and the figures come out bit for bit as the trainer's update over the same batches."""
+    trainer = Trainer(toy_config(max_steps=1, accumulate=2))
+    t = trainer.cfg.train
+    model = copy.deepcopy(trainer.model)
+    objective = SmoothedObjective(model, t.label_smoothing)
+    step = UpdateStep(objective, make_optimizer(model, t), clip_norm=t.clip_norm)
+    taken, take = [], trainer.source.next
+
+    def noted() -> Batch:
+        taken.append(take())
+        return taken[-1]
+
+    trainer.source.next = noted  # type: ignore[method-assign]
+    before = copy.deepcopy(model.state_dict())
+    ours, _ = trainer.update().read()
+    figures, finite = step.apply(*step.backward(taken))
+    assert len(taken) == 2 and bool(finite)
+    assert figures.tolist() == [ours.loss, ours.nll, ours.tokens, ours.grad_norm]
+    assert_identical(model.state_dict(), trainer.model.state_dict())
+    assert any(not torch.equal(before[k], w) for k, w in model.state_dict().items())
