@@ -238,10 +238,10 @@ def generate(
             decoder.select(rows, sentences=index)
             strategy.select(keep)
     ranked = [sorted(hyps, key=lambda h: h.score, reverse=True) for hyps in finished]
-    width = strategy.repeat  # groups per source row
+    per_row = strategy.repeat  # groups per source row
     return [
-        [h for hyps in ranked[first : first + width] for h in hyps[: strategy.nbest]]
-        for first in range(0, len(ranked), width)
+        [h for hyps in ranked[first : first + per_row] for h in hyps[: strategy.nbest]]
+        for first in range(0, len(ranked), per_row)
     ]
 
 

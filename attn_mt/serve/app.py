@@ -51,6 +51,16 @@ class TranslateRequest(Strict):
         None, description="The target language: one of the model's (a multilingual model needs it)."
     )
 
+    def settings(self) -> DecodeRequest:
+        """What the lines share, as the library's Request (terms and prefixes are per line)."""
+        return DecodeRequest(
+            beam=self.beam,
+            nbest=self.nbest,
+            avoid=tuple(self.avoid),
+            alignment=self.alignment,
+            tgt_lang=self.tgt_lang,
+        )
+
 
 class AttentionRequest(Strict):
     """POST /v1/attention."""
@@ -147,15 +157,8 @@ def _add_routes(app: FastAPI, service: Service) -> None:
             if given is not None and len(given) != len(body.text):
                 lines = len(body.text)
                 raise HTTPException(422, f"{name}: give one entry per line of text ({lines})")
-        asked = DecodeRequest(
-            beam=body.beam,
-            nbest=body.nbest,
-            avoid=tuple(body.avoid),
-            alignment=body.alignment,
-            tgt_lang=body.tgt_lang,
-        )
         found = await service.translate(
-            body.text, asked, body.constraints, body.prefix, request.is_disconnected
+            body.text, body.settings(), body.constraints, body.prefix, request.is_disconnected
         )
         return translations_json(found, body.nbest, body.alignment)
 
