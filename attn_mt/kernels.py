@@ -37,9 +37,8 @@ from torch import nn
 from attn_mt.errors import UserError
 
 # oneDNN is chosen where its best round takes < 90% of MKL's: a clear win, not timing noise on
-# a shared machine. The measured cases keep their answer at this margin: the layers of a
-# training step took 0.76 of MKL's time on the AVX-512 EPYC (chosen) and 0.96 held to AVX2
-# (not chosen at 0.95 either); docs/performance.md.
+# a shared machine (the measured cases and the answer this margin gives them:
+# docs/performance.md, "Training").
 ONEDNN_GAIN = 0.9
 ROUNDS = 5  # interleaved rounds, after one warm-up call of each
 PRODUCTS = ("mkl", "onednn")  # what a run's float32 linear layers multiply through

@@ -27,7 +27,7 @@ CUDA_ALLOC_CONF = "expandable_segments:True"
 # Inductor's settings for what attn-mt compiles, by device type. CUDA: no mix-order
 # reductions, which fuse a layer-norm backward's row sums (the input's gradient) and column
 # sums (the weight's and bias's) into one kernel; that kernel was a compiled base step's
-# slowest, and in two kernels the step is faster (docs/gpu.md, "The ninth lease").
+# slowest, and in two kernels the step is faster (docs/gpu.md, "What to expect").
 INDUCTOR_OPTIONS: dict[str, dict[str, Any]] = {"cuda": {"triton.mix_order_reduction": False}}
 MISSING = object()  # what `inductor_setting` gives for a key this torch's Inductor lacks
 
@@ -146,7 +146,7 @@ def avoid_cudnn_attention() -> None:
     """Keep torch's scaled_dot_product_attention off cuDNN's kernel (flash or memory-efficient
     attention serve instead). cuDNN builds a plan for every new shape it sees, and an NMT batch
     has a new shape at almost every update and every decoding step, so the plans cost far more
-    than the kernel saves (measured in docs/gpu.md). Process-wide."""
+    than the kernel saves (docs/gpu.md). Process-wide."""
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 

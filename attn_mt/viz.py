@@ -154,8 +154,8 @@ def validation_attention_figure(
     translator: Translator, sentence: str, tgt_lang: str | None = None
 ) -> Figure:
     """The last decoder layer's cross-attention heads for one sentence, for TensorBoard at every
-    validation. One row: a grid of every layer was most of a base-size validation's time
-    (docs/gpu.md); `attn-mt plot attention` draws them all."""
+    validation. One row: a grid of every layer's heads made validation slow at base size
+    (docs/history.md, "GPU sessions"); `attn-mt attention` draws them all."""
     maps = attention_maps(translator, sentence, "cross", tgt_lang)
     return plot_attention(maps, layer=maps.weights.size(0) - 1)
 

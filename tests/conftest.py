@@ -37,7 +37,7 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 def _threads_per_process() -> int:
     """Two torch threads, or the cores' fair share when pytest-xdist runs several workers
-    (`make test`): two workers of two threads on two cores ran the suite twice as slowly."""
+    (`make test`): two workers of two threads each would oversubscribe two cores."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     return max(1, min(2, len(os.sched_getaffinity(0)) // workers))
 

@@ -84,7 +84,7 @@ class Request:
         own; a sentence's K beams share one row of its source side (encoder output,
         cross-attention keys), and a wider batch spreads each step's ranking and bookkeeping
         over more sentences, so a beam counts (K + 1) / 2 rows a line (docs/performance.md,
-        "The size of a beam batch")."""
+        "Decoding"; the sweep behind it: docs/history.md)."""
         budget = self.batch_tokens or 0
         if self.sampling is not None:
             return max(budget // self.nbest, 1)

@@ -169,8 +169,8 @@ class Beam(Strategy):
 
 
 # `top_candidates`' chunk sizes, best first: whole vector registers (a chunk size that is not
-# ran far slower; docs/performance.md), and short enough that the second ranking is small; any
-# divisor of the vocabulary up to MAX_CHUNK where none of them divides it.
+# ran far slower; docs/history.md, "CPU decoding speed"), and short enough that the second
+# ranking is small; any divisor of the vocabulary up to MAX_CHUNK where none of them divides it.
 CHUNK_SIZES = (64, 128, 32, 256, 16)
 MAX_CHUNK = 256
 

@@ -30,8 +30,8 @@ ADDITIVE_CHUNK = 2**24
 
 
 # Causal self-attention over fewer positions than this leaves flash out for the memory-efficient
-# kernel: flash computes in tiles of 128 positions, mostly empty for a sentence (measured in
-# docs/gpu.md, "the sixth lease"; scripts/bench_kernels.py).
+# kernel: flash computes in tiles of 128 positions, mostly empty for a sentence (docs/gpu.md,
+# "What to expect"; scripts/bench_kernels.py times both).
 SHORT_CAUSAL = 96
 SHORT_CAUSAL_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # flash left out
 SHORT_CAUSAL_DEVICES = ("cuda",)

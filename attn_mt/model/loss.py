@@ -35,8 +35,9 @@ def label_smoothed_loss(
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """`label_smoothed_loss` with its gradient written out: d loss / d logits =
-    softmax - (1 - eps) * onehot(y) - eps / V on real rows, 0 on padding. Autograd's own
-    backward through log_softmax, gather and mean took 2x as long on the (N, V) logits."""
+    softmax - (1 - eps) * onehot(y) - eps / V on real rows, 0 on padding. Written out
+    because autograd's backward through log_softmax, gather and mean is slower on the (N, V)
+    logits (docs/performance.md)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, epsilon: float):
@@ -83,7 +84,7 @@ def _gradient(
 # Logit elements one step of `projected_loss` makes at a time: 4M (16 MiB of float32) on the
 # CPU; 256M on a GPU (1 GiB of float32 log-probs: 8,192 rows of a 32k vocabulary), where each
 # chunk is a round of launches from the host and thin products leave the card idle; the
-# choice, measured against smaller and larger chunks, is in docs/gpu.md.
+# choice, measured against smaller and larger chunks, is in docs/history.md ("GPU sessions").
 PROJECTION_CHUNK = 2**22
 PROJECTION_CHUNK_GPU = 2**28
 

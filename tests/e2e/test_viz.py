@@ -182,7 +182,7 @@ def test_cli(trained_run: Path, tmp_path: Path) -> None:
 
 
 def test_validation_plots_the_last_layers_heads(translator, monkeypatch) -> None:
-    """One row at every validation (a base-size grid of 48 panels took seconds)."""
+    """One row at every validation (a grid of every head is slow at base size: docs/history.md)."""
     maps = viz.attention_maps(translator, SENTENCE, "cross")
     deeper = dataclasses.replace(maps, weights=torch.cat([maps.weights * 0.5, maps.weights]))
     monkeypatch.setattr(viz, "attention_maps", lambda *args, **kwargs: deeper)

@@ -145,7 +145,7 @@ def test_projected_loss_keeps_no_vocabulary_sized_tensor_for_the_backward() -> N
 
 def test_compiled_label_smoothed_loss_serves_every_batch_shape_with_one_graph(monkeypatch) -> None:
     """Under torch.compile the bf16 gradient is not chunked: a chunk loop ties the graph to
-    the token count, a recompile for every batch shape (seen on an H200, docs/gpu.md)."""
+    the token count, a recompile for every batch shape (docs/history.md, "GPU sessions")."""
     monkeypatch.setattr("attn_mt.model.loss.GRAD_CHUNK", 3 * 50)  # eagerly: 3 rows at a time
     graphs = []
 
