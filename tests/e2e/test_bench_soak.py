@@ -1,20 +1,17 @@
-"""scripts/bench_soak.py in its quick mode: both loops train, rows and profiles come out, and
-the last line is the JSON the bench_*.py scripts end with."""
+"""scripts/bench_soak.py (bench/soak.py) in its quick mode: both loops train, rows and profiles
+come out, and the last line is the JSON the bench_*.py scripts end with."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers.toy import toy_config_dict
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import bench_soak  # noqa: E402
-
-from attn_mt.train.runlog import RunLog  # noqa: E402
+from attn_mt.train.runlog import RunLog
+from bench import soak
 
 
 def test_quick_soak_reports_both_loops_per_row(
@@ -32,7 +29,7 @@ def test_quick_soak_reports_both_loops_per_row(
     out = tmp_path / "soak"
     args = ["--config", str(config), "--quick", "--steps", "3", "--minutes", "60"]
     args += ["--chunk", "0", "--row-seconds", "0", "--profile-at", "0", "--profile-steps", "1"]
-    bench_soak.main([*args, "--out", str(out)])
+    soak.main([*args, "--out", str(out)])
     lines = capsys.readouterr().out.strip().splitlines()
     figures = json.loads(lines[-1])
     assert (figures["bench"], figures["steps"]) == ("soak", 3)

@@ -1,6 +1,6 @@
-"""scripts/profile_step.py on the CPU at a toy size: every timed row and profile comes out,
-its figures agree with each other; it and scripts/bench_kernels.py say in one line that what
-they were asked needs CUDA."""
+"""scripts/profile_step.py (bench/step_profile.py) on the CPU at a toy size: every timed row and
+profile comes out, its figures agree with each other; it and scripts/bench_kernels.py say in
+one line that what they were asked needs CUDA."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn_mt.precision import has_inductor_setting
+from attn_mt.configfile import config_from_dict
+from attn_mt.model import loss as model_loss
+from attn_mt.precision import INDUCTOR_OPTIONS, has_inductor_setting
+from bench import kernels, profiled, step_profile
+from bench.inductor import inductor_settings
+from bench.reference import Reference
+from bench.workload import wmt_dropout
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_train  # noqa: E402
-import profile_step  # noqa: E402
 
 # tiny.yaml's model (1+1 layers of 32): Dynamo traces nn.Transformer layer by layer, so a
 # larger model's trace would be most of this file's time
@@ -30,24 +33,35 @@ def test_eager_profile_reports_every_model_and_shape(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In bf16 with the bf16 stream and an Inductor setting: its rows and files are named for
-    them. nn.Transformer comes eagerly and compiled (Dynamo's eager backend here: the CPU's
-    Inductor would take minutes); the compiled one's graphs are its own, made in its warm-up:
-    the timed windows, whose shapes the warm-ups saw, add none."""
+    them, and the setting holds while it runs (for the process, and over attn-mt's own
+    options), then no longer. nn.Transformer comes eagerly and compiled (Dynamo's eager
+    backend here: the CPU's Inductor would take minutes); the compiled one's graphs are its
+    own, made in its warm-up: the timed windows, whose shapes the warm-ups saw, add none."""
     compile_ = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend="eager", **kw))
     out = tmp_path / "profile"
-    config, key = torch._inductor.config, f"triton.{STAGES}"
-    with config.patch({key: getattr(config.triton, STAGES)}):  # the process's: restored after
-        profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--count-shapes",
-                           "--device", "cpu", "--precision", "bf16", "--bf16-stream",
-                           "--compiled-reference", "--inductor", f"triton.{STAGES}=0",
-                           "--projection-chunk", "40000", "--out", str(out)])  # fmt: skip
-        assert getattr(config.triton, STAGES) is False
+    config, before = torch._inductor.config, dict(INDUCTOR_OPTIONS)
+    key, default = f"triton.{STAGES}", getattr(config.triton, STAGES)
+    seen = []
+    chunk = model_loss.projection_chunk
+
+    def noted(device_type: str) -> int:  # what every loss chunk of a run saw
+        seen.append((getattr(config.triton, STAGES), INDUCTOR_OPTIONS.get("cpu", {}).get(key)))
+        return chunk(device_type)
+
+    monkeypatch.setattr(model_loss, "projection_chunk", noted)
+    step_profile.main([*TOY, "--quick", "--mode", "eager", "--reference", "--count-shapes",
+                       "--device", "cpu", "--precision", "bf16", "--bf16-stream",
+                       "--compiled-reference", "--inductor", f"{key}=0",
+                       "--projection-chunk", "40000", "--out", str(out)])  # fmt: skip
+    assert seen and set(seen) == {(False, False)}
+    assert getattr(config.triton, STAGES) is default
+    assert before == INDUCTOR_OPTIONS  # as they were
     lines = capsys.readouterr().out.strip().splitlines()
     report = json.loads(lines[-1])
     assert report["bf16_stream"] is True and report["precision"] == "bf16"
-    assert report["inductor"] == {f"triton.{STAGES}": False}
-    assert report["projection_chunk"] == 2**22 == profile_step.trainer_loss.projection_chunk("cpu")
+    assert report["inductor"] == {key: False}
+    assert report["projection_chunk"] == 2**22 == chunk("cpu")
     assert report == json.loads((out / "eager_bf16_stream_inductor.json").read_text())
     rows = [json.loads(line[len("result ") :]) for line in lines if line.startswith("result {")]
     assert {row.pop("row"): row for row in rows} == {  # what gpu_check.py keeps of a stopped run
@@ -89,14 +103,14 @@ def test_reference_only_times_nn_transformer_alone(
     """`--reference-only` (what gpu_check's compiled nn.Transformer check asks, after the step
     profile timed attn-mt): no attn-mt row, no attn-mt warm-up; without a reference to time,
     one line and exit 2."""
-    profile_step.main([*TOY, "--quick", "--mode", "eager", "--reference", "--reference-only",
+    step_profile.main([*TOY, "--quick", "--mode", "eager", "--reference", "--reference-only",
                        "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = {key for key in report if key.endswith(("fixed", "bucketed"))}
     assert rows == {"nn.Transformer fixed", "nn.Transformer bucketed"}
     assert "warmup_s" not in report and report["nn.Transformer fixed"]["ms_per_step"] > 0
     with pytest.raises(SystemExit) as stop:
-        profile_step.main([*TOY, "--reference-only", "--device", "cpu", "--out", str(tmp_path)])
+        step_profile.main([*TOY, "--reference-only", "--device", "cpu", "--out", str(tmp_path)])
     assert stop.value.code == 2
     assert "--reference-only needs --reference" in capsys.readouterr().err
 
@@ -106,7 +120,7 @@ def test_profile_steps_zero_times_without_profiling(
 ) -> None:
     """`--profile-steps 0` times every row and profiles none (no profile, no files); a
     negative count is one line and exit 2, before anything is built."""
-    profile_step.main([*TOY, "--quick", "--mode", "eager", "--profile-steps", "0",
+    step_profile.main([*TOY, "--quick", "--mode", "eager", "--profile-steps", "0",
                        "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for kind in ("fixed", "bucketed"):
@@ -114,7 +128,7 @@ def test_profile_steps_zero_times_without_profiling(
         assert "profile" not in report[f"attn-mt {kind}"]
     assert not list(tmp_path.glob("*_profile.txt")) and not list(tmp_path.glob("*trace*"))
     with pytest.raises(SystemExit) as stop:
-        profile_step.main([*TOY, "--profile-steps", "-1", "--device", "cpu",
+        step_profile.main([*TOY, "--profile-steps", "-1", "--device", "cpu",
                            "--out", str(tmp_path)])  # fmt: skip
     assert stop.value.code == 2 and "--profile-steps must be" in capsys.readouterr().err
 
@@ -125,16 +139,14 @@ def test_host_leads_tell_a_waiting_device_from_one_behind() -> None:
     each window's first mark out (it is their clocks' origin) and say where the device
     waited."""
     host_s = [100.0, 100.010, 100.020, 100.030]  # the host's clock at each mark, seconds
-    assert profile_step.host_leads(host_s, [0.0, 10.0, 20.0, 30.0]) == pytest.approx(
-        [0] * 4, abs=1e-9
-    )
-    behind = profile_step.host_leads(host_s, [0.0, 14.0, 31.0, 52.5])
+    assert profiled.host_leads(host_s, [0.0, 10.0, 20.0, 30.0]) == pytest.approx([0] * 4, abs=1e-9)
+    behind = profiled.host_leads(host_s, [0.0, 14.0, 31.0, 52.5])
     assert behind == pytest.approx([0, 4, 11, 22.5])
     windows = [{"leads": [0.0, 0.02, 9.0, 12.0]}, {"leads": [0.0, 0.05]}]
-    figures = profile_step.lead_figures(windows)
+    figures = profiled.lead_figures(windows)
     assert figures["host_lead_ms"] == pytest.approx((0.05 + 9.0) / 2)  # of 0.02, 0.05, 9, 12
     assert figures["device_waited_share"] == 0.5
-    assert profile_step.lead_figures([{"leads": None}]) == {
+    assert profiled.lead_figures([{"leads": None}]) == {
         "host_lead_ms": None, "device_waited_share": None,
     }  # fmt: skip
 
@@ -146,7 +158,7 @@ def test_reference_drops_where_attn_mt_does(activation_dropout: float | None) ->
     are the base preset's: Vaswani et al.'s, on embeddings and sub-layer outputs alone."""
     keys = dict(dropout=0.2, attention_dropout=0.1, activation_dropout=activation_dropout)
     raw = {"data": {"dataset": "multi30k"}, "model": {**keys, "d_model": 16, "heads": 2}}
-    ref = bench_train.Reference(bench_train.config_from_dict(raw).model, vocab=50)
+    ref = Reference(config_from_dict(raw).model, vocab=50)
     feed_forward = 0.2 if activation_dropout is None else activation_dropout
     layers = [*ref.core.encoder.layers, *ref.core.decoder.layers]
     assert ref.dropout.p == 0.2 and len(layers) == 6  # the config's 3 + 3
@@ -156,7 +168,7 @@ def test_reference_drops_where_attn_mt_does(activation_dropout: float | None) ->
         assert {module.p for module in residual} == {0.2}
         attentions = [layer.self_attn, getattr(layer, "multihead_attn", layer.self_attn)]
         assert {attention.dropout for attention in attentions} == {0.1}
-    assert bench_train.wmt_dropout() == dict(dropout=0.1, activation_dropout=0, attention_dropout=0)
+    assert wmt_dropout() == dict(dropout=0.1, activation_dropout=0, attention_dropout=0)
 
 
 NEEDS_CUDA = [
@@ -185,9 +197,7 @@ def test_without_cuda_is_one_clear_line(
 def test_layernorm_variants_name_settings_inductor_has() -> None:
     """bench_kernels.py's variants patch Inductor settings by name: a misspelt one would be
     skipped as an older torch's on the GPU, so each must exist in this torch's Inductor."""
-    import bench_kernels
-
-    names = [key for _, settings in bench_kernels.LAYERNORM_VARIANTS.values() for key in settings]
+    names = [key for _, settings in kernels.LAYERNORM_VARIANTS.values() for key in settings]
     assert "triton.mix_order_reduction" in names
     assert all(has_inductor_setting(name) for name in names)
     assert not has_inductor_setting("triton.mix_order_reductions")
@@ -200,9 +210,7 @@ def test_inductor_settings_are_read_as_their_type_and_a_wrong_one_is_one_line(
     """`--inductor KEY=VALUE`: a flag from 1/0 or true/false, a number as an int; a misspelt
     key, a value of the wrong kind or a pair without `=` stops profile_step.py before any
     work with one line and exit 2."""
-    import bench_kernels
-
-    read = bench_kernels.inductor_settings
+    read = inductor_settings
     assert read([f"triton.{STAGES}=1", "coordinate_descent_tuning=false"]) == {
         f"triton.{STAGES}": True, "coordinate_descent_tuning": False,
     }  # fmt: skip
@@ -218,7 +226,7 @@ def test_inductor_settings_are_read_as_their_type_and_a_wrong_one_is_one_line(
         with pytest.raises(ValueError, match=message):
             read([wrong])
     with pytest.raises(SystemExit) as stop:
-        profile_step.main([*TOY, "--inductor", "triton.nope=1", "--out", str(tmp_path)])
+        step_profile.main([*TOY, "--inductor", "triton.nope=1", "--out", str(tmp_path)])
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith(

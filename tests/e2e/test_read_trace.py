@@ -1,6 +1,7 @@
-"""scripts/read_trace.py on traces laid out as torch.profiler writes them on CUDA (kineto's
-Chrome trace: a `kernel` event's args hold its grid, block, registers and occupancy): its rows
-add up to the trace's device time, and each says what the trace says of its kernel."""
+"""scripts/read_trace.py (bench/trace.py) on traces laid out as torch.profiler writes them on
+CUDA (kineto's Chrome trace: a `kernel` event's args hold its grid, block, registers and
+occupancy): its rows add up to the trace's device time, and each says what the trace says of
+its kernel."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from bench import trace as read_trace
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import read_trace  # noqa: E402
 
 LN_BACKWARD = "triton_per_fused_native_dropout_backward_native_layer_norm_backward_7"
 ATTENTION = "fmha_cutlassB_bf16_aligned_64x64_k64_sm80(AttentionBackwardKernel)"

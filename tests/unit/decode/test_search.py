@@ -6,15 +6,12 @@ log-probabilities, the output length limit, early exit, and batched == one sente
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
 from helpers.models import assert_same, random_model, random_sources, teacher_forced_logprob
 
 import attn_mt
@@ -30,6 +27,7 @@ from attn_mt.decode.generate import (
 from attn_mt.decode.search import Beam, Greedy, top_candidates
 from attn_mt.model.transformer import Transformer
 from attn_mt.model.vocab import EOS_ID, PAD_ID
+from bench.checks import HOST_READS, counted
 
 CASES = ["random-0", "random-1", "random-2", "random-3", "trained"]
 
@@ -234,14 +232,10 @@ def test_top_candidates_equal_a_topk_over_every_candidate(vocab: int, width: int
 
 
 @pytest.fixture
-def host_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def host_reads() -> Iterator[list[str]]:
     """The name of every read of a tensor's values on the host from now on (on a GPU each one
-    waits until the device has caught up): scripts/gpu_check.py's counter."""
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # its dataclasses look it up
-    spec.loader.exec_module(gpu_check)
-    with gpu_check.counted(torch.Tensor, gpu_check.HOST_READS) as reads:
+    waits until the device has caught up): the GPU checklist's counter (bench/checks.py)."""
+    with counted(torch.Tensor, HOST_READS) as reads:
         yield reads
 
 

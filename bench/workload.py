@@ -1,4 +1,5 @@
-"""A synthetic corpus with WMT's sentence lengths, for timing the WMT workload without WMT data.
+"""The WMT workload without WMT data: a synthetic corpus with WMT's sentence lengths, and the
+configs of the model sizes timed on it.
 
 Lengths in subword tokens: the source follows a lognormal of newstest2014 en-de's summary
 under a joint 32k BPE vocabulary, a mean of ~27 pieces with a long tail past 100; sigma 0.5 in
@@ -15,13 +16,18 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from attn_mt.config import Config
+from attn_mt.configfile import config_from_dict, load_config
 from attn_mt.data.batching import Batch, collate, length_batches
 from attn_mt.model.vocab import EOS_ID
-from attn_mt.train.compile import vary_batch_shape
+from attn_mt.train.speed import vary_batch_shape
+from bench.common import ROOT, SIZES
 
 MEAN_SOURCE, SIGMA = 27.0, 0.5  # source pieces: mean, log-space spread
 RATIO_MEDIAN, RATIO_SIGMA = 1.05, 0.15  # target / source length
@@ -62,7 +68,7 @@ def timed_batches(
     the ceiling; `bucketed`, `window` batches drawn at random, the real figure. Then the
     warm-up's: every timed shape once, then more until `warmup` (a new shape's first step can
     cost far more than a step: kernel choice, allocator growth). The batches' dimensions are
-    marked dynamic as train.compile marks them: one graph for all."""
+    marked dynamic as a compiled training run marks them: one graph for all."""
     src_ids = RandomSentences(lengths[:, 0], vocab, seed=1)
     tgt_ids = RandomSentences(lengths[:, 1], vocab, seed=2)
     rows = length_batches(lengths, batch_tokens)
@@ -74,3 +80,21 @@ def timed_batches(
     warm = list(itertools.islice(itertools.cycle([middle, *bucketed]),
                                  max(warmup, 1 + len(bucketed))))  # fmt: skip
     return {"fixed": [middle] * window, "bucketed": bucketed}, warm
+
+
+def wmt_dropout() -> dict[str, float | None]:
+    """The WMT workload's dropout keys, configs/wmt14_en_de_base.yaml's: Vaswani et al.'s base
+    (0.1 on embeddings and sub-layer outputs only; big en-de used 0.3)."""
+    m = load_config(ROOT / "configs" / "wmt14_en_de_base.yaml").model
+    return {k: getattr(m, k) for k in ("dropout", "activation_dropout", "attention_dropout")}
+
+
+def sized_config(path: str | Path, size: str, wmt: bool, **train: Any) -> Config:
+    """The config at `path` with its model at `size` (SIZES), the WMT workload's dropout
+    where `wmt`, and `train` keys over its own."""
+    raw = load_config(path).to_dict()
+    raw["model"].update(SIZES[size])
+    if wmt:
+        raw["model"].update(wmt_dropout())
+    raw["train"].update(train)
+    return config_from_dict(raw)

@@ -1,0 +1,228 @@
+"""Throughput and latency of `attn-mt serve` under concurrent clients, batching on and off.
+
+    python scripts/bench_serve.py --model runs/multi30k_de_en [--clients 32] [--seconds 20]
+    python scripts/bench_serve.py --url http://127.0.0.1:8000          # a server already up
+    python scripts/bench_serve.py --model runs/multi30k_de_en --soak 10   # 10 minutes, checked
+
+With --model it starts two servers in turn on 127.0.0.1 (free ports): one batching across
+requests (--max-wait-ms, --max-batch-tokens as given), one serving requests one at a time
+(--max-wait-ms 0 --max-batch-tokens 1). Each gets --clients threads that send one sentence a
+request (Multi30k test sentences, or --src FILE) for --seconds, after --warmup seconds.
+Prints a table, then one JSON line of the figures. Only 127.0.0.1 is ever contacted.
+
+--soak MINUTES runs the batching server alone for that long under the same clients, each
+request holding 1-3 sentences: every reply must hold one line per sentence, each equal to what
+the server first answered for that sentence (nothing lost, reordered or mixed up between
+requests), and the server's resident memory is read every minute (it should stay flat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parents[1]  # bench.common's, without its torch: a light client
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the options, run the passes, print the table and the JSON line."""
+    args = _parser().parse_args(argv)
+    sentences = _sentences(args.src)
+    passes = {}
+    if args.soak:
+        with _server(args.model, ["--max-wait-ms", str(args.max_wait_ms)] + args.serve_arg) as url:
+            _soak(url, sentences, args, _server.pid)
+        return
+    if args.url:
+        passes["given"] = _measure(args.url, sentences, args)
+    else:
+        batching = ["--max-wait-ms", str(args.max_wait_ms)]
+        if args.max_batch_tokens:
+            batching += ["--max-batch-tokens", str(args.max_batch_tokens)]
+        for name, extra in (
+            ("batched", batching),
+            ("one at a time", ["--max-wait-ms", "0", "--max-batch-tokens", "1"]),
+        ):
+            with _server(args.model, extra + args.serve_arg) as url:
+                passes[name] = _measure(url, sentences, args)
+    _print(passes, args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="Run folder or .pt to serve (starts the servers).")
+    parser.add_argument("--url", help="A running server on 127.0.0.1 instead of --model.")
+    parser.add_argument("--clients", type=int, default=32, help="Concurrent clients.")
+    parser.add_argument("--seconds", type=float, default=20, help="Measured time per pass.")
+    parser.add_argument("--warmup", type=float, default=3, help="Unmeasured time first.")
+    parser.add_argument("--src", type=Path, help="Sentences, one a line (default Multi30k).")
+    parser.add_argument("--max-wait-ms", type=float, default=10)
+    parser.add_argument("--max-batch-tokens", type=int, default=None)
+    parser.add_argument(
+        "--serve-arg", action="append", default=[], help="More `serve` options (repeatable)."
+    )
+    parser.add_argument("--soak", type=float, default=0, help="Minutes of checked load.")
+    return parser
+
+
+def _sentences(path: Path | None) -> list[str]:
+    """Test sentences: --src, or Multi30k's German test set from $ATTN_MT_DATA."""
+    if path is None:
+        data = Path(os.environ.get("ATTN_MT_DATA", ROOT.parent / "shared" / "data"))
+        path = data / "multi30k" / "test_2016_flickr.de.gz"
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        return [line.strip() for line in handle if line.strip()]
+
+
+class _server:
+    """`attn-mt serve --model MODEL EXTRA` on a free port of 127.0.0.1, stopped by SIGTERM."""
+
+    pid = 0  # the latest server's process id
+
+    def __init__(self, model: str, extra: list[str]):
+        self.command = [sys.executable, "-m", "attn_mt", "serve", "--model", model]
+        self.command += ["--host", "127.0.0.1", "--port", "0", *extra]
+
+    def __enter__(self) -> str:
+        self.log = open(f"/tmp/bench_serve.{os.getpid()}.log", "w+b")  # noqa: SIM115
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(self.command, stderr=self.log, env=env)
+        _server.pid = self.proc.pid
+        while self.proc.poll() is None:
+            self.log.seek(0)
+            if found := re.search(rb"serving on (http://\S+) ", self.log.read()):
+                return found.group(1).decode()
+            time.sleep(0.1)
+        self.log.seek(0)
+        raise SystemExit(f"serve exited {self.proc.returncode}: {self.log.read().decode()}")
+
+    def __exit__(self, *_exc) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+        self.log.close()
+
+
+def _measure(url: str, sentences: list[str], args: argparse.Namespace) -> dict[str, float]:
+    """Run the clients; requests/s, sentences/s and latency percentiles of the measured part."""
+    target = urlparse(url)
+    if target.hostname not in ("127.0.0.1", "localhost"):
+        raise SystemExit(f"{url}: this benchmark talks to 127.0.0.1 only")
+    host = target.hostname  # str here (checked above), for the clients' closures
+    start = time.monotonic()
+    measure_from, stop_at = start + args.warmup, start + args.warmup + args.seconds
+    latencies: list[list[float]] = [[] for _ in range(args.clients)]
+    errors = [0]
+
+    def client(number: int) -> None:
+        conn = http.client.HTTPConnection(host, target.port, timeout=120)
+        i = number
+        while (now := time.monotonic()) < stop_at:
+            body = json.dumps({"text": [sentences[i % len(sentences)]]})
+            conn.request("POST", "/v1/translate", body, {"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            reply.read()
+            errors[0] += reply.status != 200
+            if now >= measure_from:
+                latencies[number].append(time.monotonic() - now)
+            i += args.clients
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(args.clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done = sorted(t for per_client in latencies for t in per_client)
+    cuts = statistics.quantiles(done, n=100) if len(done) > 1 else done * 99
+    return {
+        "requests_per_s": len(done) / args.seconds,
+        "sentences_per_s": len(done) / args.seconds,  # one sentence a request
+        "p50_ms": 1000 * cuts[49],
+        "p99_ms": 1000 * cuts[98],
+        "errors": errors[0],
+    }
+
+
+def _soak(url: str, sentences: list[str], args: argparse.Namespace, pid: int) -> None:
+    """--soak: checked load for args.soak minutes, the server's RSS read every minute."""
+    target = urlparse(url)
+    if target.hostname not in ("127.0.0.1", "localhost"):
+        raise SystemExit(f"{url}: this benchmark talks to 127.0.0.1 only")
+    host = target.hostname  # str here (checked above), for the clients' closures
+    stop_at = time.monotonic() + 60 * args.soak
+    first: dict[str, str] = {}  # sentence -> the first translation the server gave it
+    counts = {"requests": 0, "lines": 0, "errors": 0, "lost": 0, "changed": 0}
+    lock = threading.Lock()
+
+    def client(number: int) -> None:
+        conn = http.client.HTTPConnection(host, target.port, timeout=120)
+        i = number
+        while time.monotonic() < stop_at:
+            lines = [sentences[(i + k) % len(sentences)] for k in range(1 + i % 3)]
+            body = json.dumps({"text": lines})
+            conn.request("POST", "/v1/translate", body, {"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            data = reply.read()
+            with lock:
+                counts["requests"] += 1
+                if reply.status != 200:
+                    counts["errors"] += 1
+                    continue
+                got = json.loads(data)["translations"]
+                counts["lost"] += len(got) != len(lines)
+                for line, text in zip(lines, got, strict=False):
+                    counts["lines"] += 1
+                    counts["changed"] += first.setdefault(line, text) != text
+            i += args.clients
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(args.clients)]
+    for thread in threads:
+        thread.start()
+    rss = []
+    while any(t.is_alive() for t in threads):
+        rss.append(_rss_mib(pid))
+        print(f"minute {len(rss) - 1}: server RSS {rss[-1]:.0f} MiB, {counts}", flush=True)
+        minute_end = time.monotonic() + 60
+        while time.monotonic() < minute_end and any(t.is_alive() for t in threads):
+            time.sleep(1)
+    rss.append(_rss_mib(pid))
+    print(f"soak {args.soak:g} min, {args.clients} clients: {counts}; RSS MiB {rss}")
+    figures = {"soak_minutes": args.soak, "clients": args.clients, **counts, "rss_mib": rss}
+    print(json.dumps(figures))
+
+
+def _rss_mib(pid: int) -> float:
+    """The resident memory of process `pid` in MiB (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _print(passes: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    """The table, then one JSON line."""
+    print(f"{args.clients} clients, one sentence a request, {args.seconds:g} s measured")
+    print(f"{'serving':<15}{'req/s':>9}{'sent/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}")
+    for name, f in passes.items():
+        print(
+            f"{name:<15}{f['requests_per_s']:>9.1f}{f['sentences_per_s']:>9.1f}"
+            f"{f['p50_ms']:>9.0f}{f['p99_ms']:>9.0f}{f['errors']:>8.0f}"
+        )
+    figures: dict[str, object] = {"clients": args.clients, "passes": passes}
+    if "batched" in passes and "one at a time" in passes:
+        speedup = passes["batched"]["sentences_per_s"] / passes["one at a time"]["sentences_per_s"]
+        print(f"batching: {speedup:.1f}x the sentences/s of one-at-a-time serving")
+        figures["speedup"] = round(speedup, 2)
+    print(json.dumps(figures))
