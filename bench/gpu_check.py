@@ -101,7 +101,7 @@ def run_checks(ctx: Context) -> None:
         result["seconds"] = round(time.monotonic() - start, 1)
         ctx.results.append(result)
         print(f"gpu_check: {result['status']:<7} {check.name} ({result['seconds']} s)", flush=True)
-        if result["status"] != "skipped":  # a lease cut short keeps what its checks found
+        if result["status"] != "skipped":  # a run cut short keeps what its checks found
             write_report(ctx)
 
 

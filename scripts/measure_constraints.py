@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
+import sys
 import time
 from pathlib import Path
 from typing import cast
 
 import sacrebleu
 
-import attn_mt
-from attn_mt.data.text import read_lines
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: `bench`
+
+import attn_mt  # noqa: E402
+from attn_mt.data.text import read_lines  # noqa: E402
+from bench.common import cpu_name  # noqa: E402
 
 
 def reference_terms(refs: list[str], seed: int) -> list[list[str]]:
@@ -63,16 +66,6 @@ def timed(repeat: int, run) -> tuple[float, list]:
         best = min(best, time.perf_counter() - start)
     assert result is not None, "--repeat must be at least 1"
     return best, result
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux), else the machine type."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.machine()
-    names = [line.split(":", 1)[1].strip() for line in info.splitlines() if "model name" in line]
-    return names[0] if names else platform.machine()
 
 
 def main() -> None:

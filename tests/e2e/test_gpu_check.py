@@ -78,7 +78,7 @@ def test_a_check_stopped_by_the_budget_is_out_of_time_not_a_failure(monkeypatch,
 
 
 def test_the_report_holds_each_check_as_it_ends(monkeypatch, tmp_path):
-    """A lease cut short (the machine taken back, the run killed) keeps the figures of the checks
+    """A run cut short (the machine taken back, the process killed) keeps the figures of the checks
     that ended: the report is written after each one, not only at the end."""
 
     def killed(ctx):
