@@ -63,8 +63,9 @@ def memory_counters() -> dict[str, float]:
 
 
 class Soak:
-    """Wraps a Trainer's `update` and validation: times attn-mt's loop between updates (its own
-    bookkeeping included, validation excluded), runs the reference chunk by chunk, keeps rows."""
+    """Wraps a Trainer's `update` and batch source: times attn-mt's loop between updates (its own
+    bookkeeping included; validation, which the run's clock counts in its phases, excluded),
+    runs the reference chunk by chunk on the same batches, keeps rows."""
 
     def __init__(self, trainer: Trainer, args: argparse.Namespace, out: Path) -> None:
         self.trainer, self.args, self.out = trainer, args, out

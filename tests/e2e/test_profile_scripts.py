@@ -1,6 +1,7 @@
 """scripts/profile_step.py (bench/step_profile.py) on the CPU at a toy size: every timed row and
 profile comes out, its figures agree with each other; it and scripts/bench_kernels.py say in
-one line that what they were asked needs CUDA."""
+one line that what they were asked needs CUDA. bench_train's WMT workload at the same size
+times the Trainer's own update and the one plain step."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import torch
 from attn_mt.configfile import config_from_dict
 from attn_mt.model import loss as model_loss
 from attn_mt.precision import INDUCTOR_OPTIONS, has_inductor_setting
-from bench import kernels, profiled, step_profile
+from attn_mt.train.loop import UpdateStep
+from bench import kernels, profiled, step_profile, train
 from bench.inductor import inductor_settings
 from bench.reference import Reference
+from bench.steps import PlainStep
 from bench.workload import wmt_dropout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,6 +172,36 @@ def test_reference_drops_where_attn_mt_does(activation_dropout: float | None) ->
         attentions = [layer.self_attn, getattr(layer, "multihead_attn", layer.self_attn)]
         assert {attention.dropout for attention in attentions} == {0.1}
     assert wmt_dropout() == dict(dropout=0.1, activation_dropout=0, attention_dropout=0)
+
+
+def test_bench_train_times_the_trainers_update_and_the_plain_step(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The projected loss's turns are the Trainer's own update (`UpdateStep.apply` once an
+    update), the full logits' the plain step, an update a batch each: a warm-up of every timed
+    shape, then one window of one update a shape. A row per loss and shape, and their ratios."""
+    applied, plain = [], []
+    apply, call = UpdateStep.apply, PlainStep.__call__
+
+    def counted_apply(self, *args, **kwargs):
+        applied.append(self)
+        return apply(self, *args, **kwargs)
+
+    def counted_call(self, batches, phase=None):
+        plain.append(len(batches))
+        return call(self, batches, phase)
+
+    monkeypatch.setattr(UpdateStep, "apply", counted_apply)
+    monkeypatch.setattr(PlainStep, "__call__", counted_call)
+    train.main([*TOY, "--quick", "--precisions", "fp32", "--device", "cpu"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = [(r["loss"], r["compiled"], r["shapes"]) for r in report["results"]]
+    assert rows == [(loss, False, kind) for loss in ("logits", "projected")
+                    for kind in ("fixed", "bucketed")]  # fmt: skip
+    assert all(r["tokens_per_s"] > 0 and r["graphs"] == 0 for r in report["results"])
+    assert len(applied) == sum(plain) == 2 + 2  # the warm-up's two shapes, then a window each
+    assert len(set(map(id, applied))) == 1  # one UpdateStep, the Trainer's, for its turns
+    assert set(report["projected_over_logits"]) == {"400 fp32 fixed", "400 fp32 bucketed"}
 
 
 NEEDS_CUDA = [
