@@ -127,7 +127,7 @@ def test_command_reads_a_gzipped_trace_and_refuses_what_is_not_one(tmp_path: Pat
 
 @pytest.mark.parametrize(
     ("name", "kind"),
-    [  # kernels of the sixth lease's compiled base step on an H200 (docs/gpu.md)
+    [  # kernel names from a compiled base step's CUDA trace (docs/history.md, "GPU sessions")
         ("fmha_cutlassB_bf16_aligned_64x64_k64_sm80(PyTorchMemEffAttention::"
          "AttentionBackwardKernel<cutlass::arch::Sm80, cutlass::bfloat16_t>::Params)", "attention"),
         ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits"
