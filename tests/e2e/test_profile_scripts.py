@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # larger model's trace would be most of this file's time
 TOY = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--size", "config", "--vocab", "300",
        "--batch-tokens", "400", "--pairs", "2000"]  # fmt: skip
-STAGES = "mix_order_reduction_allow_multi_stages"  # an Inductor setting the step profile tries on CUDA
+STAGES = "mix_order_reduction_allow_multi_stages"  # an Inductor setting profiled on CUDA
 
 
 def test_eager_profile_reports_every_model_and_shape(
