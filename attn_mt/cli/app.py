@@ -1,8 +1,9 @@
 """The Typer app, its root options, logging and `main`: the one place a `UserError` raised
 anywhere below is printed, as one line on stderr with exit code 2; tracebacks are for bugs only.
 
-The commands live in `attn_mt.cli.train` (train, prepare, data) and `attn_mt.cli.decode`
-(translate, evaluate, average, attention, export); importing `attn_mt.cli` registers them.
+The commands live in `attn_mt.cli.train` (train, prepare, data), `attn_mt.cli.decode`
+(translate), `attn_mt.cli.evaluate` (evaluate) and the other modules of `attn_mt.cli`;
+importing `attn_mt.cli` registers them.
 They import torch inside their bodies: `attn-mt --help` must stay fast.
 """
 

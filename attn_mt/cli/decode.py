@@ -1,14 +1,13 @@
-"""The decoding commands, `translate` and `evaluate`: input and output around `attn_mt.load`.
+"""The decoding command, `translate`: input and output around `attn_mt.load`.
 
-They (and `export`, in `cli/model.py`) pass their search options to the library as `decode=`
-overrides; every check (device, precision, quantization, beam and n-best, ensembles) is the
-library's, so a notebook user meets the same rules and messages. The paths given are checked
-before torch is imported (seconds): a mistyped path is reported at once.
+It (and `evaluate` in `cli/evaluate.py`, `export` in `cli/model.py`) passes its search options
+to the library as `decode=` overrides; every check (device, precision, quantization, beam and
+n-best, ensembles) is the library's, so a notebook user meets the same rules and messages. The
+paths given are checked before torch is imported (seconds): a mistyped path is reported at once.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import replace
@@ -31,7 +30,6 @@ from attn_mt.cli.options import (
     Prepack,
     PrepackOption,
     QuantizeOption,
-    Split,
     TgtLangOption,
     decode_settings,
 )
@@ -225,90 +223,6 @@ def _interrupted(output: Path | None, written: int) -> typer.Exit:
     return typer.Exit(130)
 
 
-@app.command(epilog="Example: attn-mt evaluate -m runs/multi30k --split test -b 5")
-def evaluate(
-    model: ModelsOption,
-    split: Annotated[
-        Split | None,
-        typer.Option(
-            "--split", metavar="valid|test", help="A split of the run's corpus (default test)."
-        ),
-    ] = None,
-    src: Annotated[
-        Path | None,
-        typer.Option(
-            "--src", "--input", "-i", metavar="FILE", help="Source file to translate (with --ref)."
-        ),
-    ] = None,
-    ref: Annotated[
-        Path | None,
-        typer.Option("--ref", metavar="FILE", help="Reference translations of --src."),
-    ] = None,
-    pair: Annotated[
-        str | None,
-        typer.Option(
-            "--pair",
-            metavar="SRC-TGT",
-            help="A direction of a multilingual run's corpus, e.g. de-en (with --split).",
-        ),
-    ] = None,
-    tgt_lang: TgtLangOption = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out",
-            "--output",
-            "-o",
-            metavar="FILE",
-            help="Write hypotheses here (default: beside the checkpoint, named after the split "
-            "and beam, e.g. best.test.beam5.hyp.txt).",
-        ),
-    ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object instead of text.")
-    ] = False,
-    beam: BeamOption = None,
-    length_penalty: LengthPenaltyOption = None,
-    set_: DecodeSetOption = None,
-    device: DeviceOption = "auto",
-    precision: PrecisionOption = Precision.fp32,
-    quantize: QuantizeOption = None,
-    prepack: PrepackOption = Prepack.auto,
-) -> None:
-    """Translate a split (or --src/--ref files) and print sacreBLEU BLEU and chrF."""
-    from attn_mt.evaluate import check_evaluation_files, evaluate_split
-    from attn_mt.fileio import check_output_file, resolve_checkpoint
-
-    for path in model:
-        resolve_checkpoint(path)
-    check_evaluation_files(split and split.value, src, ref, pair, tgt_lang)  # before the models
-    if out is not None:
-        inputs = [("--model", resolve_checkpoint(path)) for path in model]
-        check_output_file(out, inputs=[*inputs, ("--src", src), ("--ref", ref)])
-    decode = decode_settings(set_, beam, length_penalty)
-    from attn_mt.cli import progress
-
-    # torch: only once the arguments are known to be good
-    translator = load_translator(model, device, precision, quantize, prepack, decode)
-    result = evaluate_split(
-        translator,
-        split and split.value,
-        src,
-        ref,
-        out,
-        progress=lambda total: progress.sentences(total, "evaluate"),
-        pair=pair,
-        tgt_lang=tgt_lang,
-    )
-    if as_json:
-        print(json.dumps(result.to_dict()))
-    else:
-        print(result.scores)
-        if result.off_target is not None:
-            print(f"off-target {result.off_target:.1f}% (outputs not in the language asked for)")
-        print(f"hypotheses: {result.hypotheses}", file=sys.stderr)
-
-
 def load_translator(
     model: list[Path],
     device: str,
@@ -317,7 +231,7 @@ def load_translator(
     prepack: Prepack,
     decode: dict,
 ) -> Translator:
-    """`attn_mt.load` with the options `translate` and `evaluate` share (imports torch)."""
+    """`attn_mt.load` with the options `translate`, `evaluate` and `serve` share (imports torch)."""
     import attn_mt
 
     return attn_mt.load(
