@@ -18,6 +18,7 @@ from typing import Any, Literal
 from attn_mt.configdata import DataConfig
 from attn_mt.configkeys import check_keys, group, key, mapping_shape, reject, type_name
 from attn_mt.errors import ConfigError
+from attn_mt.scores import DEFAULT_METRICS, METRICS, STRING_METRICS
 
 # Above this many parameters the model cannot be held for training on any machine we support.
 MAX_PARAMETERS = 2**32
@@ -164,8 +165,15 @@ class TrainConfig:
     valid_max_sentences: int = key(
         0, "validate on a fixed seeded subset of this many pairs (0 = all)", ge=0
     )
-    select_metric: Literal["bleu", "chrf", "loss"] = key(
-        "bleu", "validation figure that picks best.pt"
+    select_metric: Literal["bleu", "chrf", "chrf++", "ter", "loss"] = key(
+        "bleu", "validation figure that picks best.pt (ter and loss: the lowest)"
+    )
+    valid_metrics: list[str] = dataclasses.field(
+        default_factory=lambda: list(DEFAULT_METRICS),
+        metadata={
+            "doc": "scores of the validation search: bleu, chrf, chrf++, ter (and "
+            "select_metric's, always)"
+        },
     )
     patience: int = key(
         0, "stop after N validations without a better select_metric (0 = never)", ge=0
@@ -187,6 +195,16 @@ class TrainConfig:
         "outputs) in bf16, not fp32: half the bytes; weights, gradients, optimizer stay fp32",
     )
 
+    @property
+    def higher_is_better(self) -> bool:
+        """Whether a larger select_metric is better: not for TER (edits) nor the loss."""
+        return self.select_metric != "loss" and METRICS[self.select_metric].higher_is_better
+
+    def scored_metrics(self) -> tuple[str, ...]:
+        """The scores a validation computes: valid_metrics and the select_metric's."""
+        chosen = [*self.valid_metrics, self.select_metric]
+        return tuple(name for name in dict.fromkeys(chosen) if name != "loss")
+
     def checks_loss_alone(self, step: int) -> bool:
         """Whether `step` checks the validation loss alone: at valid_loss_every, but not where
         a validation falls (at eval_every, and at the end of max_steps)."""
@@ -196,9 +214,12 @@ class TrainConfig:
     def validate(self) -> None:
         """A decaying schedule needs its length: max_steps, else the max_minutes budget; the
         budget must fit the run's clock (in seconds, as floats); the floor must not be above
-        the peak."""
+        the peak; valid_metrics are scores validation can compute."""
         if self.max_minutes > MAX_MINUTES:
             reject("train.max_minutes", self.max_minutes, f"must be at most {MAX_MINUTES:g}")
+        if not self.valid_metrics or not set(self.valid_metrics) <= set(STRING_METRICS):
+            rule = f"must list one or more of {list(STRING_METRICS)}"
+            reject("train.valid_metrics", self.valid_metrics, rule)
         if self.min_lr > self.lr:
             reject("train.min_lr", self.min_lr, f"must not exceed train.lr ({self.lr:g})")
         if self.schedule in ("linear", "cosine") and self.max_steps <= 0 and not self.max_minutes:

@@ -3,14 +3,14 @@ hypotheses file."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attn_mt.errors import UserError
-from attn_mt.scores import Scores, score
+from attn_mt.scores import DEFAULT_METRICS, Scores, check_metrics, score
 
 if TYPE_CHECKING:
     from attn_mt.decode.translator import Translator
@@ -73,12 +73,15 @@ def evaluate_split(
     progress: Progress | None = None,
     pair: str | None = None,
     tgt_lang: str | None = None,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    comet_model: Path | None = None,
 ) -> Evaluation:
     """Translate a split of the translator's corpus (default test), or the files `src` and
     `ref`, score the hypotheses and write them to `out`, atomically.
 
     A multilingual model translates into `tgt_lang`, or the target of `pair` ("de-en"), the
-    direction of a split; its evaluation also measures the off-target rate.
+    direction of a split; its evaluation also measures the off-target rate. `metrics` names
+    the scores (`attn_mt.scores.METRICS`); COMET reads its model from `comet_model`.
     `out` defaults to a file beside the (first) checkpoint named after the split (or source
     file), the direction and the beam, e.g. `best.test.beam5.hyp.txt`.
     """
@@ -88,6 +91,7 @@ def evaluate_split(
 
     src, ref = (None if src is None else Path(src)), (None if ref is None else Path(ref))
     check_evaluation_files(split, src, ref, pair, tgt_lang)
+    check_metrics(metrics, comet_model)
     data = translator.config.data
     if pair is None and src is None and len(data.directions()) > 1:
         raise UserError(
@@ -123,8 +127,8 @@ def evaluate_split(
     else:
         with progress(len(sources)) as on_batch:
             hypotheses = translator.translate(sources, on_batch=on_batch, tgt_lang=tgt_lang)
-    scores = score(hypotheses, references)
-    write_output(out, "".join(h + "\n" for h in hypotheses))
+    write_output(out, "".join(h + "\n" for h in hypotheses))  # kept, whatever scoring does
+    scores = score(hypotheses, references, metrics, sources, comet_model)
     off_target = None
     if len(data.directions()) > 1 and tgt_lang is not None:
         from attn_mt.langid import off_target_rate

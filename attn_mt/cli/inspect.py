@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,6 +18,9 @@ from attn_mt.cli.options import (
     TgtLangOption,
 )
 from attn_mt.errors import UserError
+
+if TYPE_CHECKING:
+    from attn_mt.config import TrainConfig
 
 
 @app.command(epilog="Example: attn-mt score -m runs/multi30k --src test.de --ref test.en")
@@ -117,7 +120,7 @@ def info(
         f"{m.heads} heads, d_ff {m.d_ff}; {parameters:,} parameters"
     )
     print(f"steps: {state['step']:,} (epoch {state.get('epoch', 0)})")
-    print(f"best: {_best(folder, checkpoints, cfg.train.select_metric)}")
+    print(f"best: {_best(folder, checkpoints, cfg.train)}")
     for path in checkpoints:
         print(f"checkpoint: {path.name}  {path.stat().st_size / 1e6:.1f} MB")
     if folder is not None:
@@ -128,8 +131,10 @@ def info(
         print(continue_command(t.__class__(**{**vars(t), "out_dir": str(folder)}), stopped))
 
 
-def _best(folder: Path | None, checkpoints: list[Path], metric: str) -> str:
-    """The best validation record of the run's metrics.jsonl, or the checkpoint's own."""
+def _best(folder: Path | None, checkpoints: list[Path], t: TrainConfig) -> str:
+    """The best validation record of the run's metrics.jsonl (by train.select_metric), or the
+    checkpoint's own."""
+    metric = t.select_metric
     records: list[dict[str, Any]] = []
     metrics = folder / "metrics.jsonl" if folder else None
     if metrics is not None and metrics.is_file():
@@ -148,7 +153,7 @@ def _best(folder: Path | None, checkpoints: list[Path], metric: str) -> str:
         found = state.get("metrics") or {}
         shown = ", ".join(f"{k} {v:.2f}" for k, v in found.items() if isinstance(v, float))
         return f"{shown} at step {state['step']}" if shown else "no validation yet"
-    pick = min if metric == "loss" else max
+    pick = max if t.higher_is_better else min
     best = pick(records, key=lambda r: r[metric])
     shown = ", ".join(
         f"{k} {v:.2f}"

@@ -112,8 +112,8 @@ def _scores_table(checkpoint: Path, eval_beam: int) -> str:
     return (
         f"| validation BLEU | chrF | sentences | step |\n|---|---|---|---|\n"
         f"| {scores['bleu']:.2f} | {scores['chrf']:.2f} | {scores.get('sentences', '?')} "
-        f"| {scores['step']} |\n\nsacreBLEU signatures: BLEU `{signatures.bleu_signature}`, "
-        f"chrF `{signatures.chrf_signature}` (attn-mt's validation, beam {eval_beam}, during "
+        f"| {scores['step']} |\n\nsacreBLEU signatures: BLEU `{signatures.signatures['bleu']}`, "
+        f"chrF `{signatures.signatures['chrf']}` (attn-mt's validation, beam {eval_beam}, during "
         "training)."
     )
 

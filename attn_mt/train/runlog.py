@@ -23,6 +23,7 @@ from attn_mt.config import Config, TrainConfig
 from attn_mt.data.batching import ShardBatches
 from attn_mt.decode.translator import Translator
 from attn_mt.model.loss import perplexity
+from attn_mt.scores import figures_line
 from attn_mt.train.budget import RunClock
 
 log = logging.getLogger("attn_mt")
@@ -34,7 +35,7 @@ GIB = 2**30
 class Validation:
     """What one validation measured (`validate.validate`), as the run log writes it."""
 
-    metrics: dict[str, float]  # loss, ppl, bleu, chrf, sentences
+    metrics: dict[str, float]  # loss, ppl, the scores (bleu, chrf, ...), sentences
     samples: list[tuple[str, str, str]]  # (source, hypothesis, reference) to show
     seconds: dict[str, float] = field(default_factory=dict)  # per phase: loss, search, score
     hypotheses: list[str] = field(default_factory=list)  # every output, in order
@@ -101,11 +102,10 @@ class RunLog:
         scalars and a metrics.jsonl line with `"pair": PAIR` (the mean's line has none)."""
         off_target = metrics.get("off_target")
         log.info(
-            "  %s: loss %.3f  BLEU %.2f  chrF %.2f%s",
+            "  %s: loss %.3f  %s%s",
             pair,
             metrics["loss"],
-            metrics["bleu"],
-            metrics["chrf"],
+            figures_line(metrics),
             f"  off-target {off_target:.1f}%" if off_target is not None else "",
         )
         if not self.enabled:
@@ -162,13 +162,12 @@ class RunLog:
         m, (metric, best_score) = result.metrics, best
         phases = ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in result.seconds.items())
         log.info(
-            "valid step %d%s: loss %.3f  ppl %.2f  BLEU %.2f  chrF %.2f%s%s",
+            "valid step %d%s: loss %.3f  ppl %.2f  %s%s%s",
             step,
             share,
             m["loss"],
             m["ppl"],
-            m["bleu"],
-            m["chrf"],
+            figures_line(m),
             "  (best)" if improved else f"  (best {metric} {best_score:.2f})",
             f"  {sum(result.seconds.values()):.1f} s: {phases}" if phases else "",
         )

@@ -24,7 +24,7 @@ from attn_mt.decode.translator import Translator
 from attn_mt.langid import off_target_rate
 from attn_mt.model.loss import SmoothedObjective, perplexity
 from attn_mt.precision import autocast_context
-from attn_mt.scores import score
+from attn_mt.scores import STRING_METRICS, score
 from attn_mt.train.budget import RunClock, StopSignals
 from attn_mt.train.runlog import (
     Monitor,
@@ -39,10 +39,8 @@ from attn_mt.world import World
 
 log = logging.getLogger("attn_mt")
 
-# train.select_metric -> whether a higher value is better
-HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False}
 # The figures a multilingual run averages over its directions (`sentences` is summed).
-MEAN_KEYS = ("loss", "ppl", "bleu", "chrf", "off_target")
+MEAN_KEYS = ("loss", "ppl", *STRING_METRICS, "off_target")
 # The validation attention plot takes at most about this share of a run's wall time
 # (`PlotBudget`); PLOT_GUESS is what its first drawing in a process, matplotlib's import
 # included, is taken to cost before one was timed.
@@ -80,13 +78,9 @@ def validate(
     hyps = search_share(translator, corpus, t, advance, world)
     seconds["search"] = time.perf_counter() - start
     start = time.perf_counter()
-    scores = score(hyps, corpus.valid_ref)
+    scores = score(hyps, corpus.valid_ref, t.scored_metrics())
     seconds["score"] = time.perf_counter() - start
-    metrics = figures | {
-        "bleu": scores.bleu,
-        "chrf": scores.chrf,
-        "sentences": len(corpus.valid_src),
-    }
+    metrics = figures | scores.values | {"sentences": len(corpus.valid_src)}
     samples = list(zip(corpus.valid_src, hyps, corpus.valid_ref, strict=True))[: t.samples]
     return Validation(metrics, samples, seconds, hypotheses=hyps)
 
@@ -343,7 +337,7 @@ class Validator:
         with self.clock.phase("validation"):
             result = self._validate_and_plot(step)
             if result is not None:
-                improved = progress.record(result.metrics[metric], HIGHER_IS_BETTER[metric])
+                improved = progress.record(result.metrics[metric], state.cfg.train.higher_is_better)
                 best = (metric, progress.best_score)
                 self.runlog.validation(step, result, improved, best, self.share)
         progress.last_valid_step = step
