@@ -1,7 +1,8 @@
 """The config schema's `data` section: which text a run trains on, as files or a named corpus,
-for one direction or many (`data.pairs`, languages on each file entry). `attn_mt.config`
-holds the rest of the schema; the conventions (`key`, `group`, `validate()`) are explained
-there.
+for one direction or many (`data.pairs`, languages on each file entry), the rules that clean it
+(`data.filters`, also per corpus) and the noise added for robustness (`data.augment`).
+`attn_mt.config` holds the rest of the schema; the conventions (`key`, `group`, `validate()`)
+are explained there.
 """
 
 from __future__ import annotations
@@ -49,6 +50,91 @@ class ValidCorpus:
 
 
 @dataclass
+class FilterConfig:
+    """The rules that drop noisy pairs (`attn-mt clean` shows what each one drops). Every rule
+    is off by default; docs/bigger-corpora.md gives the settings for a web corpus. A pair is
+    counted under the first rule that drops it, in the order of the keys below (dedup last)."""
+
+    max_chars: int = key(0, "drop pairs with a side over N characters (0 = off)", off=0, ge=1)
+    ratio: float = key(
+        0.0,
+        "drop pairs whose longer side has over N times the characters of the other, each "
+        "counted + 10 so short lines pass; a Han, kana or Hangul character counts 3 (0 = off)",
+        off=0,
+        ge=1,
+    )
+    markup: bool = key(False, "drop pairs with HTML tags, URLs, e-mail addresses, ©, menu bars")
+    long_words: int = key(
+        0,
+        "drop pairs with a word over N characters (0 = off; sides in zh, ja, th, lo, km, my "
+        "are not judged: they have no spaces)",
+        off=0,
+        ge=2,
+    )
+    digits: bool = key(False, "drop pairs whose sides hold different digits 1-9 (any order)")
+    copy: bool = key(False, "drop pairs whose target (nearly) repeats the source")
+    copy_share: float = key(
+        0.8, "copy: the share of distinct words both sides hold that counts as a copy", gt=0, le=1
+    )
+    script: bool = key(
+        False, "drop pairs with a side under script_share letters of its language's script"
+    )
+    script_share: float = key(0.5, "script: the least share of a side's letters", gt=0, le=1)
+    langid: bool = key(
+        False, "drop pairs with a side py3langid finds is not in its language (see langid_*)"
+    )
+    langid_min_chars: int = key(
+        15, "langid: sides with fewer non-space characters are not judged (unreliable)", ge=1
+    )
+    langid_min_prob: float = key(
+        0.01, "langid: a side is dropped below this probability of its language", gt=0, lt=1
+    )
+    dedup: bool = key(False, "drop a pair equal to one kept before in its corpus (spaces ignored)")
+
+    def any(self) -> bool:
+        """Whether any rule is on."""
+        switches = (self.max_chars, self.ratio, self.markup, self.long_words, self.digits)
+        return any(switches) or self.copy or self.script or self.langid or self.dedup
+
+
+@dataclass
+class AugmentConfig:
+    """Training pairs changed the way people type (OpusTrainer's modifiers), each a share of the
+    pairs, drawn from train.seed and the pair's place in its corpus when the data is prepared."""
+
+    uppercase: float = key(
+        0.0,
+        "share of pairs written in capitals, both sides (text without case unchanged)",
+        ge=0,
+        le=1,
+    )
+    titlecase: float = key(0.0, "share of pairs with each word capitalized, both sides", ge=0, le=1)
+    no_final_punct: float = key(
+        0.0, "share of pairs whose final punctuation is removed, both sides", ge=0, le=1
+    )
+    typos: float = key(
+        0.0,
+        "share of pairs with typos in the source (a character swapped, dropped, inserted or "
+        "repeated), the target left right",
+        ge=0,
+        le=1,
+    )
+
+    def any(self) -> bool:
+        """Whether any share is above 0."""
+        return any((self.uppercase, self.titlecase, self.no_final_punct, self.typos))
+
+    def validate(self) -> None:
+        """A pair is upper-cased or title-cased, not both: their shares add up to at most 1."""
+        if self.uppercase + self.titlecase > 1:
+            reject(
+                "data.augment.titlecase",
+                self.titlecase,
+                f"with data.augment.uppercase {self.uppercase:g} the shares add up to over 1",
+            )
+
+
+@dataclass
 class TrainCorpus:
     """One corpus of a training mix (`data.train` given as a list of these)."""
 
@@ -68,6 +154,9 @@ class TrainCorpus:
     )
     src_lang: str | None = key(None, "its source language (multilingual)", rule=_LANGUAGE_RULE)
     tgt_lang: str | None = key(None, "its target language (multilingual)", rule=_LANGUAGE_RULE)
+    filters: FilterConfig | None = key(
+        None, "this corpus's own rules, instead of data.filters (null = data.filters)"
+    )
 
     def validate(self, where: str) -> None:
         """Both files are given (a mapping's files may come from `data.dataset` instead)."""
@@ -95,11 +184,18 @@ class DataConfig:
     )
     test: SplitFiles = group(SplitFiles, "test files (`evaluate --split test`)")
     max_len: int = key(
-        128, "training pairs with more subword tokens on either side are dropped", ge=1
+        128,
+        "training pairs with more subword tokens on either side are dropped (after data.filters)",
+        ge=1,
     )
     max_len_ratio: float = key(
-        0.0, "drop pairs whose longer side has over N times the tokens (0 = off)", off=0, ge=1
+        0.0,
+        "drop pairs whose longer side has over N times the tokens (0 = off; after data.filters)",
+        off=0,
+        ge=1,
     )
+    filters: FilterConfig = group(FilterConfig, "rules that drop noisy training pairs")
+    augment: AugmentConfig = group(AugmentConfig, "training pairs changed as people type")
     prepared_dir: str | None = key(None, "token shards go under it (null = the user cache folder)")
     pairs: list[str] = dataclasses.field(
         default_factory=list,
@@ -132,6 +228,7 @@ class DataConfig:
                         )
         if self.src_lang == self.tgt_lang:
             reject("data.tgt_lang", self.tgt_lang, "must differ from data.src_lang")
+        self.augment.validate()
 
     def _validate_languages(self) -> None:
         """data.pairs names two languages of its named corpus; file entries give both
@@ -204,6 +301,10 @@ class DataConfig:
     def language_tags(self) -> bool:
         """Whether a `<2xx>` tag leads every source: the model has several target languages."""
         return len(self.target_languages()) > 1
+
+    def filters_of(self, corpus: TrainCorpus) -> FilterConfig:
+        """The rules of one training corpus: its own `filters`, else data.filters."""
+        return corpus.filters if corpus.filters is not None else self.filters
 
     def weights(self) -> list[float]:
         """Each training corpus's weight (one corpus of weight 1 when `train` is a mapping,

@@ -286,7 +286,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     for key in raw:
         if key not in hints:
             _unknown(prefix.rstrip("."), key, list(hints))
-    values = {}
+    values: dict[str, Any] = {}
     for name, hint in hints.items():
         if name not in raw:
             continue
@@ -295,6 +295,8 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
             values[name] = [
                 _build(item, entry, f"{prefix}{name}[{i}].") for i, entry in enumerate(raw[name])
             ]
+        elif raw[name] is None and base_type(hint) is not hint:
+            values[name] = None  # an optional group (a corpus's filters) left null
         elif dataclasses.is_dataclass(mapping_shape(hint)):
             values[name] = _build(mapping_shape(hint), raw[name], f"{prefix}{name}.")
         else:

@@ -87,6 +87,8 @@ def _bounds_rule(meta: typing.Mapping[str, Any]) -> str:
     ge, gt, lt, le = (meta.get(bound) for bound in ("ge", "gt", "lt", "le"))
     if ge is not None and (lt is not None or le is not None):
         return f"must be in [{ge}, {lt})" if lt is not None else f"must be in [{ge}, {le}]"
+    if gt is not None and (lt is not None or le is not None):
+        return f"must be in ({gt}, {lt})" if lt is not None else f"must be in ({gt}, {le}]"
     if "off" in meta:
         return f"must be {meta['off']} (off) or >= {ge}"
     if gt is not None:

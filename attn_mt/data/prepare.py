@@ -3,13 +3,16 @@
 Every step streams, so memory stays bounded whatever the corpus size:
 1. hash the input files (sha256); the hashes and the settings name the prepared folder, and a
    folder whose manifest matches is used as it is: an unchanged corpus is never encoded twice;
-2. SentencePiece on a seeded random sample of at most `tokenizer.max_sentences` sentences
-   (reservoir sampling; the whole corpus when it is smaller, which gives the model `train`
-   trained on all lines before, from the same cache);
-3. encode in chunks on `workers` processes, clean (empty pairs, `data.max_len`,
-   `data.max_len_ratio`) and append to the flat token files; the index, the models and last
-   the manifest follow, in a temp folder renamed into place when complete, so an interrupted
-   prepare leaves nothing that training would trust.
+2. where a corpus has `data.filters` rules on, judge its pairs on `workers` processes
+   (`attn_mt.data.cleaning`): what they drop is never sampled nor encoded;
+3. SentencePiece on a seeded random sample of at most `tokenizer.max_sentences` sentences of the
+   kept pairs, changed as `data.augment` says (reservoir sampling; the whole corpus when it is
+   smaller, which gives the model `train` trained on all lines before, from the same cache);
+4. change the kept pairs as `data.augment` says, encode them in chunks on `workers` processes,
+   clean (empty pairs, `data.max_len`, `data.max_len_ratio`) and append to the flat token
+   files; the index, the models and last the manifest (with every rule's count) follow, in a
+   temp folder renamed into place when complete, so an interrupted prepare leaves nothing that
+   training would trust.
 
 Building holds a lock beside the folder (`.NAME.lock`): a second `prepare` or `train` of the
 same corpora waits, then uses what the first built; the holder removes the temp folders a
@@ -28,14 +31,19 @@ import logging
 import os
 import random
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from attn_mt import distributed
 from attn_mt.config import Config
 from attn_mt.configdata import DataConfig, TrainCorpus, language_tag
+from attn_mt.data.augment import Augmenter
+from attn_mt.data.cleaning import judge_corpora
 from attn_mt.data.corpora import cache_dir, source_tags, train_corpora
+from attn_mt.data.pool import worker_count
 from attn_mt.data.shards import (
     FORMAT,
     MANIFEST,
@@ -46,12 +54,8 @@ from attn_mt.data.shards import (
     sha256_file,
     temperature_weights,
 )
-from attn_mt.data.shardwriter import Plan, model_hashes, write_shards
-from attn_mt.data.text import (
-    check_text_file,
-    iter_lines,
-    iter_parallel,
-)
+from attn_mt.data.shardwriter import Plan, augmenter, kept_lines, model_hashes, write_shards
+from attn_mt.data.text import check_text_file, iter_lines, iter_parallel
 from attn_mt.data.tokenizer import Tokenizer, build_tokenizers, train_tokenizer
 from attn_mt.errors import DataError, UserError
 from attn_mt.fileio import os_reason, sigterm_unwinds
@@ -72,6 +76,9 @@ def plan(cfg: Config) -> Plan:
     if cfg.data.language_tags():  # only then: a bilingual folder keeps its name
         for entry, c in zip(entries, corpora, strict=True):
             entry["language_tag"] = language_tag(str(c.tgt_lang))
+    for entry, c in zip(entries, corpora, strict=True):
+        if (rules := cfg.data.filters_of(c)).any():  # an unused threshold changes nothing
+            entry["filters"] = dataclasses.asdict(rules)
     identity = {
         "format": FORMAT,
         "corpora": entries,
@@ -79,6 +86,8 @@ def plan(cfg: Config) -> Plan:
         "max_len": cfg.data.max_len,
         "max_len_ratio": cfg.data.max_len_ratio,
     }
+    if cfg.data.augment.any():  # the draws come from the run's seed
+        identity["augment"] = {**dataclasses.asdict(cfg.data.augment), "seed": cfg.train.seed}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
     return Plan(corpora, identity, prepared_root(cfg.data) / key, tags)
 
@@ -112,20 +121,17 @@ def prepare_shards(
     workers: encoding processes (0 = every core). repair: rebuild a damaged folder instead
     of refusing it (what `attn-mt prepare` does).
     """
-    if workers > (cores := _cores()):  # more could not all start, and none would be faster
-        raise UserError(
-            f"--workers {workers}: this process may run on {cores} core(s); give at most "
-            f"{cores} (0 = every core)"
-        )
+    workers = worker_count(workers)
     target = plan(cfg)
     if shards := _reusable(target, tokenizers, repair):
         return shards
     with _build_lock(target.folder) as waited:
         if waited and (shards := _reusable(target, tokenizers, repair)):
             return shards  # another process built it while this one waited
+        target.codes = judge_corpora(cfg.data, target.corpora, workers)
         if tokenizers is None:
-            tokenizers = _train_tokenizers(cfg, target.corpora)
-        write_shards(cfg, target, tokenizers, workers or _cores())
+            tokenizers = _train_tokenizers(cfg, target)
+        write_shards(cfg, target, tokenizers, workers)
     return open_shards(target.folder)
 
 
@@ -255,52 +261,65 @@ def _weights(cfg: Config, entries: list[dict[str, Any]]) -> list[float]:
     return temperature_weights(cfg.data.weights(), counts, cfg.data.temperature)
 
 
-def _cores() -> int:
-    """The cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 # ---------------------------------------------------------------------------------------------
 # SentencePiece on a bounded sample
 
 
 def sample_pairs(
-    corpora: Iterable[TrainCorpus], limit: int, seed: int = 0
+    corpora: Sequence[TrainCorpus],
+    limit: int,
+    seed: int = 0,
+    codes: Sequence[np.ndarray | None] = (),
+    changes: Augmenter | None = None,
 ) -> tuple[list[str], list[str]]:
     """At most `limit` pairs drawn uniformly from all corpora (reservoir sampling, one pass),
-    in corpus order; every pair when there are no more than `limit`."""
+    in corpus order; every pair when there are no more than `limit`. `codes`: each corpus's
+    rule codes by data.filters (only the pairs kept are drawn); `changes`: data.augment's,
+    applied to the pairs drawn."""
     rng = random.Random(seed)
-    kept: list[tuple[int, str, str]] = []
+    kept: list[tuple[int, int, int, str, str]] = []
     seen = 0
-    for corpus in corpora:
+    for index, corpus in enumerate(corpora):
         assert corpus.src is not None and corpus.tgt is not None  # a validated config has both
-        for src, tgt in iter_parallel(corpus.src, corpus.tgt):
+        for line, src, tgt in kept_lines(corpus.src, corpus.tgt, codes[index] if codes else None):
             if seen < limit:
-                kept.append((seen, src, tgt))
+                kept.append((seen, index, line, src, tgt))
             elif (slot := rng.randrange(seen + 1)) < limit:
-                kept[slot] = (seen, src, tgt)
+                kept[slot] = (seen, index, line, src, tgt)
             seen += 1
     kept.sort()
-    return [src for _, src, _ in kept], [tgt for _, _, tgt in kept]
+    if changes is not None:
+        kept = [(n, c, i, *changes.pair(s, t, c, i)) for n, c, i, s, t in kept]
+    return [src for *_, src, _ in kept], [tgt for *_, tgt in kept]
 
 
-def language_sample(corpora: Iterable[TrainCorpus], limit: int, seed: int = 0) -> list[str]:
+def language_sample(
+    corpora: Sequence[TrainCorpus],
+    limit: int,
+    seed: int = 0,
+    codes: Sequence[np.ndarray | None] = (),
+) -> list[str]:
     """A balanced sample for one joint SentencePiece model over several languages: at most
     `limit` sentences in all, an equal share per language, each drawn uniformly (reservoir
-    sampling) from the distinct files of that language, languages in order of first use."""
-    files: dict[str, list[str]] = {}
-    for c in corpora:
+    sampling) from the distinct files of that language, languages in order of first use; a
+    file's lines that data.filters dropped (`codes` of the first corpus that reads it) are left
+    out."""
+    files: dict[str, dict[str, np.ndarray | None]] = {}
+    for index, c in enumerate(corpora):
         for lang, path in ((c.src_lang, c.src), (c.tgt_lang, c.tgt)):
-            if path not in files.setdefault(str(lang), []):
-                files[str(lang)].append(str(path))
+            files.setdefault(str(lang), {}).setdefault(str(path), codes[index] if codes else None)
     share = limit // len(files)
     lines: list[str] = []
     for lang, paths in files.items():
         rng = random.Random(f"{seed}-{lang}")
         kept: list[tuple[int, str]] = []
-        for seen, line in enumerate(line for path in paths for line in iter_lines(path)):
+        read = (
+            line
+            for path, dropped in paths.items()
+            for number, line in enumerate(iter_lines(path))
+            if dropped is None or not dropped[number]
+        )
+        for seen, line in enumerate(read):
             if seen < share:
                 kept.append((seen, line))
             elif (slot := rng.randrange(seen + 1)) < share:
@@ -309,19 +328,21 @@ def language_sample(corpora: Iterable[TrainCorpus], limit: int, seed: int = 0) -
     return lines
 
 
-def _train_tokenizers(cfg: Config, corpora: list[TrainCorpus]) -> tuple[Tokenizer, Tokenizer]:
-    """SentencePiece (cached by sample and settings) on a sample of `max_sentences` lines;
-    for several directions one joint model on a sample balanced between the languages."""
-    t = cfg.tokenizer
+def _train_tokenizers(cfg: Config, target: Plan) -> tuple[Tokenizer, Tokenizer]:
+    """SentencePiece (cached by sample and settings) on a sample of `max_sentences` lines of
+    the pairs data.filters kept, changed as data.augment says; for several directions one
+    joint model on a sample balanced between the languages (not augmented)."""
+    t, corpora = cfg.tokenizer, target.corpora
     if len(cfg.data.directions()) > 1:
-        lines = language_sample(corpora, t.max_sentences)
+        lines = language_sample(corpora, t.max_sentences, codes=target.codes)
         log.info(
             "prepared data: one joint SentencePiece on %d sentences balanced by language",
             len(lines),
         )
         joint = train_tokenizer(t, lines, cache_dir() / "spm", cfg.data.tags())
         return joint, joint
-    src, tgt = sample_pairs(corpora, t.max_sentences // 2 if t.joint else t.max_sentences)
+    limit = t.max_sentences // 2 if t.joint else t.max_sentences
+    src, tgt = sample_pairs(corpora, limit, codes=target.codes, changes=augmenter(cfg))
     if not any(s.strip() and g.strip() for s, g in zip(src, tgt, strict=True)):
         raise DataError(f"{corpora[0].src}: the training corpus has no non-empty pairs")
     log.info("prepared data: SentencePiece on %d sampled pairs", len(src))

@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from attn_mt.data.text import describe_dropped
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import DataError
 
-FORMAT = "attn-mt-shards/1"
+FORMAT = "attn-mt-shards/2"  # 2: the counts of every rule of data.filters
 MANIFEST = "manifest.json"
 SHARD_FILES = ("src.bin", "tgt.bin", "index.npy", "corpus.npy", "src.model", "tgt.model")
 REBUILD = "rebuild it with `attn-mt prepare --config FILE` (or delete {folder})"
@@ -163,7 +164,7 @@ MANIFEST_FIELDS = {
     "tokenizer_sha256": list,
     "files": dict,
 }
-CORPUS_COUNTS = ("pairs", "kept", "empty", "too_long", "bad_ratio")
+CORPUS_COUNTS = ("pairs", "kept")
 
 
 def _manifest_problem(manifest: Any) -> str | None:
@@ -190,7 +191,10 @@ def _manifest_problem(manifest: Any) -> str | None:
     ):
         return f"files: not the {len(SHARD_FILES)} shard files with their bytes and sha256"
     if not all(
-        isinstance(c, dict) and all(count(c.get(k)) for k in CORPUS_COUNTS)
+        isinstance(c, dict)
+        and all(count(c.get(k)) for k in CORPUS_COUNTS)
+        and isinstance(c.get("dropped"), dict)
+        and all(isinstance(rule, str) and count(n) for rule, n in c["dropped"].items())
         for c in manifest["corpora"]
     ):
         return "corpora: an entry without its counts"
@@ -198,15 +202,18 @@ def _manifest_problem(manifest: Any) -> str | None:
 
 
 def corpus_lines(entries: Sequence[dict[str, Any]], weights: Sequence[float]) -> list[str]:
-    """One line per corpus (a manifest's `corpora`): pairs kept, weight, tag, share of an epoch."""
+    """One line per corpus (a manifest's `corpora`): pairs kept (and dropped, by rule), weight,
+    tag, share of an epoch."""
     sizes = [w * e["kept"] for w, e in zip(weights, entries, strict=True)]
     lines = []
     for i, (entry, weight, size) in enumerate(zip(entries, weights, sizes, strict=True)):
         tags = [t for t in (entry.get("language_tag"), entry["tag"]) if t]  # as put before
         tag = f", tag {' '.join(tags)}" if tags else ""
+        dropped = f" ({describe_dropped(entry['dropped'])})" if "dropped" in entry else ""
         lines.append(
             f"corpus {i + 1}: {entry['src_path']}: {entry['kept']:,} of {entry['pairs']:,} pairs "
-            f"kept, weight {weight:g}{tag}, {100 * size / max(sum(sizes), 1):.1f}% of an epoch"
+            f"kept{dropped}, weight {weight:g}{tag}, {100 * size / max(sum(sizes), 1):.1f}% of "
+            "an epoch"
         )
     return lines
 

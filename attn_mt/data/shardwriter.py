@@ -1,24 +1,21 @@
 """Writing token shards (the format is described in `attn_mt.data.shards`): every corpus is
-read as a stream, encoded and cleaned in chunks by a pool of forked workers, written into a
-temp folder, and renamed into place once its manifest is whole. Ctrl-C and SIGTERM are acted on
-between chunks, so a stopped build leaves no temp folder and no half-written pool pipe.
+read as a stream, its pairs that `data.filters` kept are changed as `data.augment` says, encoded
+and cleaned (data.max_len, data.max_len_ratio) in chunks by a pool of forked workers
+(`attn_mt.data.pool`), written into a temp folder, and renamed into place once its manifest is
+whole. Ctrl-C and SIGTERM are acted on between chunks, so a stopped build leaves no temp folder
+and no half-written pool pipe.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
 import hashlib
 import itertools
 import json
 import logging
-import multiprocessing
 import os
 import shutil
-import signal
-import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +23,15 @@ import numpy as np
 
 from attn_mt.config import Config
 from attn_mt.configdata import TrainCorpus
+from attn_mt.data.augment import Augmenter
+from attn_mt.data.cleaning import dropped_counts
+from attn_mt.data.pool import chunks, ordered_map
 from attn_mt.data.shards import FORMAT, MANIFEST, SHARD_FILES, sha256_file
 from attn_mt.data.text import FilterStats, clean_pairs, iter_parallel
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import DataError
-from attn_mt.fileio import Terminated
 
 log = logging.getLogger("attn_mt")
-
-CHUNK = 20_000  # sentence pairs per encoding task, at most
-# Characters per encoding task, at most: its message (at most 3 UTF-8 bytes a character for any
-# common script) fits a pipe's 64 KiB. Pool.terminate() drains the task pipe once, then waits
-# for the thread that fills it: one left halfway through a larger message, with the workers
-# gone (a SIGTERM to the group), waited forever.
-CHUNK_CHARS = 16_000
 
 
 @dataclasses.dataclass
@@ -50,6 +42,8 @@ class Plan:
     identity: dict[str, Any]  # what decides the tokens: input hashes, tags, settings
     folder: Path
     tags: list[list[str]]  # per corpus, the pieces put before each source sentence
+    # Per corpus, the rule code of each line by data.filters (0 = kept; None: no rule on).
+    codes: list[np.ndarray | None] = dataclasses.field(default_factory=list)
 
 
 def model_hashes(tokenizers: tuple[Tokenizer, Tokenizer]) -> list[str]:
@@ -59,30 +53,35 @@ def model_hashes(tokenizers: tuple[Tokenizer, Tokenizer]) -> list[str]:
 _WORKER: dict[str, Any] = {}  # each worker's tokenizers and settings, set once
 
 
-def _init_pool_worker(*init_args: Any) -> None:
-    # Ctrl-C and SIGTERM are the parent's to act on (a terminal or a scheduler signals the
-    # whole group): a worker dying of one could leave a pool pipe half written, and the pool
-    # would wait on it forever; the parent lets the tasks in flight end, then closes the pool.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _init_worker(*init_args)
-
-
-def _init_worker(src_model: bytes, tgt_model: bytes, max_len: int, ratio: float, dtype: str):
+def _init_worker(
+    src_model: bytes,
+    tgt_model: bytes,
+    max_len: int,
+    ratio: float,
+    dtype: str,
+    augmenter: Augmenter | None,
+) -> None:
     _WORKER.update(src=Tokenizer(src_model), tgt=Tokenizer(tgt_model))
-    _WORKER.update(max_len=max_len, ratio=ratio, dtype=dtype)
+    _WORKER.update(max_len=max_len, ratio=ratio, dtype=dtype, augmenter=augmenter)
 
 
 def encode_chunk(
-    task: tuple[int, list[str], list[str], list[str]],
+    task: tuple[int, list[str], list[int], list[str], list[str]],
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, FilterStats]:
     """Encode and clean one chunk of a corpus: (corpus, src tokens, tgt tokens, lengths, stats).
 
-    The tags (target language, corpus) are put before each kept source sentence; cleaning
-    looks at the sentences alone.
+    The pairs are first changed as data.augment says (drawn by their line numbers); the tags
+    (target language, corpus) are put before each kept source sentence; cleaning looks at the
+    sentences alone.
     """
-    corpus, tags, src_lines, tgt_lines = task
+    corpus, tags, lines, src_lines, tgt_lines = task
     w = _WORKER
+    if w["augmenter"] is not None:
+        changed = [
+            w["augmenter"].pair(s, t, corpus, line)
+            for line, s, t in zip(lines, src_lines, tgt_lines, strict=True)
+        ]
+        src_lines, tgt_lines = [s for s, _ in changed], [t for _, t in changed]
     src_ids, tgt_ids = w["src"].encode(src_lines), w["tgt"].encode(tgt_lines)
     keep, stats = clean_pairs(src_ids, tgt_ids, w["max_len"], w["ratio"])
     prefix = [w["src"].sp.piece_to_id(tag) for tag in tags]
@@ -98,87 +97,22 @@ def encode_chunk(
     )
 
 
-def _tasks(target: Plan) -> Iterator[tuple[int, list[str], list[str], list[str]]]:
-    """Chunks of at most `CHUNK` pairs and about `CHUNK_CHARS` characters, corpus after
-    corpus, read as a stream."""
+def kept_lines(src: str, tgt: str, codes: np.ndarray | None) -> Iterator[tuple[int, str, str]]:
+    """(line, source, target) of the pairs of a corpus that data.filters kept (`codes`: each
+    line's rule code, None for all), lines numbered from 0."""
+    for line, (s, t) in enumerate(iter_parallel(src, tgt)):
+        if codes is None or not codes[line]:
+            yield line, s, t
+
+
+def _tasks(target: Plan) -> Iterator[tuple[int, list[str], list[int], list[str], list[str]]]:
+    """The kept pairs of every corpus in chunks (`pool.chunks`), corpus after corpus, read as
+    a stream."""
     for index, (corpus, tags) in enumerate(zip(target.corpora, target.tags, strict=True)):
         assert corpus.src is not None and corpus.tgt is not None  # a validated config has both
-        src: list[str] = []
-        tgt: list[str] = []
-        chars = 0
-        for s, t in iter_parallel(corpus.src, corpus.tgt):
-            src.append(s)
-            tgt.append(t)
-            chars += len(s) + len(t)
-            if len(src) == CHUNK or chars >= CHUNK_CHARS:
-                yield index, tags, src, tgt
-                src, tgt, chars = [], [], 0
-        if src:
-            yield index, tags, src, tgt
-
-
-def _encoded(tasks: Iterator[Any], workers: int, init_args: tuple[Any, ...]) -> Iterator[Any]:
-    """`encode_chunk` over `tasks` in order; at most 2 chunks per worker are in flight."""
-    if workers == 1:
-        _init_worker(*init_args)
-        yield from map(encode_chunk, tasks)
-        return
-    with _signals_between_results() as received:  # from before the first fork
-        # fork: the workers need no imports of their own (spawn would import torch in each)
-        pool = multiprocessing.get_context("fork").Pool(workers, _init_pool_worker, init_args)
-        try:
-            pending: collections.deque = collections.deque()
-            for task in tasks:
-                pending.append(pool.apply_async(encode_chunk, (task,)))
-                if len(pending) >= 2 * workers:
-                    yield _result(pending.popleft(), received)
-            while pending:
-                yield _result(pending.popleft(), received)
-        finally:
-            pool.close()  # not terminate(): the workers ignore SIGTERM; their tasks are small
-            pool.join()
-
-
-@contextlib.contextmanager
-def _signals_between_results() -> Iterator[list[int]]:
-    """While a pool runs, Ctrl-C and SIGTERM are only noted (in the list yielded) and acted on
-    between results, by the handler before (which raises): raised in the middle of the pool's
-    own code, they could leave a lock held or a pipe half read that the pool then waits on."""
-    if threading.current_thread() is not threading.main_thread():
-        yield []
-        return
-    received: list[int] = []
-    kept = [
-        sig for sig in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(sig) != signal.SIG_IGN
-    ]
-    previous = {
-        sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in kept
-    }
-    try:
-        yield received
-    except _Stopped:
-        pass  # acted on below
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if received:
-        handler = previous[signal.Signals(received[0])]
-        if callable(handler):
-            handler(received[0], None)  # KeyboardInterrupt; fileio.sigterm_unwinds's Terminated
-        raise Terminated(128 + received[0])  # the results are incomplete: never go on
-
-
-def _result(result: Any, received: list[int]) -> Any:
-    """The result of a task, unless a signal comes first."""
-    while not result.ready():
-        if received:
-            raise _Stopped
-        result.wait(0.1)
-    return result.get()
-
-
-class _Stopped(Exception):
-    """A SIGTERM came while the pool ran: end it, then act on the signal."""
+        codes = target.codes[index] if target.codes else None
+        for lines, src, tgt in chunks(kept_lines(corpus.src, corpus.tgt, codes)):
+            yield index, tags, lines, src, tgt
 
 
 def write_shards(
@@ -199,14 +133,15 @@ def write_shards(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     log.info("prepared data: encoding into %s with %d process(es)", target.folder, workers)
-    stats = [FilterStats() for _ in target.corpora]
+    stats = [dropped_counts(codes) for codes in target.codes or [None] * len(target.corpora)]
     lengths: list[np.ndarray] = []
     corpus_of: list[np.ndarray] = []
     try:
         init: tuple[Any, ...] = (src_tok.model_bytes, tgt_tok.model_bytes, cfg.data.max_len)
-        init += (cfg.data.max_len_ratio, dtype)
+        init += (cfg.data.max_len_ratio, dtype, augmenter(cfg))
+        encoded = ordered_map(encode_chunk, _tasks(target), workers, _init_worker, init)
         with open(tmp / "src.bin", "wb") as src_out, open(tmp / "tgt.bin", "wb") as tgt_out:
-            for corpus, src, tgt, rows, chunk_stats in _encoded(_tasks(target), workers, init):
+            for corpus, src, tgt, rows, chunk_stats in encoded:
                 src_out.write(src.tobytes())
                 tgt_out.write(tgt.tobytes())
                 lengths.append(rows)
@@ -226,16 +161,12 @@ def write_shards(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for c, s in zip(target.corpora, stats, strict=True):
-        log.info(
-            "prepared data: %s: %d pairs kept; dropped %d empty, %d longer than %d tokens, "
-            "%d over the length ratio",
-            c.src,
-            s.kept,
-            s.empty,
-            s.too_long,
-            cfg.data.max_len,
-            s.bad_ratio,
-        )
+        log.info("prepared data: %s: %d pairs kept, %s", c.src, s.kept, s.describe())
+
+
+def augmenter(cfg: Config) -> Augmenter | None:
+    """The run's `data.augment`, or None when every share is 0."""
+    return Augmenter(cfg.data.augment, cfg.train.seed) if cfg.data.augment.any() else None
 
 
 def _manifest(
@@ -267,15 +198,14 @@ def _manifest(
     }
 
 
-def _check_kept(cfg: Config, stats: list[FilterStats]) -> None:
+def _check_kept(cfg: Config, stats: Sequence[FilterStats]) -> None:
     total = FilterStats()
     for s in stats:
         total.add(s)
     if not total.kept:
         raise DataError(
-            f"every training pair was filtered out ({total.empty} empty, {total.too_long} longer "
-            f"than data.max_len={cfg.data.max_len} tokens, {total.bad_ratio} over "
-            f"data.max_len_ratio={cfg.data.max_len_ratio:g}); raise data.max_len"
+            f"every training pair was filtered out ({total.describe()}); loosen the rule that "
+            f"dropped most (data.max_len is {cfg.data.max_len}; data.filters, per corpus too)"
         )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from attn_mt.data.filters import RULES
 from attn_mt.errors import DataError, named
 from attn_mt.fileio import os_reason
 
@@ -91,27 +92,44 @@ def read_parallel(src: str | Path, tgt: str | Path) -> tuple[list[str], list[str
 
 @dataclass
 class FilterStats:
-    """What cleaning removed from a training corpus."""
+    """What cleaning removed from a training corpus: the pairs kept, and the pairs dropped by
+    each rule (`RULES`: data.filters' rules on the text, then data.max_len and
+    data.max_len_ratio on the tokens), each pair counted under the first rule that dropped it."""
 
     kept: int = 0
-    empty: int = 0
-    too_long: int = 0
-    bad_ratio: int = 0  # one side over data.max_len_ratio times longer than the other
+    dropped: dict[str, int] = dataclasses.field(default_factory=dict)  # only rules that did
 
     @classmethod
     def read(cls, record: dict[str, Any]) -> FilterStats:
         """The counts of a record that holds them (a prepared manifest's corpus entry)."""
-        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls)})
+        return cls(record["kept"], dict(record["dropped"]))
 
     @property
     def pairs(self) -> int:
         """Every pair read: kept or dropped."""
-        return sum(dataclasses.astuple(self))
+        return self.kept + sum(self.dropped.values())
+
+    def drop(self, rule: str, count: int = 1) -> None:
+        """Count `count` pairs dropped by `rule`."""
+        if count:
+            self.dropped[rule] = self.dropped.get(rule, 0) + count
+            self.dropped = {r: self.dropped[r] for r in RULES if r in self.dropped}
 
     def add(self, other: FilterStats) -> None:
         """Count `other`'s pairs too."""
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        self.kept += other.kept
+        for rule, count in other.dropped.items():
+            self.drop(rule, count)
+
+    def describe(self) -> str:
+        """What was dropped: 'dropped 3 dedup, 12 langid' (by rule, in order) or 'none dropped'."""
+        return describe_dropped(self.dropped)
+
+
+def describe_dropped(dropped: dict[str, int]) -> str:
+    """'dropped 3 dedup, 12 langid' (the rules with a count) or 'none dropped'."""
+    counts = ", ".join(f"{count:,} {rule}" for rule, count in dropped.items() if count)
+    return f"dropped {counts}" if counts else "none dropped"
 
 
 def clean_pairs(
@@ -125,11 +143,11 @@ def clean_pairs(
     keep, stats = [], FilterStats()
     for i, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True)):
         if not s or not t:
-            stats.empty += 1
+            stats.drop("empty")
         elif len(s) > max_len or len(t) > max_len:
-            stats.too_long += 1
+            stats.drop("max_len")
         elif max_ratio and max(len(s), len(t)) > max_ratio * min(len(s), len(t)):
-            stats.bad_ratio += 1
+            stats.drop("max_len_ratio")
         else:
             keep.append(i)
     stats.kept = len(keep)

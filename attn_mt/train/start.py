@@ -222,16 +222,12 @@ def log_start(
         state.world.size,
     )
     log.info(
-        "data: %d training pairs kept, %d empty dropped, %d longer than %d tokens dropped, "
-        "%d over the length ratio dropped; %d validation pairs",
+        "data: %d training pairs kept, %s; %d validation pairs",
         stats.kept,
-        stats.empty,
-        stats.too_long,
-        cfg.data.max_len,
-        stats.bad_ratio,
+        stats.describe(),
         len(corpus.valid_src),
     )
-    for line in corpus.describe():  # each training corpus, its share of an epoch
+    for line in corpus.describe():  # each training corpus: what its rules dropped, its share
         log.info("data: %s", line)
     log.info(
         "vocabulary: %s SentencePiece %s, %d / %d pieces; %s",

@@ -122,7 +122,7 @@ def test_clean_pairs_drops_and_counts():
     tgt = [[5], [6], [7], [], [9] * 11, [4] * 10]
     keep, stats = clean_pairs(src, tgt, max_len=10)
     assert keep == [0, 2, 5]  # rows exactly at max_len stay
-    assert (stats.kept, stats.empty, stats.too_long) == (3, 2, 1)
+    assert (stats.kept, stats.dropped) == (3, {"empty": 2, "max_len": 1})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from helpers.toy import epoch_lists, toy_config_dict, toy_pairs, write_lines
 from attn_mt.config import Config
 from attn_mt.configdata import TrainCorpus
 from attn_mt.configfile import config_from_dict, load_config
+from attn_mt.data import pool, shardwriter
 from attn_mt.data import prepare as prepare_module
-from attn_mt.data import shardwriter
 from attn_mt.data.batching import ShardBatches, collate, length_batches
 from attn_mt.data.corpora import cache_dir
 from attn_mt.data.corpus import training_data
@@ -81,7 +81,7 @@ def test_shards_hold_exactly_todays_encoding(toy_data, tmp_path, max_len):
     assert corpus.shards.folder == shards.folder and corpus.stats == stats
     assert shards.src.tokens.dtype == np.uint16  # a 60-piece vocabulary fits
     entry = shards.manifest["corpora"][0]
-    assert (entry["kept"], entry["too_long"]) == (stats.kept, stats.too_long)
+    assert (entry["kept"], entry["dropped"]) == (stats.kept, stats.dropped)
     # The batches of every epoch are today's, row for row.
     source = ShardBatches(shards, [1.0], cfg.train.batch_tokens, cfg.train.seed)
     lengths = [(len(src_ids[i]) + 1, len(tgt_ids[i]) + 1) for i in keep]
@@ -110,7 +110,8 @@ def test_length_ratio_filter_counts(tmp_path: Path):
     }
     cfg = shard_config(files, tmp_path, max_len_ratio=3)
     entry = prepare_shards(cfg, workers=1).manifest["corpora"][0]
-    assert entry["bad_ratio"] >= 2 and entry["kept"] + entry["bad_ratio"] == entry["pairs"] == 402
+    ratio = entry["dropped"]["max_len_ratio"]
+    assert ratio >= 2 and entry["kept"] + ratio == entry["pairs"] == 402
 
 
 def test_sample_is_bounded_aligned_and_seeded(toy_data):
@@ -182,7 +183,7 @@ def test_given_tokenizer_re_encodes_when_it_differs(toy_data, tmp_path, count_en
 
 def test_interrupted_prepare_leaves_nothing_to_trust(toy_data, tmp_path, monkeypatch):
     cfg = shard_config(toy_data, tmp_path)
-    monkeypatch.setattr(shardwriter, "CHUNK", 1000)
+    monkeypatch.setattr(pool, "CHUNK", 1000)
     encode, seen = shardwriter.encode_chunk, []
 
     def dies(task):

@@ -1,0 +1,199 @@
+"""Multi30k's training pairs with web-crawl noise mixed in, each line's kind known, and how well
+`attn-mt clean` catches each kind (docs/results.md, "Noisy bitext").
+
+    python scripts/noise_corpus.py --out DIR [--share 0.25] [--seed 1]
+        writes DIR/train.de, DIR/train.en (the clean pairs in order, noise lines among them)
+        and DIR/labels.txt (each line's kind: clean or one of KINDS)
+    python scripts/noise_corpus.py --score DIR/labels.txt CLEANED/dropped.tsv [--markdown]
+        per rule of `attn-mt clean`, the share of each kind it dropped (clean: the share of
+        clean pairs lost), then one JSON line of the figures
+
+The noise, about `--share` of the lines, in equal parts: repeats of a pair met before,
+wrong-language targets (the French or Czech of the same sentence), swapped sides, the source
+copied as target, pairs with one side cut to 30-60% of its words, misaligned pairs (another
+line's target), and boilerplate (site chrome with markup, URLs or copyright lines, from
+templates with random fills). Run with ATTN_MT_DATA set (or the corpus in the cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import sys
+from pathlib import Path
+
+from attn_mt.data.corpora import corpus_file
+from attn_mt.data.text import read_lines
+
+KINDS = (
+    "repeat",
+    "wrong_lang",
+    "swapped",
+    "copy",
+    "truncated",
+    "misaligned",
+    "boilerplate",
+)
+WRONG_LANGUAGES = ("fr", "cs")
+# Site chrome in both languages: {n} a number, {site} a host name, {year} a year.
+BOILERPLATE = (
+    ("Startseite | Produkte | Über uns | Kontakt", "Home | Products | About us | Contact"),
+    ("© {year} {site}. Alle Rechte vorbehalten.", "© {year} {site}. All rights reserved."),
+    (
+        "Weitere Informationen unter https://www.{site}/info/{n}",
+        "More information at https://www.{site}/info/{n}",
+    ),
+    (
+        '<p>Klicken Sie <a href="/seite/{n}">hier</a>, um fortzufahren.</p>',
+        '<p>Click <a href="/page/{n}">here</a> to continue.</p>',
+    ),
+    ("Fragen? Schreiben Sie an info@{site}", "Questions? Write to info@{site}"),
+    ("<b>Teilen:</b> Facebook | Twitter | E-Mail", "<b>Share:</b> Facebook | Twitter | Email"),
+    (
+        "Diese Website verwendet Cookies: www.{site}/datenschutz",
+        "This website uses cookies: www.{site}/privacy",
+    ),
+    ("Seite {n} von {m} <br/>", "Page {n} of {m} <br/>"),
+)
+SITES = ("example.com", "shop-24.de", "hotel-berlin.net", "news.example.org", "travel.eu")
+
+
+def noised(
+    de: list[str], en: list[str], others: list[list[str]], share: float, seed: int
+) -> list[tuple[str, str, str]]:
+    """(kind, source, target) lines: the clean pairs in order with noise lines among them,
+    about `share` of all; a repeat always comes after the pair it repeats."""
+    rng = random.Random(seed)
+    per_clean = share / (1 - share)  # noise lines per clean line
+    lines = []
+    for i, pair in enumerate(zip(de, en, strict=True)):
+        lines.append(("clean", *pair))
+        count = int(per_clean) + (rng.random() < per_clean - int(per_clean))
+        for _ in range(count):
+            kind = rng.choice(KINDS)
+            lines.append((kind, *_noise(kind, i, de, en, others, rng)))
+    return lines
+
+
+def _noise(
+    kind: str, i: int, de: list[str], en: list[str], others: list[list[str]], rng: random.Random
+) -> tuple[str, str]:
+    """One noise pair of `kind`, drawn around clean line `i`."""
+    j = rng.randrange(len(de))
+    if kind == "repeat":
+        k = rng.randrange(i + 1)  # a pair already written
+        return de[k], en[k]
+    if kind == "wrong_lang":
+        return de[j], rng.choice(others)[j]
+    if kind == "swapped":
+        return en[j], de[j]
+    if kind == "copy":
+        return de[j], de[j]
+    if kind == "truncated":
+        src, tgt = de[j], en[j]
+        if rng.random() < 0.5:
+            return _cut(src, rng), tgt
+        return src, _cut(tgt, rng)
+    if kind == "misaligned":
+        k = (j + rng.randrange(1, len(de))) % len(de)
+        return de[j], en[k]
+    src, tgt = rng.choice(BOILERPLATE)
+    fill = {
+        "n": rng.randrange(1, 500),
+        "m": rng.randrange(500, 900),
+        "site": rng.choice(SITES),
+        "year": rng.randrange(2005, 2025),
+    }
+    return src.format(**fill), tgt.format(**fill)
+
+
+def _cut(line: str, rng: random.Random) -> str:
+    """`line` cut to 30-60% of its words (at least one)."""
+    words = line.split()
+    return " ".join(words[: max(1, round(len(words) * rng.uniform(0.3, 0.6)))])
+
+
+def write(out: Path, share: float, seed: int, src_lang: str, tgt_lang: str) -> None:
+    """The noised corpus and its labels in `out`."""
+    de, en = (
+        read_lines(corpus_file("multi30k", f"train.{lang}.gz")) for lang in (src_lang, tgt_lang)
+    )
+    others = [read_lines(corpus_file("multi30k", f"train.{lang}.gz")) for lang in WRONG_LANGUAGES]
+    lines = noised(de, en, others, share, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, column in ((f"train.{src_lang}", 1), (f"train.{tgt_lang}", 2), ("labels.txt", 0)):
+        (out / name).write_text("".join(line[column] + "\n" for line in lines), encoding="utf-8")
+    counts = collections.Counter(kind for kind, _, _ in lines)
+    print(f"{len(lines):,} lines in {out}: " + ", ".join(f"{n:,} {k}" for k, n in counts.items()))
+
+
+def score(labels_path: Path, dropped_path: Path) -> dict[str, dict[str, float]]:
+    """Per rule (and `all`), the percent of each kind's lines it dropped: of a noise kind what
+    it caught, of `clean` what it lost."""
+    labels = labels_path.read_text(encoding="utf-8").splitlines()
+    totals = collections.Counter(labels)
+    caught: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    with open(dropped_path, encoding="utf-8") as handle:
+        for row in handle:
+            corpus, line, rule, _ = row.split("\t", 3)
+            if corpus != "1":
+                sys.exit(
+                    f"{dropped_path}: corpus {corpus}: the noised corpus is data.train's only one"
+                )
+            kind = labels[int(line) - 1]
+            caught[rule][kind] += 1
+            caught["all"][kind] += 1
+    kinds = ["clean", *KINDS]
+    rules = [rule for rule in caught if rule != "all"] + ["all"]
+    return {
+        rule: {kind: 100 * caught[rule][kind] / max(totals[kind], 1) for kind in kinds}
+        for rule in rules
+    }
+
+
+def table(figures: dict[str, dict[str, float]], markdown: bool) -> str:
+    """The figures as rows of rules and columns of kinds."""
+    kinds = ["clean", *KINDS]
+    if markdown:
+        rows = ["| rule | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+        rows += [
+            f"| {rule} | " + " | ".join(f"{shares[k]:.1f}%" for k in kinds) + " |"
+            for rule, shares in figures.items()
+        ]
+        return "\n".join(rows)
+    rows = [f"{'rule':<12}" + "".join(f"{k:>12}" for k in kinds)]
+    rows += [
+        f"{rule:<12}" + "".join(f"{shares[k]:>11.1f}%" for k in kinds)
+        for rule, shares in figures.items()
+    ]
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="write the noised corpus and labels here")
+    parser.add_argument("--share", type=float, default=0.25, help="share of noise lines")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--src-lang", default="de")
+    parser.add_argument("--tgt-lang", default="en")
+    parser.add_argument(
+        "--score", nargs=2, type=Path, metavar=("LABELS", "DROPPED"), help="score a clean run"
+    )
+    parser.add_argument("--markdown", action="store_true", help="--score: a markdown table")
+    args = parser.parse_args()
+    if args.score:
+        figures = score(*args.score)
+        print(table(figures, args.markdown))
+        print(json.dumps(figures))
+    elif args.out:
+        if not 0 < args.share < 1:
+            parser.error("--share: give a share between 0 and 1")
+        write(args.out, args.share, args.seed, args.src_lang, args.tgt_lang)
+    else:
+        parser.error("give --out DIR or --score LABELS DROPPED")
+
+
+if __name__ == "__main__":
+    main()
