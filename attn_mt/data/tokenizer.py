@@ -1,5 +1,11 @@
 """SentencePiece: train on the training split (cached by a hash of inputs and settings), load
 from bytes, encode and decode. The special ids are `attn_mt.model.vocab`'s.
+
+Text is only ever text: the tags a run adds to a source (`<2de>`, a corpus's `<bt>`) are
+user-defined pieces, which SentencePiece would find in a sentence's text too, so a line holding
+"<2fr>" would steer the model. Encoding uses a copy of the model in which those pieces are
+control pieces (`text_only`): their ids stay, put in by id only, and their strings in a sentence
+are segmented as any other text. Text without such strings gets exactly the ids it had.
 """
 
 from __future__ import annotations
@@ -10,7 +16,8 @@ import io
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +30,9 @@ from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # From this many sentences on, `Tokenizer.decode` makes SentencePiece's batch call (threads).
 BATCH_DECODE = 128
+# SentencePiece's ModelProto (sentencepiece_model.proto): field 1 holds each piece, a message
+# whose field 3 is its type; these are two values of that enum.
+PIECES, PIECE_TYPE, CONTROL, USER_DEFINED = 1, 3, 3, 4
 
 log = logging.getLogger("attn_mt")
 
@@ -32,7 +42,20 @@ class Tokenizer:
 
     def __init__(self, model_bytes: bytes):
         self.model_bytes = bytes(model_bytes)
-        self.sp = spm.SentencePieceProcessor(model_proto=self.model_bytes)
+        self.sp = spm.SentencePieceProcessor(model_proto=self.model_bytes)  # ids, pieces, decoding
+
+    @cached_property
+    def text_model(self) -> bytes:
+        """The model as encoding uses it, its user-defined pieces (tags) made control pieces
+        (`text_only`): what an export writes, so that its users encode text as attn-mt does."""
+        return text_only(self.model_bytes)
+
+    @cached_property
+    def _text(self) -> spm.SentencePieceProcessor:
+        """The processor that encodes (`text_model`): a tag's string in a sentence is text."""
+        if self.text_model == self.model_bytes:  # no tags: the one processor
+            return self.sp
+        return spm.SentencePieceProcessor(model_proto=self.text_model)
 
     @property
     def vocab_size(self) -> int:
@@ -40,8 +63,9 @@ class Tokenizer:
         return self.sp.get_piece_size()
 
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
-        """Text -> piece ids (no <bos>/<eos>; the batcher adds them)."""
-        return self.sp.encode(list(lines), out_type=int)
+        """Text -> piece ids (no <bos>/<eos>; the batcher adds them); a tag's string in the text
+        is text, never the tag's piece."""
+        return self._text.encode(list(lines), out_type=int)
 
     def sample(self, lines: Sequence[str], alpha: float, seed: int) -> list[list[int]]:
         """One sampled segmentation per line: subword regularization (Kudo, 2018) for a unigram
@@ -54,7 +78,7 @@ class Tokenizer:
         generators start from the seed), so the same seed gives the same ids.
         """
         spm.set_random_generator_seed(seed)
-        return self.sp.encode(
+        return self._text.encode(
             list(lines),
             out_type=int,
             enable_sampling=True,
@@ -80,6 +104,47 @@ class Tokenizer:
     def all_pieces(self) -> list[str]:
         """Every piece in id order."""
         return [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
+
+
+def text_only(model: bytes) -> bytes:
+    """The SentencePiece model `model` with every user-defined piece made a control piece: the
+    same ids and segmentation, but a piece's string in a sentence is no longer that piece."""
+    edited = bytearray(model)
+    for number, start, end in _fields(model, 0, len(model)):
+        if number == PIECES:
+            for field, value, _ in _fields(model, start, end):
+                if field == PIECE_TYPE and model[value] == USER_DEFINED:
+                    edited[value] = CONTROL  # a one-byte varint either way
+    return bytes(edited)
+
+
+def _fields(message: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(field number, value start, value end) of each field of the protobuf message held in
+    message[start:end]; a length-delimited value starts after its length."""
+    pos = start
+    while pos < end:
+        key, pos = _varint(message, pos)
+        wire_type = key & 7
+        if wire_type == 0:  # varint
+            value_end = _varint(message, pos)[1]
+        elif wire_type == 2:  # length-delimited: a string or an embedded message
+            length, pos = _varint(message, pos)
+            value_end = pos + length
+        else:  # 64- or 32-bit
+            value_end = pos + {1: 8, 5: 4}[wire_type]
+        yield key >> 3, pos, value_end
+        pos = value_end
+
+
+def _varint(message: bytes, pos: int) -> tuple[int, int]:
+    """The protobuf varint at message[pos] and the position after it."""
+    value = shift = 0
+    while True:
+        byte = message[pos]
+        value |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if byte < 0x80:
+            return value, pos
 
 
 def train_tokenizer(

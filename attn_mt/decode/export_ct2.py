@@ -195,8 +195,9 @@ def export_ctranslate2(
     with staged_folder(out) as staging:
         weights = None if quantization == "none" else quantization
         converter.convert(str(staging), quantization=weights, force=True)
-        (staging / "source.model").write_bytes(converter.src_tokenizer.model_bytes)
-        (staging / "target.model").write_bytes(converter.tgt_tokenizer.model_bytes)
+        # As attn-mt encodes: a tag's string in a sentence is text (`Tokenizer.text_model`).
+        (staging / "source.model").write_bytes(converter.src_tokenizer.text_model)
+        (staging / "target.model").write_bytes(converter.tgt_tokenizer.text_model)
         options = decode_options(converter.config.decode, converter.model.max_positions)
         (staging / "decode.json").write_text(json.dumps(options, indent=2) + "\n")
         (staging / "README.txt").write_text(_readme(converter, out, quantization, options, license))
@@ -340,7 +341,8 @@ def _languages_note(cfg: Config) -> str:
 This model translates into {languages}: put the target language's tag before each
 source's pieces, e.g. for German
     source_tokens = [["<2de>"] + source.encode(line, out_type=str) for line in lines]
-(the tag is a piece of the source vocabulary, as attn-mt trains on it; not a target prefix)."""
+(the tag is a piece of the source vocabulary, as attn-mt trains on it; not a target prefix).
+The tag goes in only so: source.model reads "<2de>" inside a sentence as text, as attn-mt does."""
 
 
 def _readme(

@@ -251,13 +251,14 @@ def hf_weights(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def write_tokenizer(translator: Translator, folder: Path) -> None:
-    """MarianTokenizer files: the SentencePiece models as they are and the piece -> id maps,
-    so its ids are ours; the source gets </s>, special-token strings in text stay text."""
+    """MarianTokenizer files: the SentencePiece models as attn-mt encodes with them (a tag's
+    string in text is text: `Tokenizer.text_model`) and the piece -> id maps, so its ids are
+    ours; the source gets </s>, special-token strings in text stay text."""
     tf = transformers_module()
     separate = not translator.config.tokenizer.joint
     files = {"source_spm": folder / "source.spm", "target_spm": folder / "target.spm"}
-    files["source_spm"].write_bytes(translator.src_tokenizer.model_bytes)
-    files["target_spm"].write_bytes(translator.tgt_tokenizer.model_bytes)
+    files["source_spm"].write_bytes(translator.src_tokenizer.text_model)
+    files["target_spm"].write_bytes(translator.tgt_tokenizer.text_model)
     _write_vocab(translator.src_tokenizer, folder / "vocab.json", language_codes(translator))
     if separate:
         _write_vocab(translator.tgt_tokenizer, folder / "target_vocab.json")

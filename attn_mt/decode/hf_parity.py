@@ -22,6 +22,7 @@ TOKENIZER_SAMPLE = [
     "  two  spaces, a tab\there and trailing space ",
     "Ünïcödé: naïve café, Straße, 東京, Привет, مرحبا, 🙂👍",
     "</s> <pad> <unk> <s> >>de<< are plain text to SentencePiece",
+    "<2de> <2en> <bt>, tags' strings in a sentence, are text too",
     "",
 ]
 

@@ -199,6 +199,37 @@ def test_a_bilingual_run_is_what_it_was(tmp_path: Path):
     assert found == BILINGUAL
 
 
+def test_a_tags_string_in_a_source_does_not_steer(multi_run: Path):
+    """A tag's string ("<2fr>") in a line asked in English is text: every entry point reads its
+    lines through `Translator.encode` (tests/unit/decode/test_encode.py), whose only tag is the
+    one asked."""
+    ours = attn_mt.load(multi_run, device="cpu")
+    tags = {lang: ours.language_prefix(lang)[0] for lang in ("en", "fr")}
+    [ids] = ours.encode(["qb <2fr> qc <2en>"], "en")
+    assert ids[0] == tags["en"] and not set(ids[1:]) & set(tags.values())
+
+
+def test_score_takes_the_target_language(multi_run: Path, tmp_path: Path):
+    """score needs --tgt-lang as translate does, and scores with its tag: each language's
+    references score higher under its own tag."""
+    de, en = toy_pairs(10, seed=7)
+    src = write_lines(tmp_path / "src", de)
+    refs = {"en": write_lines(tmp_path / "en", en)}
+    refs["fr"] = write_lines(tmp_path / "fr", [toy_language(e) for e in en])
+    missing = invoke("score", "-m", multi_run, "--src", src, "--ref", refs["en"])
+    assert isinstance(missing.exception, UserError)  # the CLI's main prints it as one line
+    assert "target languages: en, fr" in str(missing.exception)
+    totals = {}
+    for ref, asked in [(r, a) for r in refs for a in refs]:
+        result = invoke("score", "-m", multi_run, "--src", src, "--ref", refs[ref], "--tgt-lang",
+                        asked, "--device", "cpu")  # fmt: skip
+        assert result.exit_code == 0, result.output
+        totals[ref, asked] = [float(line.split("\t")[0]) for line in result.output.splitlines()]
+    for ref, other in (("en", "fr"), ("fr", "en")):
+        higher = sum(a > b for a, b in zip(totals[ref, ref], totals[ref, other], strict=True))
+        assert higher >= 9, (ref, totals)
+
+
 # ---------------------------------------------------------------------------------------------
 # Exports
 
@@ -218,6 +249,8 @@ def test_ctranslate2_export_translates_with_the_source_tag(multi_run: Path, tmp_
     decode = json.loads((folder / "decode.json").read_text())
     lines = toy_pairs(12, seed=12)[0]
     ours = attn_mt.load(multi_run, device="cpu")
+    tagged = ["qb <2fr> qc", "<2en>qb"]  # a tag's string in a sentence is text, as in attn-mt
+    assert source.encode(tagged) == ours.src_tokenizer.encode(tagged)
     for lang in ("en", "fr"):
         tokens = [[f"<2{lang}>", *source.encode(line, out_type=str)] for line in lines]
         found = [target.decode(r.hypotheses[0]) for r in engine.translate_batch(tokens, **decode)]

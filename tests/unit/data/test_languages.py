@@ -99,7 +99,15 @@ def test_file_entries_give_both_languages_everywhere_or_nowhere(files, tmp_path)
 # Tags and the joint vocabulary
 
 
-def test_every_source_starts_with_its_target_languages_tag_never_split(files, tmp_path):
+def test_every_source_starts_with_its_tag_and_a_tags_string_in_text_is_text(files, tmp_path):
+    """The tag goes before each source by id; "<2fr>" inside a training sentence is text, as
+    in translation (`Tokenizer.encode`), never the tag that would steer the model."""
+    files = dict(files)
+    de = files["train.de"].read_text().splitlines()
+    tagged = range(0, len(de), 97)
+    for index in tagged:
+        de[index] = f"{de[index]} <2fr> qb<2en>"
+    files["train.de"] = write_lines(tmp_path / "train.de", de)
     raw = multilingual_raw(files, tmp_path / "run")
     raw["data"]["prepared_dir"] = str(tmp_path / "prepared")
     cfg = config_from_dict(raw)
@@ -108,16 +116,17 @@ def test_every_source_starts_with_its_target_languages_tag_never_split(files, tm
     assert src_tok is tgt_tok  # one joint model
     tags = {lang: src_tok.sp.piece_to_id(f"<2{lang}>") for lang in ("en", "fr")}
     assert src_tok.sp.unk_id() not in tags.values() and len(set(tags.values())) == 2
-    for lang, tag in tags.items():  # a piece of its own, whatever the text around it
+    for lang, tag in tags.items():  # text, whatever the text around it
         for text in (f"<2{lang}>", f"qb<2{lang}>qc", f"qb <2{lang}> qc"):
-            assert tag in src_tok.encode([text])[0], text
-    de = files["train.de"].read_text().splitlines()
+            assert tag not in src_tok.encode([text])[0], text
     encoded = src_tok.encode(de)
-    for row in range(0, len(shards), 97):
-        corpus, index = int(shards.corpus[row]), row % 3000
-        lang = ("en", "fr")[corpus]
-        assert shards.src[row] == [tags[lang], *encoded[index]]  # the tag, then the sentence
-        assert tags["en"] not in shards.tgt[row] and tags["fr"] not in shards.tgt[row]
+    for corpus, lang in enumerate(("en", "fr")):
+        for index in tagged:
+            row = corpus * len(de) + index
+            assert int(shards.corpus[row]) == corpus
+            assert shards.src[row] == [tags[lang], *encoded[index]]  # the tag, then the text
+            assert not set(encoded[index]) & set(tags.values())
+            assert tags["en"] not in shards.tgt[row] and tags["fr"] not in shards.tgt[row]
     assert set(shards.corpus.tolist()) == {0, 1} and len(shards) == 6000
 
 

@@ -117,3 +117,35 @@ def test_too_small_vocab_with_byte_fallback_is_a_config_error(tmp_path: Path):
     assert "tokenizer.vocab_size" in message and "tokenizer.byte_fallback: false" in message
     assert "\n" not in message
     assert list(tmp_path.glob("*.model")) == []  # nothing cached for a failed training
+
+
+TAGS = ["<2de>", "<2en>", "<bt>"]
+TAGGED_TEXT = ["<2de> qb qc", "qb<2en>qc", "<bt><2de>", "<s> </s> <pad> <unk> <0x41> <2de"]
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_a_tags_string_in_text_is_text_and_other_text_keeps_its_ids(tmp_path, model_type):
+    """A tag is put before a source by id; the same string inside a sentence (or a special
+    piece's) is segmented as text, and text without one gets SentencePiece's own ids."""
+    src, tgt = toy_pairs(300, seed=8)
+    cfg = TokenizerConfig(vocab_size=400, byte_fallback=True, model_type=model_type)
+    tokenizer = train_tokenizer(cfg, src + tgt + TAGGED_TEXT, tmp_path, symbols=TAGS)
+    tag_ids = {tokenizer.sp.piece_to_id(tag) for tag in TAGS}
+    assert tokenizer.sp.unk_id() not in tag_ids and len(tag_ids) == 3
+    encoded = tokenizer.encode(TAGGED_TEXT)
+    for line, ids in zip(TAGGED_TEXT, encoded, strict=True):
+        assert not set(ids) & (tag_ids | {PAD_ID, UNK_ID, BOS_ID, EOS_ID}), line
+    assert tokenizer.decode(encoded) == TAGGED_TEXT  # the text comes back whole
+    assert tokenizer.encode(src) == tokenizer.sp.encode(src)  # untagged text: ids unchanged
+    assert tokenizer.sample(src, 0.1, seed=3) == tokenizer.sample(src, 0.1, seed=3)
+    spm.set_random_generator_seed(3)
+    plain_sample = tokenizer.sp.encode(
+        src, out_type=int, enable_sampling=True, alpha=0.1, nbest_size=-1, num_threads=1
+    )
+    assert tokenizer.sample(src, 0.1, seed=3) == plain_sample
+    assert not set().union(*tokenizer.sample(TAGGED_TEXT, 0.1, seed=3)) & tag_ids
+    # What an export writes encodes so too, and is the model itself when it has no tags.
+    exported = spm.SentencePieceProcessor(model_proto=tokenizer.text_model)
+    assert exported.encode(TAGGED_TEXT) == encoded
+    plain = train_tokenizer(cfg, src + tgt, tmp_path)
+    assert plain.text_model == plain.model_bytes
