@@ -2,7 +2,7 @@
 anywhere below is printed, as one line on stderr with exit code 2; tracebacks are for bugs only.
 
 The commands live in `attn_mt.cli.train` (train, prepare, data), `attn_mt.cli.decode`
-(translate), `attn_mt.cli.evaluate` (evaluate) and the other modules of `attn_mt.cli`;
+(translate), `attn_mt.cli.evaluate` (evaluate, compare) and the other modules of `attn_mt.cli`;
 importing `attn_mt.cli` registers them.
 They import torch inside their bodies: `attn-mt --help` must stay fast.
 """

@@ -1566,3 +1566,95 @@ def partial_run(ws: Workspace, *checkpoints: str) -> Path:
 )
 def test_round_four_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
     test_case(case, world, request)
+
+# -- compare and evaluate's metrics: one line each, before any translating -------------------
+
+
+def compare_args(ws: Workspace, *systems: Any, ref: Any = None, extra: tuple = ()) -> list[Any]:
+    """`compare --ref REF SYSTEM...` (REF: the world's valid references)."""
+    reference = ws.world.corpus["valid.tgt"] if ref is None else ref
+    return ["compare", "--ref", reference, *systems, *extra]
+
+
+def hyps(ws: Workspace, name: str, count: int = 8) -> Path:
+    """A hypothesis file of `count` lines."""
+    return ws.file(name, "".join(f"w{i}\n" for i in range(count)))
+
+
+COMPARE_CASES = [
+    Case(
+        "compare-line-counts-differ",
+        lambda ws: compare_args(ws, hyps(ws, "a.txt"), hyps(ws, "b.txt", 7)),
+        ["b.txt has 7 lines; a system needs one line per reference line (8 in", "valid.tgt"],
+    ),
+    Case(
+        "compare-empty-system",
+        lambda ws: compare_args(ws, hyps(ws, "a.txt"), ws.file("empty.txt", "")),
+        ["empty.txt: no lines; a system's output needs one line per reference line"],
+    ),
+    Case(
+        "compare-empty-reference",
+        lambda ws: compare_args(ws, hyps(ws, "a.txt"), ref=ws.file("ref.txt", "")),
+        ["--ref", "ref.txt: no lines; there is nothing to compare against"],
+    ),
+    Case(
+        "compare-missing-reference",
+        lambda ws: compare_args(ws, hyps(ws, "a.txt"), ref=ws.dir / "nope.txt"),
+        ["--ref", "nope.txt: file not found"],
+    ),
+    Case(
+        "compare-missing-system",
+        lambda ws: compare_args(ws, hyps(ws, "a.txt"), ws.dir / "gone.txt"),
+        ["gone.txt: file not found"],
+    ),
+    Case(  # nothing to translate: refused before the model loads
+        "compare-model-without-src",
+        lambda ws: compare_args(ws, hyps(ws, "a.txt"), best(ws)),
+        ["model.pt is a model; give --src FILE, the sources it translates"],
+    ),
+    Case(
+        "compare-src-line-count-differs",
+        lambda ws: compare_args(ws, best(ws), extra=("--src", hyps(ws, "src.txt", 3))),
+        ["--src", "src.txt has 3 lines; it needs one line per reference line"],
+    ),
+    Case(
+        "compare-unknown-metric",
+        lambda ws: compare_args(ws, hyps(ws, "a.txt"), extra=("--metrics", "bleu,meteor")),
+        ["--metrics bleu,meteor: unknown metric 'meteor'; use bleu, chrf, chrf++, ter, comet"],
+    ),
+    Case(
+        "compare-unknown-test",
+        lambda ws: compare_args(ws, hyps(ws, "a.txt"), extra=("--paired", "t-test")),
+        ["--paired", "t-test", "bs, ar"],
+    ),
+    Case(
+        "evaluate-comet-without-a-model",
+        lambda ws: evaluate_args(best(ws), "--metrics", "comet"),
+        ["--metrics comet needs --comet-model PATH", "downloads nothing"],
+    ),
+    Case(
+        "evaluate-comet-model-not-there",
+        lambda ws: evaluate_args(
+            best(ws), "--metrics", "bleu,comet", "--comet-model", ws.folder("comet")
+        ),
+        ["--comet-model", "comet: no COMET checkpoint there", "checkpoints/model.ckpt"],
+    ),
+    Case(  # unbabel-comet is an optional extra, not installed here
+        "evaluate-comet-not-installed",
+        lambda ws: evaluate_args(
+            best(ws), "--metrics", "comet", "--comet-model", ws.file("model.ckpt", b"")
+        ),
+        ["--metrics comet needs unbabel-comet: pip install 'attn-mt[comet]'"],
+    ),
+    Case(
+        "evaluate-unknown-metric",
+        lambda ws: evaluate_args(best(ws), "--metrics", "bleu,,bluer"),
+        ["--metrics bleu,,bluer: unknown metric 'bluer'"],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=c.marks, id=c.id) for c in COMPARE_CASES])
+def test_compare_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
+    test_case(case, world, request)
+

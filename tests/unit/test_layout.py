@@ -19,12 +19,13 @@ LAYERS = [
     "world",  # who this process is, without torch
     "configkeys",  # how a config key is declared and checked
     "configdata",  # the config schema's data section
+    "comet",  # COMET as a sacreBLEU metric (optional: unbabel-comet)
+    "scores",  # sacreBLEU's metrics, named before they load: the config names them
     "config",
     "fileio",
     "runfolder",  # one training process per run folder, checked before torch loads
     "precision",
     "kernels",  # the MKL-vs-oneDNN timing rule
-    "scores",  # sacreBLEU
     "langid",  # py3langid: the off-target rate
     "configfile",
     "distributed",
@@ -34,6 +35,7 @@ LAYERS = [
     "decode",
     "viz",
     "evaluate",
+    "compare",  # systems against a baseline: sacreBLEU's paired tests
     "train",
     "serve",
     "cli",
