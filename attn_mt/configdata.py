@@ -58,8 +58,9 @@ class FilterConfig:
     max_chars: int = key(0, "drop pairs with a side over N characters (0 = off)", off=0, ge=1)
     ratio: float = key(
         0.0,
-        "drop pairs whose longer side has over N times the characters of the other, each "
-        "counted + 10 so short lines pass; a Han, kana or Hangul character counts 3 (0 = off)",
+        "drop pairs whose longer side has over N times the characters of the other (a Han "
+        "character counts 3, kana or Hangul 2; pairs of two sides under 20 characters pass; "
+        "0 = off)",
         off=0,
         ge=1,
     )

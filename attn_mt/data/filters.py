@@ -7,10 +7,11 @@ rules tried in the order of `RULES`, the cheap ones first. py3langid runs on a c
 each pair it keeps (`pair_hashes`), and the one process that reads the corpus in order drops a
 pair whose hash it has seen (`SeenHashes`, 8 bytes a pair).
 
-Short lines and scripts other than Latin are the rules' hard cases: the length ratio counts
-each side + 10 characters, and a Han, kana or Hangul character as 3 (it carries about as much as
-three Latin letters); langid judges only sides of `langid_min_chars` characters or more; a side
-whose language writes without spaces has no long words; a side without letters has no script.
+Short lines and scripts other than Latin are the rules' hard cases: the length ratio judges
+no pair whose sides are both under 20 characters, and counts a Han character 3 times and a
+kana or Hangul one twice (about the Latin letters each carries); langid judges only sides of
+`langid_min_chars` characters or more; a side whose language writes without spaces has no long
+words; a side without letters has no script; the digits compared are 1-9 of any script.
 """
 
 from __future__ import annotations
@@ -57,11 +58,11 @@ _MARKUP = re.compile(
     r"|©"
     r"|\s\|\s.*\s\|\s"
 )
-# Characters that carry about three Latin letters each (the length ratio counts them 3 times).
-_WIDE = re.compile(
-    "[\u1100-\u11ff\u2e80-\u2fdf\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff"
-    "\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f]"
-)
+# Characters that carry more than a Latin letter: a Han character about three, a kana or Hangul
+# one about two (the length ratio counts them so).
+_HAN = re.compile("[\u2e80-\u2fdf\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
+_KANA_HANGUL = re.compile("[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\uac00-\ud7af]")
+SHORT_CHARS = 20  # the ratio does not judge a pair whose sides are both shorter
 _LETTER = re.compile(r"[^\W\d_]")
 _WORD = re.compile(r"\w+")
 
@@ -163,7 +164,7 @@ class PairFilter:
         checks: dict[str, Callable[[str, str], bool] | None] = {
             "empty": lambda s, t: not s.strip() or not t.strip(),
             "max_chars": (lambda s, t: max(len(s), len(t)) > c.max_chars) if c.max_chars else None,
-            "ratio": (lambda s, t: _ratio(s, t) > c.ratio) if c.ratio else None,
+            "ratio": (lambda s, t: _over_ratio(s, t, c.ratio)) if c.ratio else None,
             "markup": (lambda s, t: bool(_MARKUP.search(s) or _MARKUP.search(t)))
             if c.markup
             else None,
@@ -224,14 +225,20 @@ class PairFilter:
         return off
 
 
-def _ratio(src: str, tgt: str) -> float:
-    """How many times longer the longer side is, each counted + 10 characters (a Han, kana or
-    Hangul character as 3)."""
-    lengths = [
-        len(side) + (0 if side.isascii() else 2 * len(_WIDE.findall(side))) + 10
-        for side in (src, tgt)
-    ]
-    return max(lengths) / min(lengths)
+def _over_ratio(src: str, tgt: str, limit: float) -> bool:
+    """Whether the longer side has over `limit` times the characters of the other (a Han
+    character counted 3 times, a kana or Hangul one twice); never when both sides are under
+    SHORT_CHARS characters, where the ratio of two short lines says little."""
+    if max(len(src), len(tgt)) < SHORT_CHARS:
+        return False
+    a, b = _weighted_length(src), _weighted_length(tgt)
+    return max(a, b) > limit * max(min(a, b), 1)
+
+
+def _weighted_length(text: str) -> int:
+    if text.isascii():
+        return len(text)
+    return len(text) + 2 * len(_HAN.findall(text)) + len(_KANA_HANGUL.findall(text))
 
 
 def _digits(text: str) -> list[int]:

@@ -28,7 +28,6 @@ import glob
 import hashlib
 import json
 import logging
-import os
 import random
 import shutil
 from collections.abc import Iterator, Sequence
