@@ -17,7 +17,7 @@ from typing import Any
 
 from sacrebleu.metrics.base import Metric, Score, Signature
 
-from attn_mt.errors import UserError, named
+from attn_mt.errors import UserError, named, one_line
 
 INSTALL = "pip install 'attn-mt[comet]'"
 DOWNLOAD = "e.g. the folder `huggingface-cli download Unbabel/wmt22-comet-da` prints"
@@ -50,9 +50,20 @@ def load_comet(path: Path) -> Any:
     tokenizer too: Hugging Face's hub is held offline)."""
     check_comet(path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from comet import load_from_checkpoint
-
-    return load_from_checkpoint(str(checkpoint_file(path)), local_files_only=True)
+    try:
+        from comet import load_from_checkpoint
+    except ImportError as err:  # a `comet` that is not unbabel-comet's, or a broken install
+        raise UserError(
+            f"--metrics comet: cannot import unbabel-comet ({err}); {INSTALL}"
+        ) from None
+    try:
+        return load_from_checkpoint(str(checkpoint_file(path)), local_files_only=True)
+    except Exception as err:  # COMET raises bare Exceptions for a damaged or partial model
+        raise UserError(
+            f"--comet-model {named(path)}: COMET cannot load it ({one_line(str(err))}); give "
+            "the model's folder as downloaded (hparams.yaml, checkpoints/model.ckpt), with its "
+            "encoder's tokenizer in the Hugging Face cache"
+        ) from None
 
 
 class CometSignature(Signature):

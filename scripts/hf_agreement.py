@@ -67,7 +67,7 @@ def main() -> None:
             f"{name:<26} {a.bleu:6.2f} / {a.chrf:5.2f}      {b.bleu:6.2f} / {b.chrf:5.2f}"
             f"           {same:6.1%}"
         )
-    print(f"BLEU signature: {a.bleu_signature}")
+    print(f"BLEU signature: {a.signatures['bleu']}")
 
 
 if __name__ == "__main__":

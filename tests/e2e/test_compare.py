@@ -5,6 +5,7 @@ equal to sacreBLEU's on the written hypotheses, and COMET through a stand-in `co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -53,20 +54,28 @@ def ok(*args: str | Path) -> subprocess.CompletedProcess[bytes]:
     return done
 
 
-@pytest.fixture
-def fake_comet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A `comet` package on sys.path (for this test only) and a COMET model folder
-    (checkpoints/model.ckpt)."""
-    package = tmp_path / "site" / "comet"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(FAKE_COMET)
-    monkeypatch.syspath_prepend(str(package.parent))
-    model = tmp_path / "wmt-test-comet"
+@contextlib.contextmanager
+def comet_package(folder: Path, source: str) -> Iterator[Path]:
+    """A `comet` package of `source` on sys.path while the block runs, and a COMET model
+    folder (checkpoints/model.ckpt); later tests find no unbabel-comet, as installed here."""
+    (folder / "site" / "comet").mkdir(parents=True)
+    (folder / "site" / "comet" / "__init__.py").write_text(source)
+    model = folder / "wmt-test-comet"
     (model / "checkpoints").mkdir(parents=True)
     (model / "checkpoints" / "model.ckpt").write_bytes(b"")
     assert "comet" not in sys.modules
-    yield model
-    del sys.modules["comet"]  # later tests find no unbabel-comet, as installed here
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(folder / "site"))
+        try:
+            yield model
+        finally:
+            sys.modules.pop("comet", None)
+
+
+@pytest.fixture
+def fake_comet(tmp_path: Path) -> Iterator[Path]:
+    with comet_package(tmp_path, FAKE_COMET) as model:
+        yield model
 
 
 def test_run_folders_and_checkpoints_are_systems(world: World, tmp_path: Path) -> None:
@@ -145,3 +154,17 @@ def test_comet_from_a_local_model(world: World, fake_comet: Path, tmp_path: Path
     p = (np.sum(diffs - diffs.mean() > delta) + 1) / 1001
     assert figures[1]["p"] == pytest.approx(p)
     assert figures[0]["p"] is None and figures[0]["ci"][0] <= figures[0]["score"]
+
+
+def test_a_model_comet_cannot_load_is_one_line(world: World, tmp_path: Path) -> None:
+    failing = "def load_from_checkpoint(path, local_files_only):\n    raise Exception('bad')\n"
+    with comet_package(tmp_path, failing) as model:
+        src, ref = world.corpus["valid.src"], world.corpus["valid.tgt"]
+        args = ["compare", "--ref", ref, ref, "--src", src, "--metrics", "comet"]
+        done = run_cli([*args, "--comet-model", model], None, {})
+    assert done.returncode == 2 and done.stdout == b""
+    assert done.stderr.decode().splitlines() == [
+        f"attn-mt: error: --comet-model {model}: COMET cannot load it (bad); give the model's "
+        "folder as downloaded (hparams.yaml, checkpoints/model.ckpt), with its encoder's "
+        "tokenizer in the Hugging Face cache"
+    ]
