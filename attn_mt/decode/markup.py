@@ -152,7 +152,7 @@ class _Reader(HTMLParser):
             if kind in ("text", "entity"):
                 decoded = html.unescape(raw) if kind == "entity" else raw
                 if kind == "entity" and decoded != raw:
-                    block.entities[decoded] = raw
+                    block.entities.setdefault(decoded, raw)  # as the page first wrote it
                 block.text += decoded
                 block.raw.append(raw)
             elif tag in INLINE or (kind == "other" and not tag):
@@ -217,11 +217,15 @@ def _render(block: _Block, translation: Translation) -> str:
     trail = block.text[len(lead) + len(stripped) :]
     out = [_escaped(lead, block.entities)]
     for number, items in enumerate(gaps):
-        # A close tag ends the word before the space; the rest start the word after it.
+        # A close tag ends the word before the space; the rest start the word after it, and
+        # what stands alone (a comment, an image, code) keeps a space after it as it had.
         closing = next((k for k, item in enumerate(items) if item.kind != "close"), len(items))
-        space = " " if 0 < number < len(words) else ""
         out += [item.raw for item in items[:closing]]
-        out += [space, *(item.raw for item in items[closing:])]
+        out.append(" " if 0 < number < len(words) else "")
+        for k, item in enumerate(items[closing:], start=closing):
+            alone = item.kind == "other" and block.text[item.offset : item.offset + 1].isspace()
+            followed = k + 1 < len(items) or number < len(words)
+            out += [item.raw, " " if alone and followed else ""]
         if number < len(words):
             out.append(_escaped(words[number], block.entities))
     out.append(_escaped(trail, block.entities))
