@@ -1,12 +1,16 @@
 """Multi30k's training pairs with web-crawl noise mixed in, each line's kind known, and how well
 `attn-mt clean` catches each kind (docs/results.md, "Noisy bitext").
 
-    python scripts/noise_corpus.py --out DIR [--share 0.25] [--seed 1]
-        writes DIR/train.de, DIR/train.en (the clean pairs in order, noise lines among them)
-        and DIR/labels.txt (each line's kind: clean or one of KINDS)
+    python scripts/noise_corpus.py --out DIR [--share 0.25] [--seed 1] [--lines N]
+        writes DIR/train.de, DIR/train.en (the clean pairs in order, noise lines among them),
+        DIR/labels.txt (each line's kind: clean or one of KINDS) and DIR/clean.yaml (a config
+        that cleans them with the filters docs/bigger-corpora.md gives for a web corpus)
     python scripts/noise_corpus.py --score DIR/labels.txt CLEANED/dropped.tsv [--markdown]
         per rule of `attn-mt clean`, the share of each kind it dropped (clean: the share of
         clean pairs lost), then one JSON line of the figures
+    python scripts/noise_corpus.py --test-variants DIR
+        test_2016_flickr as people type it: DIR/{plain,upper,title,nopunct}.{de,en}, both
+        sides changed alike (data.augment's own functions), to score with `attn-mt evaluate`
 
 The noise, about `--share` of the lines, in equal parts: repeats of a pair met before,
 wrong-language targets (the French or Czech of the same sentence), swapped sides, the source
@@ -19,11 +23,15 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import itertools
 import json
 import random
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+from attn_mt.data.augment import title_case, without_final_punct
 from attn_mt.data.corpora import corpus_file
 from attn_mt.data.text import read_lines
 
@@ -57,24 +65,48 @@ BOILERPLATE = (
     ),
     ("Seite {n} von {m} <br/>", "Page {n} of {m} <br/>"),
 )
+# The filters docs/bigger-corpora.md gives for a web corpus (clean.yaml holds them).
+SHIPPED_FILTERS = {
+    "ratio": 1.8,
+    "markup": True,
+    "long_words": 40,
+    "digits": True,
+    "copy": True,
+    "script": True,
+    "langid": True,
+    "dedup": True,
+}
 SITES = ("example.com", "shop-24.de", "hotel-berlin.net", "news.example.org", "travel.eu")
 
 
 def noised(
-    de: list[str], en: list[str], others: list[list[str]], share: float, seed: int
-) -> list[tuple[str, str, str]]:
+    de: list[str],
+    en: list[str],
+    others: list[list[str]],
+    share: float,
+    seed: int,
+    lines: int = 0,
+) -> Iterator[tuple[str, str, str]]:
     """(kind, source, target) lines: the clean pairs in order with noise lines among them,
-    about `share` of all; a repeat always comes after the pair it repeats."""
+    about `share` of all; a repeat always comes after the pair it repeats. With `lines`, that
+    many lines: the corpus again and again, each pass's pairs marked " (N)" on both sides so
+    that they differ from the last pass's (a synthetic corpus of any size)."""
     rng = random.Random(seed)
     per_clean = share / (1 - share)  # noise lines per clean line
-    lines = []
-    for i, pair in enumerate(zip(de, en, strict=True)):
-        lines.append(("clean", *pair))
-        count = int(per_clean) + (rng.random() < per_clean - int(per_clean))
-        for _ in range(count):
-            kind = rng.choice(KINDS)
-            lines.append((kind, *_noise(kind, i, de, en, others, rng)))
-    return lines
+    written = 0
+    for cycle in itertools.count():
+        mark = f" ({cycle})" if cycle else ""
+        for i, pair in enumerate(zip(de, en, strict=True)):
+            count = int(per_clean) + (rng.random() < per_clean - int(per_clean))
+            kinds = ["clean"] + [rng.choice(KINDS) for _ in range(count)]
+            for kind in kinds:
+                src, tgt = pair if kind == "clean" else _noise(kind, i, de, en, others, rng)
+                yield kind, src + mark, tgt + mark
+                written += 1
+                if written == lines:
+                    return
+        if not lines:
+            return
 
 
 def _noise(
@@ -115,18 +147,54 @@ def _cut(line: str, rng: random.Random) -> str:
     return " ".join(words[: max(1, round(len(words) * rng.uniform(0.3, 0.6)))])
 
 
-def write(out: Path, share: float, seed: int, src_lang: str, tgt_lang: str) -> None:
-    """The noised corpus and its labels in `out`."""
+def write(out: Path, share: float, seed: int, lines: int, src_lang: str, tgt_lang: str) -> None:
+    """The noised corpus, its labels and a config that cleans it (clean.yaml) in `out`."""
     de, en = (
         read_lines(corpus_file("multi30k", f"train.{lang}.gz")) for lang in (src_lang, tgt_lang)
     )
     others = [read_lines(corpus_file("multi30k", f"train.{lang}.gz")) for lang in WRONG_LANGUAGES]
-    lines = noised(de, en, others, share, seed)
     out.mkdir(parents=True, exist_ok=True)
-    for name, column in ((f"train.{src_lang}", 1), (f"train.{tgt_lang}", 2), ("labels.txt", 0)):
-        (out / name).write_text("".join(line[column] + "\n" for line in lines), encoding="utf-8")
-    counts = collections.Counter(kind for kind, _, _ in lines)
-    print(f"{len(lines):,} lines in {out}: " + ", ".join(f"{n:,} {k}" for k, n in counts.items()))
+    counts: collections.Counter[str] = collections.Counter()
+    names = (f"train.{src_lang}", f"train.{tgt_lang}", "labels.txt")
+    with contextlib.ExitStack() as stack:
+        src, tgt, labels = (
+            stack.enter_context(open(out / n, "w", encoding="utf-8")) for n in names
+        )
+        for kind, s, t in noised(de, en, others, share, seed, lines):
+            src.write(s + "\n")
+            tgt.write(t + "\n")
+            labels.write(kind + "\n")
+            counts[kind] += 1
+    config = {
+        "data": {
+            "dataset": "multi30k",
+            "src_lang": src_lang,
+            "tgt_lang": tgt_lang,
+            "train": {"src": names[0], "tgt": names[1]},
+            "filters": SHIPPED_FILTERS,
+        }
+    }
+    (out / "clean.yaml").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+    print(
+        f"{counts.total():,} lines in {out}: " + ", ".join(f"{n:,} {k}" for k, n in counts.items())
+    )
+
+
+def test_variants(out: Path, src_lang: str, tgt_lang: str) -> None:
+    """test_2016_flickr as given, in capitals, title-cased and without final punctuation."""
+    changes = {
+        "plain": lambda line: line,
+        "upper": str.upper,
+        "title": title_case,
+        "nopunct": without_final_punct,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    for lang in (src_lang, tgt_lang):
+        lines = read_lines(corpus_file("multi30k", f"test_2016_flickr.{lang}.gz"))
+        for name, change in changes.items():
+            text = "".join(change(line) + "\n" for line in lines)
+            (out / f"{name}.{lang}").write_text(text, encoding="utf-8")
+    print(f"{len(lines):,} lines in each of {', '.join(changes)} in {out}")
 
 
 def score(labels_path: Path, dropped_path: Path) -> dict[str, dict[str, float]]:
@@ -176,23 +244,31 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the noised corpus and labels here")
     parser.add_argument("--share", type=float, default=0.25, help="share of noise lines")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--lines", type=int, default=0, help="write this many lines (0: one pass of the corpus)"
+    )
     parser.add_argument("--src-lang", default="de")
     parser.add_argument("--tgt-lang", default="en")
     parser.add_argument(
         "--score", nargs=2, type=Path, metavar=("LABELS", "DROPPED"), help="score a clean run"
     )
     parser.add_argument("--markdown", action="store_true", help="--score: a markdown table")
+    parser.add_argument(
+        "--test-variants", type=Path, metavar="DIR", help="write the test split's variants"
+    )
     args = parser.parse_args()
-    if args.score:
+    if args.test_variants:
+        test_variants(args.test_variants, args.src_lang, args.tgt_lang)
+    elif args.score:
         figures = score(*args.score)
         print(table(figures, args.markdown))
         print(json.dumps(figures))
     elif args.out:
         if not 0 < args.share < 1:
             parser.error("--share: give a share between 0 and 1")
-        write(args.out, args.share, args.seed, args.src_lang, args.tgt_lang)
+        write(args.out, args.share, args.seed, args.lines, args.src_lang, args.tgt_lang)
     else:
-        parser.error("give --out DIR or --score LABELS DROPPED")
+        parser.error("give --out DIR, --score LABELS DROPPED or --test-variants DIR")
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ _MARKUP = re.compile(
 _HAN = re.compile("[\u2e80-\u2fdf\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
 _KANA_HANGUL = re.compile("[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\uac00-\ud7af]")
 SHORT_CHARS = 20  # the ratio does not judge a pair whose sides are both shorter
-_LETTER = re.compile(r"[^\W\d_]")
+_NOT_LETTER = re.compile(r"[\W\d_]")
+_DIGIT = re.compile(r"\d")
 _WORD = re.compile(r"\w+")
 
 # Unicode blocks of each script (a block is close to a script and needs no table at run time).
@@ -165,9 +166,7 @@ class PairFilter:
             "empty": lambda s, t: not s.strip() or not t.strip(),
             "max_chars": (lambda s, t: max(len(s), len(t)) > c.max_chars) if c.max_chars else None,
             "ratio": (lambda s, t: _over_ratio(s, t, c.ratio)) if c.ratio else None,
-            "markup": (lambda s, t: bool(_MARKUP.search(s) or _MARKUP.search(t)))
-            if c.markup
-            else None,
+            "markup": (lambda s, t: _has_markup(s) or _has_markup(t)) if c.markup else None,
             "long_words": self._long_words if c.long_words else None,
             "digits": (lambda s, t: _digits(s) != _digits(t)) if c.digits else None,
             "copy": (lambda s, t: _shared_words(s, t) >= c.copy_share) if c.copy else None,
@@ -185,11 +184,7 @@ class PairFilter:
                     codes[i] = code
                     break
         if self._scores is not None:
-            alive = np.flatnonzero(codes == 0)
-            for side, lang in zip((src, tgt), self.langs, strict=True):
-                if self._scores.knows(lang):
-                    off = self._off_language([side[i] for i in alive.tolist()], lang)
-                    codes[alive[off]] = CODE["langid"]
+            self._judge_languages(src, tgt, codes)
         return codes
 
     def _long_words(self, src: str, tgt: str) -> bool:
@@ -202,27 +197,32 @@ class PairFilter:
     def _off_script(self, src: str, tgt: str) -> bool:
         """Whether a side's letters are under `script_share` in its language's script."""
         for side, lang in ((src, self.langs[0]), (tgt, self.langs[1])):
-            letters = "".join(_LETTER.findall(side))
-            if letters and lang in LANGUAGE_SCRIPTS:
-                own = len(_script_pattern(LANGUAGE_SCRIPTS[lang]).findall(letters))
-                if own < self.config.script_share * len(letters):
-                    return True
+            scripts = LANGUAGE_SCRIPTS.get(lang)
+            if scripts is None or (side.isascii() and "Latin" in scripts):
+                continue  # no script known; or ASCII letters, all Latin
+            letters = _NOT_LETTER.sub("", side)
+            own = len(_not_script_pattern(scripts).sub("", letters))
+            if own < self.config.script_share * len(letters):
+                return True
         return False
 
-    def _off_language(self, lines: list[str], lang: str) -> np.ndarray:
-        """(N,) bool: lines long enough to judge that py3langid finds unlikely in `lang`."""
+    def _judge_languages(self, src: Sequence[str], tgt: Sequence[str], codes: np.ndarray) -> None:
+        """Give `langid`'s code to the pairs kept so far with a side py3langid finds unlikely
+        in its language (a side under `langid_min_chars` non-space characters is not judged)."""
         assert self._scores is not None
-        long_enough = np.array(
-            [len(line) - line.count(" ") >= self.config.langid_min_chars for line in lines],
-            dtype=bool,
-        )
-        off = np.zeros(len(lines), dtype=bool)
-        judged = np.flatnonzero(long_enough)
-        for start in range(0, len(judged), 256):  # a batch's scores stay in the cache
-            rows = judged[start : start + 256]
-            prob = self._scores.probability([lines[i] for i in rows], lang)
-            off[rows] = prob < self.config.langid_min_prob
-        return off
+        lines, langs, rows = [], [], []
+        for side, lang in zip((src, tgt), self.langs, strict=True):
+            if self._scores.knows(lang):
+                for i in np.flatnonzero(codes == 0).tolist():
+                    if len(side[i]) - side[i].count(" ") >= self.config.langid_min_chars:
+                        lines.append(side[i])
+                        langs.append(lang)
+                        rows.append(i)
+        for start in range(0, len(lines), 512):  # a batch's scores stay in the cache
+            end = start + 512
+            prob = self._scores.probability(lines[start:end], langs[start:end])
+            off = np.asarray(rows[start:end])[prob < self.config.langid_min_prob]
+            codes[off] = CODE["langid"]
 
 
 def _over_ratio(src: str, tgt: str, limit: float) -> bool:
@@ -244,10 +244,8 @@ def _weighted_length(text: str) -> int:
 def _digits(text: str) -> list[int]:
     """The digits 1-9 of `text` in order of value (any script's digits; zeros left out, so
     2.00 and 2, 1,000 and 1000 agree)."""
-    if text.isascii():
-        return sorted(int(c) for c in text if "1" <= c <= "9")
-    values = (unicodedata.digit(c, 0) for c in text if c.isdigit())
-    return sorted(v for v in values if v)
+    found = _DIGIT.findall(text)
+    return sorted(d for d in (unicodedata.digit(c) for c in found) if d) if found else []
 
 
 def _shared_words(src: str, tgt: str) -> float:
@@ -262,11 +260,18 @@ def _shared_words(src: str, tgt: str) -> float:
 _PATTERNS: dict[tuple[str, ...], re.Pattern[str]] = {}
 
 
-def _script_pattern(scripts: tuple[str, ...]) -> re.Pattern[str]:
-    """One character of any of `scripts`."""
+def _not_script_pattern(scripts: tuple[str, ...]) -> re.Pattern[str]:
+    """One character of none of `scripts` (removing them leaves the scripts' characters)."""
     if scripts not in _PATTERNS:
-        _PATTERNS[scripts] = re.compile("[" + "".join(_SCRIPT_BLOCKS[s] for s in scripts) + "]")
+        _PATTERNS[scripts] = re.compile("[^" + "".join(_SCRIPT_BLOCKS[s] for s in scripts) + "]")
     return _PATTERNS[scripts]
+
+
+def _has_markup(text: str) -> bool:
+    """Whether `text` holds markup, a URL or site chrome (`_MARKUP`); the characters every
+    match needs are looked for first, which most lines lack."""
+    hinted = any(mark in text for mark in ("<", "://", "www.", "@", "©", " | "))
+    return hinted and _MARKUP.search(text) is not None
 
 
 # ---------------------------------------------------------------------------------------------
