@@ -283,6 +283,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping of keys, got {_kind(raw)} {shown(raw)}")
     hints = typing.get_type_hints(cls)
+    docs = {f.name: f.metadata.get("doc") for f in dataclasses.fields(cls)}
     for key in raw:
         if key not in hints:
             _unknown(prefix.rstrip("."), key, list(hints))
@@ -300,12 +301,13 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         elif dataclasses.is_dataclass(mapping_shape(hint)):
             values[name] = _build(mapping_shape(hint), raw[name], f"{prefix}{name}.")
         else:
-            values[name] = _coerce(f"{prefix}{name}", raw[name], hint)
+            values[name] = _coerce(f"{prefix}{name}", raw[name], hint, docs[name])
     return cls(**values)
 
 
-def _coerce(key: str, value: Any, hint: Any) -> Any:
-    """Check `value` against the field's type hint; a float key holds a float, even from `2`."""
+def _coerce(key: str, value: Any, hint: Any, doc: str | None = None) -> Any:
+    """Check `value` against the field's type hint; a float key holds a float, even from `2`.
+    A list's wrong item is named with the key's `doc`, which shows the form expected."""
     base = base_type(hint)
     if value is None:
         if base is not hint:
@@ -343,8 +345,12 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-    elif typing.get_origin(base) is list:  # a list of plain values, e.g. data.pairs
-        plain = isinstance(value, list) and all(isinstance(item, str) for item in value)
-        if plain:
-            return list(value)
+    elif typing.get_origin(base) is list and isinstance(value, list):  # plain values: data.pairs
+        [wanted] = typing.get_args(base)
+        for i, item in enumerate(value):
+            if not isinstance(item, wanted):
+                about = f" ({key}: {doc})" if doc else ""
+                kind, name = _kind(item), type_name(wanted)
+                raise ConfigError(f"{key}[{i}]: {shown(item)} is {kind}, expected {name}{about}")
+        return list(value)
     raise ConfigError(f"{key}: {shown(value)} is {_kind(value)}, expected {type_name(hint)}")

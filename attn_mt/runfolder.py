@@ -53,20 +53,14 @@ def lock_run_folder(out_dir: str | Path) -> Iterator[None]:
 
 
 def check_run_start(out_dir: str | Path, resume: bool) -> None:
-    """Refuse what the run folder alone rules out: overwriting a run, a run that stopped before
-    its first checkpoint, nothing to resume, a folder (or a resumed run's log) not writable.
+    """Refuse what the run folder alone rules out: overwriting a run, a folder that holds part
+    of one (`_unfinished`), nothing to resume, a folder (or a resumed run's log) not writable.
     Whether last.pt fits the config is checked where it is read (train/start.py)."""
     out = Path(out_dir)
     last = out / "checkpoints" / "last.pt"
-    started = out.is_dir() and any(
-        (out / name).exists() for name in ("checkpoints", "config.yaml", "metrics.jsonl")
-    )
-    if started and not last.is_file():  # neither resumable nor ours to overwrite
-        raise UserError(
-            f"{out}: holds a run that stopped before its first checkpoint "
-            "(no checkpoints/last.pt); delete that folder or choose another train.out_dir"
-        )
-    if started and not resume:
+    if not last.is_file() and (why := _unfinished(out)):  # neither resumable nor ours to replace
+        raise UserError(f"{out}: {why}")
+    if last.is_file() and not resume:
         raise UserError(
             f"{out}: already holds a run; continue it with `attn-mt train --resume`, "
             "or choose another train.out_dir"
@@ -81,6 +75,34 @@ def check_run_start(out_dir: str | Path, resume: bool) -> None:
         raise UserError(f"{out}: cannot write in the run folder (Permission denied)")
     if resume:
         _check_writable(out)
+
+
+def _unfinished(out: Path) -> str | None:
+    """What a folder without checkpoints/last.pt holds of a run, said as it is: checkpoints
+    that cannot be resumed, a run stopped before its first checkpoint, or a config.yaml alone
+    (perhaps the user's own); None for a new or empty folder."""
+    if not out.is_dir():
+        return None
+    kept = sorted(path.name for path in (out / "checkpoints").glob("*.pt"))
+    if kept:
+        weights = out / "checkpoints" / ("best.pt" if "best.pt" in kept else kept[-1])
+        return (
+            f"holds checkpoints ({', '.join(kept)}) but no checkpoints/last.pt, which resuming "
+            f"needs; train from those weights in another train.out_dir with `--init-from "
+            f"{weights}`, or delete that folder"
+        )
+    if any((out / name).exists() for name in RUN_ENTRIES if name != "config.yaml"):
+        return (
+            "holds a run that stopped before its first checkpoint (no checkpoints/last.pt); "
+            "delete that folder or choose another train.out_dir"
+        )
+    if (out / "config.yaml").exists():
+        return (
+            "holds a config.yaml and nothing else of a run (no checkpoints, metrics.jsonl or "
+            "train.log); a run writes its resolved config there: move that file elsewhere (it "
+            "may be your own config) or choose another train.out_dir"
+        )
+    return None
 
 
 def is_locked(out_dir: str | Path) -> bool:

@@ -16,6 +16,7 @@ from attn_mt.cli.options import (
     Precision,
     PrecisionOption,
     TgtLangOption,
+    one_model,
 )
 from attn_mt.errors import UserError
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 @app.command(epilog="Example: attn-mt score -m runs/multi30k --src test.de --ref test.en")
 def score(
-    model: ModelOption,
+    models: ModelOption,
     src: Annotated[Path, typer.Option("--src", metavar="FILE", help="The source sentences.")],
     ref: Annotated[
         Path, typer.Option("--ref", metavar="FILE", help="Their translations to score.")
@@ -50,10 +51,12 @@ def score(
     precision: PrecisionOption = Precision.fp32,
 ) -> None:
     """Forced decoding: log P(ref | src) of every pair, one line per pair in input order:
-    the total, a tab, then each reference piece's and </s>'s log-probability."""
+    the total, a tab, then each reference piece's and </s>'s log-probability. The files are
+    text or gzip, or streams (/dev/stdin, a FIFO, `<(...)`)."""
     from attn_mt.cli import io
     from attn_mt.fileio import resolve_checkpoint
 
+    model = one_model(models, "score", "score reads one model")
     resolve_checkpoint(model)
     sources, references = _read_lines(src, "--src"), _read_lines(ref, "--ref")
     if len(sources) != len(references):
@@ -77,14 +80,14 @@ def score(
 
 
 def _read_lines(path: Path, option: str) -> list[str]:
-    from attn_mt.fileio import os_reason
+    """The lines of a score input as `evaluate` reads its files (`data.text.read_lines`),
+    its errors named by the option."""
+    from attn_mt.data.text import read_lines
 
-    if not path.is_file():
-        raise UserError(f"{option} {path}: {'is a folder' if path.is_dir() else 'file not found'}")
     try:
-        return path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError as err:
-        raise UserError(f"{option} {path}: cannot read ({os_reason(err)})") from None
+        return read_lines(path)
+    except UserError as err:
+        raise UserError(f"{option} {err}") from None
 
 
 @app.command(epilog="Example: attn-mt info runs/multi30k")

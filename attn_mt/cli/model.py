@@ -19,8 +19,10 @@ from attn_mt.cli.options import (
     DeviceOption,
     ExportFormat,
     LengthPenaltyOption,
+    ModelOption,
     TgtLangOption,
     decode_settings,
+    one_model,
 )
 from attn_mt.errors import UserError
 
@@ -57,8 +59,8 @@ def attention(
     out: Annotated[
         Path, typer.Option("--out", "-o", metavar="FILE", help="The PNG file to write.")
     ],
-    model: Annotated[
-        Path | None,
+    models: Annotated[  # a list, so that a second --model is refused (`one_model`), not taken
+        list[Path] | None,
         typer.Option("--model", "-m", metavar="PATH", help="A run folder or .pt checkpoint."),
     ] = None,
     text: Annotated[
@@ -95,6 +97,7 @@ def attention(
     from attn_mt.fileio import check_output_file, resolve_checkpoint
 
     check_output_file(out)
+    model = one_model(models, "attention", "it draws one model's attention") if models else None
     if model is not None:
         resolve_checkpoint(model)
     if not pe and (model is None or text is None):
@@ -120,15 +123,7 @@ def attention(
 
 @app.command(epilog="Example: attn-mt export -m runs/multi30k -o model-ct2 --quantization int8")
 def export(
-    models: Annotated[  # a list, so that a second --model is refused, not silently taken
-        list[Path],
-        typer.Option(
-            "--model",
-            "-m",
-            metavar="PATH",
-            help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint.",
-        ),
-    ],
+    models: ModelOption,
     out: Annotated[
         Path,
         typer.Option("--out", "-o", metavar="DIR", help="The model folder to create."),
@@ -177,12 +172,7 @@ def export(
     """
     from attn_mt.fileio import check_output_dir, resolve_checkpoint
 
-    if len(models) > 1:
-        raise UserError(
-            f"export: --model given {len(models)} times; an export holds one model "
-            "(average checkpoints first with `attn-mt average`)"
-        )
-    model = models[0]
+    model = one_model(models, "export", "an export holds one model")
     resolve_checkpoint(model)
     check_output_dir(out)
     if format_ is ExportFormat.hf and quantization != "none":

@@ -77,8 +77,8 @@ DeviceOption = Annotated[
         help="Where to run (auto = CUDA when present).",
     ),
 ]
-ModelOption = Annotated[
-    Path,
+ModelOption = Annotated[  # a list, so that a second --model is refused (`one_model`), not taken
+    list[Path],
     typer.Option(
         "--model",
         "-m",
@@ -162,6 +162,18 @@ DecodeSetOption = Annotated[
         "(repeatable; any decode.* key, checked as in a config file).",
     ),
 ]
+
+
+def one_model(models: list[Path], command: str, why: str) -> Path:
+    """The one --model of a command that reads one (`why` says so); a second is refused."""
+    from attn_mt.errors import UserError
+
+    if len(models) > 1:
+        raise UserError(
+            f"{command}: --model given {len(models)} times; {why} (average checkpoints first "
+            "with `attn-mt average`)"
+        )
+    return models[0]
 
 
 def decode_settings(

@@ -1658,3 +1658,96 @@ COMPARE_CASES = [
 def test_compare_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
     test_case(case, world, request)
 
+
+# -- round five (issue 80 items 5 and 6): messages that tell the truth, no tracebacks ----------
+
+
+def run_holding(ws: Workspace, *names: str) -> Path:
+    """./run.yaml, the tiny config writing to ./run, which holds only `names` of the tiny run's
+    files (config.yaml, checkpoints/best.pt, ...)."""
+    for name in names:
+        target = ws.dir / "run" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ws.world.run / name, target)
+    return ws.config()
+
+
+def score_args(ws: Workspace, *extra: Any, src: Any = None, ref: Any = None) -> list[Any]:
+    """`score` of the tiny run's best.pt on the world's valid split (or `src`, `ref`)."""
+    src = ws.world.corpus["valid.src"] if src is None else src
+    ref = ws.world.corpus["valid.tgt"] if ref is None else ref
+    return ["score", "--model", best(ws), "--src", src, "--ref", ref, "--device", "cpu", *extra]
+
+
+def scored(count: int) -> Callable[[subprocess.CompletedProcess[bytes]], None]:
+    """A check: exit 0 and `count` lines of scores (a negative total, a tab, one figure per
+    reference piece and </s>)."""
+
+    def check(result: subprocess.CompletedProcess[bytes]) -> None:
+        assert result.returncode == 0, result.stderr.decode("utf-8", "replace")
+        lines = result.stdout.decode().splitlines()
+        assert len(lines) == count, lines
+        for line in lines:
+            total, tokens = line.split("\t")
+            assert float(total) < 0 and len(tokens.split()) >= 2, line
+
+    return check
+
+
+def score_from_streams(ws: Workspace) -> list[Any]:
+    """score with a gzip --src and --ref /dev/stdin (the references on stdin)."""
+    corpus = ws.world.corpus
+    ws.stdin = Stdin(corpus["valid.tgt"].read_bytes())
+    src = ws.file("src.gz", gz(corpus["valid.src"].read_text().splitlines()))
+    return score_args(ws, src=src, ref="/dev/stdin")
+
+
+ROUND_FIVE_CASES = [
+    Case(  # said "a run that stopped before its first checkpoint ... delete that folder"
+        "run-out_dir-holds-best-pt-but-no-last-pt",
+        lambda ws: train_args(run_holding(ws, "config.yaml", "checkpoints/best.pt")),
+        ["run: holds checkpoints (best.pt) but no checkpoints/last.pt", "`--init-from", "best.pt`"],
+    ),
+    Case(
+        "run-resume-best-pt-but-no-last-pt",
+        lambda ws: train_args(run_holding(ws, "config.yaml", "checkpoints/best.pt"), "--resume"),
+        ["run: holds checkpoints (best.pt) but no checkpoints/last.pt", "`--init-from"],
+    ),
+    Case(  # said "a run that stopped before its first checkpoint" of a config file
+        "run-out_dir-holds-only-a-config",
+        lambda ws: train_args(run_holding(ws, "config.yaml")),
+        ["run: holds a config.yaml and nothing else of a run", "move that file elsewhere"],
+    ),
+    Case(  # said "[['de', 'en']] is a list, expected list"
+        "config-pairs-item-is-a-list",
+        lambda ws: train_args(ws.config(data={"dataset": "multi30k", "pairs": [["de", "en"]]})),
+        ["data.pairs[0]: ['de', 'en'] is a list, expected str", "[de-en, ...]"],
+    ),
+    Case(  # the second was silently the only one scored
+        "score-two-models",
+        lambda ws: score_args(ws, "--model", best(ws)),
+        ["score: --model given 2 times; score reads one model", "attn-mt average"],
+    ),
+    Case(
+        "attention-two-models",
+        lambda ws: (
+            ["attention", "--model", best(ws), "--model", best(ws), "--text", "qb"]
+            + ["--out", ws.dir / "attention.png"]
+        ),
+        ["attention: --model given 2 times"],
+    ),
+    Case(  # gzip was scored as text; /dev/stdin (a FIFO, `<(...)`) was "file not found"
+        "score-gzip-src-and-ref-from-stdin",
+        score_from_streams,
+        None,
+        scored(8),
+        process=True,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=c.marks, id=c.id) for c in ROUND_FIVE_CASES]
+)
+def test_round_five_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
+    test_case(case, world, request)

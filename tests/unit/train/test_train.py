@@ -752,7 +752,7 @@ def test_the_library_train_refuses_a_folder_holding_a_run_while_it_holds_the_loc
     out.mkdir()
     (out / "config.yaml").write_text("data: {}\n")
     cfg = make_config(toy_data, out, max_steps=1)
-    with pytest.raises(UserError, match="stopped before its first checkpoint"):
+    with pytest.raises(UserError, match="holds a config.yaml and nothing else of a run"):
         train_module.train(cfg, device="cpu")
     with pytest.raises(UserError, match="nothing to resume"):
         train_module.train(make_config(toy_data, tmp_path / "new", max_steps=1), resume=True)
