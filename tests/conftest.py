@@ -23,9 +23,19 @@ from attn_mt.configfile import config_from_dict
 pytest_plugins = ("helpers.clirun", "helpers.serving")
 
 
+# The attn-mt variables the suite reads from the user's environment: where Multi30k is.
+# Every other ATTN_MT_* a user exported (the README's ATTN_MT_OFFLINE=1) is cleared, so a test
+# sees only what it sets itself; the suite sets ATTN_MT_CACHE and ATTN_MT_FP32_PRODUCTS below.
+KEPT_VARIABLES = ("ATTN_MT_DATA",)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Keep SentencePiece models and downloads out of the user's real cache."""
+    """Keep SentencePiece models and downloads out of the user's real cache, and the user's
+    other attn-mt variables out of every test (and the processes it starts)."""
+    for name in [n for n in os.environ if n.startswith("ATTN_MT_")]:
+        if name not in KEPT_VARIABLES:
+            del os.environ[name]
     os.environ["ATTN_MT_CACHE"] = str(tmp_path_factory.mktemp("attn-mt-cache"))
     # float32 training multiplies through nn.Linear unless a test asks for oneDNN: a choice
     # timed in each process could differ between a run and its resumed half on a noisy machine.
