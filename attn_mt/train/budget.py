@@ -1,9 +1,9 @@
-"""A run's budget and the rules that stop it: the learning rate, a pure function of the update
-number, the config and the run's time, so a resume needs no scheduler state (`learning_rate`);
-the run's time (`RunClock`: what is left of max_minutes, where this process's time went); the
-stopping rules (`stop_rules`) and, under torchrun, the ranks' agreement on them
-(`RankAgreement`), so all ranks stop at the same update and set the same lr; Ctrl-C and SIGTERM
-(`StopSignals`); updates skipped for NaN/inf, too many of which in a row end a run (`SkipRule`).
+"""A run's budget: the learning rate, a pure function of the update number, the config and the
+run's time, so a resume needs no scheduler state (`learning_rate`); the run's time (`RunClock`:
+what is left of max_minutes, the pace of its updates, the time a validation may take, where
+this process's time went); the stopping rules (`stop_rules`) and, under torchrun, the ranks'
+agreement on them (`RankAgreement`), so all ranks stop at the same update and set the same lr.
+What ends a run before its budget (a signal, NaN/inf) is in `stops.py`.
 """
 
 from __future__ import annotations
@@ -11,20 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from attn_mt import distributed
 from attn_mt.config import TrainConfig
-from attn_mt.errors import UserError
-from attn_mt.fileio import Terminated
 from attn_mt.train.state import TrainProgress
 
 log = logging.getLogger("attn_mt")
@@ -35,12 +29,12 @@ RANK_RULES = ("early stopping", "signal", "max_minutes")
 # Before any validation, max_minutes keeps back this share of the budget, at most RESERVE_CAP
 # seconds, for the final validation (a 2-minute budget keeps back 18 s).
 RESERVE_SHARE, RESERVE_CAP = 0.15, 120.0
-# A second signal sooner than this is the first one delivered again (a terminal signals torchrun
-# and its workers, and torchrun passes its copy on to them), not a user asking to stop at once.
-REPEAT_SECONDS = 1.0
-# fp16: below this loss scale the gradients overflow whatever the scale, and the run has
-# diverged (fairseq's --min-loss-scale). From GradScaler's 2^16 it takes ~30 overflows in a row.
-MIN_LOSS_SCALE = 1e-4
+# A validation takes at most this share of the budget, and never runs past its end
+# (`RunClock.allowance`); of its allowance, SCORING_SHARE is kept for scoring and the plot.
+VALID_SHARE, SCORING_SHARE = 0.15, 0.1
+# The pace of updates follows a slower update at once (a machine loaded after the start must not
+# run the last update past the deadline) and a faster one by this share of the difference.
+PACE_WEIGHT = 0.3
 
 
 # The shape of each decaying schedule: the share of (lr - min_lr) left at `progress` in [0, 1].
@@ -114,14 +108,18 @@ def chosen_lr(
 @dataclass
 class RunClock:
     """The run's time: what has passed since it began (start-up included, and on resume the
-    earlier processes' time), what validating took, and so what is left of the run."""
+    earlier processes' time), what validating took, the pace of the updates, and so what is
+    left of the run and which update is its last."""
 
     start: float  # now() at the run's beginning, earlier processes' time subtracted
     first_step: int  # the step this process resumed from (0 for a new run)
     last_validation: float = 0.0  # seconds the latest validation took (0: none yet)
     now: Callable[[], float] = time.monotonic  # tests pass a fake clock
     earlier: float = 0.0  # seconds the run's earlier processes took (0 for a new run)
+    pace: float = 0.0  # seconds an update takes lately (PACE_WEIGHT; 0: none measured yet)
     spent: dict[str, float] = field(default_factory=dict)  # this process's, by `phase`
+    last_launch: float | None = None  # `updating()` when the latest update was launched
+    final: bool = False  # the latest update launched was the last the budget holds
     training_began: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -133,8 +131,13 @@ class RunClock:
         `progress` (a new run's: step 0, no time yet); its training begins now."""
         elapsed = progress.elapsed
         return cls(
-            began - elapsed, progress.step, progress.validation_seconds, now, earlier=elapsed
-        )
+            began - elapsed, progress.step, progress.validation_seconds, now, elapsed,
+            progress.pace,
+        )  # fmt: skip
+
+    def record(self, progress: TrainProgress) -> None:
+        """Note the run's time and pace in `progress`, which last.pt keeps for a resume."""
+        progress.elapsed, progress.pace = self.elapsed(), self.pace
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -173,20 +176,53 @@ class RunClock:
         validation took; before the first one (a short run may end before it), an estimate:
         RESERVE_SHARE of the budget, at most RESERVE_CAP seconds. Both come from the config and
         `last_validation`, which last.pt keeps, so a resumed run has the same deadline."""
-        budget = t.max_minutes * 60
-        reserve = self.last_validation or min(RESERVE_SHARE * budget, RESERVE_CAP)
-        return budget - reserve
+        return t.max_minutes * 60 - self.reserve(t)
+
+    def reserve(self, t: TrainConfig) -> float:
+        """The seconds a validation is taken to last (`deadline`)."""
+        return self.last_validation or min(RESERVE_SHARE * t.max_minutes * 60, RESERVE_CAP)
 
     def out_of_time(self, t: TrainConfig) -> bool:
-        """Whether training must stop for max_minutes."""
-        return bool(t.max_minutes) and self.elapsed() >= self.deadline(t)
+        """Whether training must stop for max_minutes: the update launched last was the last
+        one the budget holds (`launch`), or the next would end past the deadline at this pace
+        (where the pace grew faster than it was followed)."""
+        late = self.elapsed() + self.pace >= self.deadline(t)
+        return bool(t.max_minutes) and (self.final or late)
 
-    def schedule_seconds(self, t: TrainConfig) -> float:
-        """The run's time as a time-driven lr schedule reads it: stretched so the budget's end
-        falls on the deadline, where training stops, so the last update's lr is the floor."""
+    def schedule_seconds(self, t: TrainConfig, validation_due: bool = False) -> float:
+        """The run's time as a time-driven lr schedule reads it for an update launched now:
+        when the update after it would end (at this pace, after the validation `due` after
+        this one), stretched so that the deadline falls on the budget's end. An update whose
+        next would end past the deadline is the last, and its lr is the floor."""
         if not t.max_minutes:
             return self.elapsed()
-        return self.elapsed() * t.max_minutes * 60 / max(self.deadline(t), 1e-9)
+        after_next = self.elapsed() + 2 * self.pace + validation_due * self.reserve(t)
+        return t.max_minutes * 60 * (after_next / max(self.deadline(t), 1e-9))  # exact at it
+
+    def launch(self, t: TrainConfig, validation_due: bool, agreed: float | None = None) -> float:
+        """An update is launched now: follow the pace (its time since the latest launch, less
+        any `phase`), and return the seconds its lr reads (`schedule_seconds`, or under
+        torchrun the ranks' `agreed` mean); an update at the budget's end is the last."""
+        updating = self.updating()
+        if self.last_launch is not None:
+            took = updating - self.last_launch
+            self.pace = took if took > self.pace else self.pace + PACE_WEIGHT * (took - self.pace)
+        self.last_launch = updating
+        seconds = self.schedule_seconds(t, validation_due) if agreed is None else agreed
+        self.final = bool(t.max_minutes) and seconds >= t.max_minutes * 60
+        return seconds
+
+    def allowance(self, t: TrainConfig) -> Allowance | None:
+        """The time a validation starting now may take: what is left of max_minutes, at most
+        VALID_SHARE of it (None without max_minutes: a validation takes what it takes)."""
+        if not t.max_minutes:
+            return None
+        budget = t.max_minutes * 60
+        return Allowance(min(budget - self.elapsed(), VALID_SHARE * budget), self.now)
+
+    def holds(self, seconds: float, t: TrainConfig) -> bool:
+        """Whether `seconds` more end within max_minutes (always without it)."""
+        return not t.max_minutes or self.elapsed() + seconds <= t.max_minutes * 60
 
     def remaining(self, t: TrainConfig, step: int, epochs: float) -> float | None:
         """Seconds left until the run ends, its final validation included: the first of
@@ -208,6 +244,35 @@ class RunClock:
             validations += last % t.eval_every != 0  # the final one, unless it falls due anyway
             left.append(min(steps_left) * training / done + validations * self.last_validation)
         return max(min(left), 0.0) if left else None
+
+
+@dataclass
+class Allowance:
+    """The time one validation may take (`seconds` from when it is made, on the run's clock),
+    and how many more sentences fit in what is left of it (`fits`)."""
+
+    seconds: float
+    now: Callable[[], float]
+    began: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.began = self.now()
+
+    def left(self) -> float:
+        """Seconds left to validate, SCORING_SHARE of the allowance kept for what follows."""
+        return (1 - SCORING_SHARE) * self.seconds - (self.now() - self.began)
+
+    def fits(self, done: int, wanted: int) -> int:
+        """How many of `wanted` more sentences fit in the time left, at the pace of the `done`
+        so far (0: none)."""
+        spent, left = self.now() - self.began, self.left()
+        if left <= 0:
+            return 0
+        return wanted if spent <= 0 else min(wanted, int(done * left / spent))
+
+    def part(self, parts: int) -> Allowance:
+        """An equal share of the time left, for one of `parts` that share it (a direction)."""
+        return Allowance(max(self.seconds - (self.now() - self.began), 0.0) / parts, self.now)
 
 
 def stop_rules(
@@ -243,13 +308,11 @@ class RankAgreement:
         self.rules = [flag > 0 for flag in sums[: len(RANK_RULES)]]
         self.seconds = sums[len(RANK_RULES)] / self.world.size
 
-    def schedule_seconds(self, clock: RunClock, train: TrainConfig) -> float:
-        """The run's time as the lr schedule reads it: under torchrun with a time-driven lr the
-        ranks' mean clock as they last agreed on it, so all ranks set the same lr; else this
-        rank's own."""
-        if self.world.distributed and time_driven(train):
-            return self.seconds
-        return clock.schedule_seconds(train)
+    def agreed(self, train: TrainConfig) -> float | None:
+        """The run's time as the lr schedule reads it under torchrun with a time-driven lr: the
+        ranks' mean clock as they last agreed on it, so all ranks set the same lr; else None
+        (each rank reads its own)."""
+        return self.seconds if self.world.distributed and time_driven(train) else None
 
     def forget(self) -> None:
         """Drop the agreed rules (after a validation: rank 0 alone knows whether it improved)."""
@@ -265,136 +328,3 @@ class RankAgreement:
         agreed = {**rules, **dict(zip(RANK_RULES, self.rules, strict=True))}
         self.rules = None
         return agreed
-
-
-class StopSignals:
-    """The run's SIGINT/SIGTERM handlers (`installed` for the length of a run); `name` is the
-    first signal's name once one came.
-
-    The first signal stops the run after the update in flight, which then saves last.pt, and
-    says so at once; a second stops at once: the checkpoint write in flight is abandoned (its
-    temp file is removed as the stack unwinds), so last.pt stays the last one completed.
-    """
-
-    def __init__(self, abandon: Callable[[], None]):
-        self.name: str | None = None
-        self.at = 0.0  # time.monotonic() of the first signal
-        self.abandon = abandon  # gives up the checkpoint write in flight (CheckpointWriter's)
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        """The handlers in place for the block, the previous ones back however it ends."""
-        previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def handle(self, signum: int, frame: Any) -> None:
-        """The first SIGINT/SIGTERM notes the stop and says it saves; a second stops at once."""
-        name = signal.Signals(signum).name
-        again = "Ctrl-C" if signum == signal.SIGINT else name
-        if self.name is None:
-            self.name, self.at = name, time.monotonic()
-            _say("%s: stopping: saving last.pt ... (%s again to stop at once)", name, again)
-            return
-        if time.monotonic() - self.at < REPEAT_SECONDS:
-            return  # the same stop delivered twice: a terminal's Ctrl-C, then torchrun's copy
-        _say("%s again: stopping at once; last.pt stays the last one completed", again)
-        self.abandon()
-        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(128 + signum)
-
-
-def _say(message: str, *args: Any) -> None:
-    """Log from a signal handler, on a thread of its own: the handler may have interrupted the
-    main thread inside a write to the same log stream, which a second write from that thread
-    would re-enter (`RuntimeError: reentrant call`); the thread waits for the stream's lock."""
-    speaker = threading.Thread(target=log.info, args=(message, *args), name="attn-mt signal")
-    speaker.start()
-    speaker.join(timeout=1.0)  # at once, unless the main thread holds the stream
-
-
-class TrainingDiverged(UserError):
-    """The loss stayed NaN/inf for `train.max_nonfinite` updates in a row, or fp16's loss scale
-    fell below MIN_LOSS_SCALE."""
-
-    @classmethod
-    def after(cls, what: str, step: int, last: Path, advice: str) -> TrainingDiverged:
-        """The error once `what` happened at `step`."""
-        kept = (
-            f"the last good checkpoint is kept: {last}"
-            if last.is_file()
-            else "no checkpoint had been written yet"
-        )
-        return cls(f"{what} at step {step}; {advice} ({kept})")
-
-
-@dataclass
-class Update:
-    """What one optimizer update did, summed over all processes."""
-
-    loss: float  # summed label-smoothed loss
-    nll: float  # summed negative log-likelihood
-    tokens: int  # target tokens
-    grad_norm: float
-    finite: bool  # False: NaN/inf in the loss or a gradient, the update was skipped
-
-
-@dataclass
-class SkipRule:
-    """Counts skipped updates in a row and ends the run when there are too many.
-
-    A NaN/inf loss or gradient leaves the weights, the optimizer, the step count, the learning
-    rate and the EMA as they were (fairseq does not count such a step). Under fp16 an overflowed
-    gradient is GradScaler's normal way to find its scale, so it is counted apart: the run ends
-    only when the scale falls below MIN_LOSS_SCALE.
-    """
-
-    max_nonfinite: int  # train.max_nonfinite
-    scaler: torch.amp.GradScaler | None
-    last: Path  # last.pt, named in the error
-    # Waits for the checkpoint write in flight (CheckpointWriter.wait), so that the error names
-    # last.pt when a save before the divergence is still landing in the background.
-    settle: Callable[[], None]
-    nonfinite: int = 0  # updates in a row skipped for a NaN/inf loss
-    overflows: int = field(default=0)  # fp16 updates in a row skipped for overflowed gradients
-
-    def accept(self, update: Update, step: int) -> bool:
-        """False for a skipped update; raises TrainingDiverged when too many came in a row."""
-        if update.finite:
-            self.nonfinite = self.overflows = 0
-            return True
-        if self.scaler is not None and math.isfinite(update.loss + update.nll):
-            self.overflows += 1
-            scale = self.scaler.get_scale()  # already halved by GradScaler.update
-            log.info(
-                "step %d: fp16 gradients overflowed; update skipped, loss scale %g", step, scale
-            )
-            if scale < MIN_LOSS_SCALE:
-                raise self._diverged(
-                    f"fp16 gradients overflowed for {self.overflows} updates in a row and the "
-                    f"loss scale fell to {scale:g} (below {MIN_LOSS_SCALE:g})",
-                    step,
-                    "train with precision bf16 or fp32, or lower train.lr",
-                )
-            return False
-        self.nonfinite += 1
-        log.warning(
-            "step %d: non-finite loss or gradient; update skipped (%d in a row)",
-            step,
-            self.nonfinite,
-        )
-        if self.nonfinite >= max(self.max_nonfinite, 1):
-            raise self._diverged(
-                f"the loss was NaN/inf for {self.nonfinite} updates in a row",
-                step,
-                "lower train.lr or check the data",
-            )
-        return False
-
-    def _diverged(self, what: str, step: int, advice: str) -> TrainingDiverged:
-        """The error, once the checkpoint write in flight has landed (so it names last.pt
-        when a save from before the divergence was still being written)."""
-        self.settle()
-        return TrainingDiverged.after(what, step, self.last, advice)

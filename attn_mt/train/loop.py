@@ -36,16 +36,7 @@ from attn_mt.model.loss import SmoothedObjective
 from attn_mt.precision import DTYPES, configure_kernels, resolve_device, resolve_precision
 from attn_mt.runfolder import lock_run_folder
 from attn_mt.train import speed
-from attn_mt.train.budget import (
-    RankAgreement,
-    RunClock,
-    SkipRule,
-    StopSignals,
-    Update,
-    chosen_lr,
-    learning_rates,
-    stop_rules,
-)
+from attn_mt.train.budget import RankAgreement, RunClock, chosen_lr, learning_rates, stop_rules
 from attn_mt.train.runlog import Monitor, QuietMonitor, RunLog, TrainWindow, window_line
 from attn_mt.train.start import (
     build_state,
@@ -55,6 +46,7 @@ from attn_mt.train.start import (
     starting_point,
 )
 from attn_mt.train.state import TrainProgress, WeightEMA
+from attn_mt.train.stops import SkipRule, StopSignals, Update
 from attn_mt.train.validate import Validator
 from attn_mt.world import World
 
@@ -209,7 +201,7 @@ class Trainer:
             self._read(pending, last=True)
         if self.window.updates:  # a run shorter than log_every has its curves too
             self.runlog.training(self.progress.step, *self.line)
-        self.progress.elapsed = self.clock.elapsed()
+        self.clock.record(self.progress)
         return stopped_by
 
     def _stop_reason(self) -> str:
@@ -256,7 +248,8 @@ class Trainer:
         """Give the optimizer the next update's learning rate; return it for the two cases of
         `before` (the update launched before it, not read yet): taken, skipped."""
         t = self.cfg.train
-        seconds = self.agreement.schedule_seconds(self.clock, t)
+        makes = self.progress.step + 1 + (before is not None)  # its step, if all are taken
+        seconds = self.clock.launch(t, makes % t.eval_every == 0, self.agreement.agreed(t))
         lrs = learning_rates(self.progress.step + 1, t, seconds, before is not None)
         lr = chosen_lr(lrs, before.finite if before else None, self.device)
         for group in self.optimizer.param_groups:

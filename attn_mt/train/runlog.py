@@ -324,9 +324,10 @@ def window_line(
     return train_line(step, metrics, t, run, source.epochs_run), metrics
 
 
-def valid_share(shown: int, total: int) -> str:
-    """' (on N of M validation sentences)' when validating on a subset, else ''."""
-    return f" (on {shown} of {total} validation sentences)" if shown < total else ""
+def valid_share(shown: int, total: int, why: str = "") -> str:
+    """' (on N of M validation sentences[, why])' when validating on a subset, else ''."""
+    why = f", {why}" if why else ""
+    return f" (on {shown} of {total} validation sentences{why})" if shown < total else ""
 
 
 def log_finish(

@@ -61,6 +61,7 @@ class TrainProgress:
     bad_evals: int = 0  # validations in a row without a better score
     elapsed: float = 0.0  # seconds the run has taken (max_minutes' clock)
     validation_seconds: float = 0.0  # how long the latest validation took
+    pace: float = 0.0  # seconds an update took lately (`budget.RunClock.pace`)
     last_valid_step: int = -1
     skipped: int = 0  # updates skipped for a NaN/inf loss or gradient (fp16 overflows included)
     kept_checkpoints: list[str] = field(default_factory=list)  # step_N.pt names, oldest first

@@ -1,8 +1,7 @@
-"""Validation during training: the loss and perplexity by teacher forcing, BLEU and chrF of the
-search output, and a few samples to show (`validate`); a multilingual run's directions each on
-their own, with their off-target rate, and their mean (`validate_directions`); the search
-shared among torchrun ranks (`shared_search`); and `Validator`, rank 0's validation at
-intervals and the checkpoints written after it.
+"""Validation during training: `Validator`, rank 0's validation at intervals (what it measures:
+`measure.py`), its log lines and the checkpoints written after it, the loss alone between
+validations, the attention plot within its share of the run's time (`PlotBudget`), and the
+end of a run.
 
 `Validator` runs it under `torch.random.fork_rng`, so validation never moves the training RNG.
 """
@@ -17,15 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from attn_mt import distributed
-from attn_mt.config import TrainConfig
-from attn_mt.data.batching import collate, length_batches
 from attn_mt.data.corpus import Corpus
 from attn_mt.decode.translator import Translator
-from attn_mt.langid import off_target_rate
-from attn_mt.model.loss import SmoothedObjective, perplexity
-from attn_mt.precision import autocast_context
-from attn_mt.scores import STRING_METRICS, score
-from attn_mt.train.budget import RunClock, StopSignals
+from attn_mt.train.budget import RunClock
+from attn_mt.train.measure import Interrupted, LossSums, validate, validate_directions
 from attn_mt.train.runlog import (
     Monitor,
     RunLog,
@@ -35,167 +29,15 @@ from attn_mt.train.runlog import (
     valid_share,
 )
 from attn_mt.train.state import TrainState, fork_rng
-from attn_mt.world import World
+from attn_mt.train.stops import StopSignals
 
 log = logging.getLogger("attn_mt")
 
-# The figures a multilingual run averages over its directions (`sentences` is summed).
-MEAN_KEYS = ("loss", "ppl", *STRING_METRICS, "off_target")
 # The validation attention plot takes at most about this share of a run's wall time
 # (`PlotBudget`); PLOT_GUESS is what its first drawing in a process, matplotlib's import
 # included, is taken to cost before one was timed.
 PLOT_SHARE = 0.02
 PLOT_GUESS = 1.0
-
-
-class Interrupted(Exception):
-    """A signal came during validation."""
-
-
-@torch.no_grad()
-def validate(
-    translator: Translator,
-    corpus: Corpus,
-    t: TrainConfig,
-    on_progress: Callable[[str, int, int], None],
-    world: World,
-) -> Validation:
-    """Validate `translator.model` on the corpus's validation split (in the translator's device
-    and dtype); `on_progress(phase, done, total)` follows the sentences scored ("loss") and
-    translated ("search"). Leaves the model in eval mode. Under torchrun, on rank 0 while the
-    other ranks run `search_share`: each rank searches a slice of the sentences.
-    """
-    figures, seconds = validation_loss(translator, corpus, t, on_progress)
-    done = 0
-
-    def advance(count: int) -> None:
-        nonlocal done
-        done += count * world.size  # about: the ranks go at the same pace
-        on_progress("search", min(done, len(corpus.valid_src)), len(corpus.valid_src))
-
-    advance(0)  # the search's bar replaces the finished loss bar before its first batch
-    start = time.perf_counter()
-    hyps = search_share(translator, corpus, t, advance, world)
-    seconds["search"] = time.perf_counter() - start
-    start = time.perf_counter()
-    scores = score(hyps, corpus.valid_ref, t.scored_metrics())
-    seconds["score"] = time.perf_counter() - start
-    metrics = figures | scores.values | {"sentences": len(corpus.valid_src)}
-    samples = list(zip(corpus.valid_src, hyps, corpus.valid_ref, strict=True))[: t.samples]
-    return Validation(metrics, samples, seconds, hypotheses=hyps)
-
-
-@torch.no_grad()
-def validation_loss(
-    translator: Translator,
-    corpus: Corpus,
-    t: TrainConfig,
-    on_progress: Callable[[str, int, int], None],
-) -> tuple[dict[str, float], dict[str, float]]:
-    """The validation split's loss (label-smoothed, per target token) and perplexity by
-    teacher forcing, and the seconds it took ({"loss": s})."""
-    objective = SmoothedObjective(translator.model, t.label_smoothing)
-    # Summed on the device in float64 (as Python floats would be), read once at the end: a
-    # read per batch would make the CPU wait for a GPU each time.
-    start = time.perf_counter()
-    sums = torch.zeros(2, dtype=torch.float64, device=translator.device)  # loss, nll
-    tokens = 0
-    lengths = [
-        (len(s) + 1, len(r) + 1)
-        for s, r in zip(corpus.valid_src_ids, corpus.valid_tgt_ids, strict=True)
-    ]
-    scored = 0
-    with autocast_context(translator.device, translator.dtype):
-        for rows in length_batches(lengths, t.batch_tokens):
-            batch = collate(corpus.valid_src_ids, corpus.valid_tgt_ids, rows)
-            batch = batch.to(translator.device)
-            objective.tokens = batch.num_tgt_tokens
-            batch_loss, batch_nll = objective(batch.src, batch.tgt_in, batch.tgt_out)
-            sums += torch.stack([batch_loss, batch_nll]).double()
-            tokens += batch.num_tgt_tokens
-            scored += len(rows)
-            on_progress("loss", scored, len(lengths))
-    loss, nll = sums.tolist()
-    figures = {"loss": loss / max(tokens, 1), "ppl": perplexity(nll, tokens)}
-    return figures, {"loss": time.perf_counter() - start}
-
-
-def search_share(
-    translator: Translator,
-    corpus: Corpus,
-    t: TrainConfig,
-    on_batch: Callable[[int], None],
-    world: World,
-) -> list[str]:
-    """The validation sentences translated, this rank searching its share (`shared_search`)."""
-
-    def search(sentences: list[str]) -> list[str]:
-        return translator.translate(
-            sentences, beam=t.eval_beam, on_batch=on_batch, tgt_lang=corpus.valid_tgt_lang
-        )
-
-    return shared_search(search, corpus.valid_src, world)
-
-
-def validate_directions(
-    translator: Translator,
-    corpus: Corpus,
-    t: TrainConfig,
-    on_progress: Callable[[str, int, int], None],
-    world: World,
-) -> Validation:
-    """`validate` each direction of a multilingual `corpus.pairs`; the result's metrics are their
-    mean (which picks best.pt and stops early as a bilingual run's one figure does) and its
-    `pairs` each direction's own figures, with the off-target rate: the share of outputs not in
-    the language asked for."""
-    languages = translator.config.data.target_languages()
-    languages += [src for src, _ in translator.config.data.directions()]
-    per_pair: dict[str, dict[str, float]] = {}
-    samples: list[tuple[str, str, str]] = []
-    seconds: dict[str, float] = {}
-    for pair, direction in corpus.pairs.items():
-        result = validate(translator, direction, t, on_progress, world)
-        tgt_lang = str(direction.valid_tgt_lang)
-        rate = off_target_rate(result.hypotheses, tgt_lang, languages)
-        per_pair[pair] = result.metrics | ({"off_target": rate} if rate is not None else {})
-        samples += result.samples[:1]
-        for phase, took in result.seconds.items():
-            seconds[phase] = seconds.get(phase, 0.0) + took
-    metrics = {
-        name: sum(m[name] for m in per_pair.values()) / len(per_pair)
-        for name in MEAN_KEYS
-        if all(name in m for m in per_pair.values())
-    }
-    metrics["sentences"] = sum(m["sentences"] for m in per_pair.values())
-    return Validation(metrics, samples[: max(t.samples, 0)], seconds, pairs=per_pair)
-
-
-def shared_search(
-    search: Callable[[list[str]], list[str]], sentences: list[str], world: World
-) -> list[str]:
-    """`search(sentences)`, each rank searching its slice; the whole output on every rank, in
-    order, for rank 0 to score. Rank r takes sentences r, r + size, r + 2 size, ...: sentences
-    of every length on every rank, so the ranks finish at about the same time. Greedy and beam
-    search translate a sentence the same way whatever else is in its batch (tests/unit/decode
-    hold batched == one at a time), so the output is the one a single process would give.
-
-    A search `Interrupted` on one rank is `Interrupted` on every rank, raised after the gather,
-    so that the ranks' collectives stay paired (the checkpoint written next gathers too).
-    """
-    if not world.distributed:
-        return search(sentences)
-    mine: list[str] | None
-    try:
-        mine = search(sentences[world.rank :: world.size])
-    except Interrupted:
-        mine = None
-    shares = distributed.gather(mine, world)
-    hyps = [""] * len(sentences)
-    for rank, share in enumerate(shares):
-        if share is None:
-            raise Interrupted
-        hyps[rank :: world.size] = share
-    return hyps
 
 
 @dataclass
@@ -252,33 +94,27 @@ class Validator:
     ):
         self.state, self.corpus, self.dtype = state, corpus, dtype
         self.monitor, self.signals, self.runlog, self.clock = monitor, signals, runlog, clock
+        self.valid_total = valid_total
         self.share = valid_share(len(corpus.valid_src), valid_total)  # said in the log lines
         self.plots = PlotBudget(PLOT_SHARE)
         self.loss_due = False  # the loss alone is due at the step last read (`loss_if_due`)
 
     def validate(self) -> Validation | None:
-        """Validation loss/perplexity (teacher forcing) and BLEU/chrF of search output, on
-        rank 0, of each direction and their mean for a multilingual run (None on the other
-        ranks, which search their share of each direction's sentences)."""
-        state, result = self.state, None
+        """Validation loss/perplexity (teacher forcing) and the scores of the search output, of
+        each direction and their mean for a multilingual run, in the time the run's budget
+        allows (`RunClock.allowance`); on rank 0 (None on the other ranks, which search their
+        share of the sentences)."""
+        state, allowance = self.state, self.clock.allowance(self.state.cfg.train)
         translator, t, world = translator_of(state, self.dtype), state.cfg.train, state.world
-        if not world.is_main:
-            for corpus in list(self.corpus.pairs.values()) or [self.corpus]:
-                search_share(translator, corpus, t, self._check_signal, world)
-        elif self.corpus.pairs:  # multilingual: each direction, and their mean
-            result = validate_directions(translator, self.corpus, t, self._follow, world)
-        else:
-            result = validate(translator, self.corpus, t, self._follow, world)
+        measure = validate_directions if self.corpus.pairs else validate
+        result = measure(translator, self.corpus, t, self._follow, world, allowance)
         state.model.train()
         return result
 
     def _follow(self, phase: str, done: int, total: int) -> None:
-        self._check_signal()
-        self.monitor.validating(phase, done, total)
-
-    def _check_signal(self, _sentences: int = 0) -> None:
         if self.signals.name:
             raise Interrupted
+        self.monitor.validating(phase, done, total)
 
     def at_step(self) -> float | None:
         """After an update: a validation at eval_every (`validate_and_save`, timed on the run's
@@ -289,7 +125,7 @@ class Validator:
         if progress.step % t.eval_every:
             return None
         began = self.clock.now()
-        progress.elapsed = self.clock.elapsed()
+        self.clock.record(progress)
         self.validate_and_save()
         took = progress.validation_seconds = self.clock.now() - began
         self.clock.validated(took)
@@ -318,7 +154,9 @@ class Validator:
         try:
             with fork_rng(self.state.device):
                 for corpus in list(self.corpus.pairs.values()) or [self.corpus]:
-                    figures.append(validation_loss(translator, corpus, t, self._follow)[0])
+                    sums = LossSums()
+                    sums.add(translator, corpus, t, self._follow)
+                    figures.append(sums.figures())
         except Interrupted:  # the loop's next check of the signal stops the run
             figures = []
         self.state.model.train()
@@ -339,10 +177,18 @@ class Validator:
             if result is not None:
                 improved = progress.record(result.metrics[metric], state.cfg.train.higher_is_better)
                 best = (metric, progress.best_score)
-                self.runlog.validation(step, result, improved, best, self.share)
+                self.runlog.validation(step, result, improved, best, self._share_of(result))
         progress.last_valid_step = step
         with self.clock.phase("checkpoints"):
             state.save(best=improved, metrics=result.metrics if result else None)
+
+    def _share_of(self, result: Validation) -> str:
+        """What the log line says of the sentences `result` covers: a subset (`share`), or as
+        many as max_minutes left time for."""
+        validated = int(result.metrics.get("sentences", len(self.corpus.valid_src)))
+        if validated >= len(self.corpus.valid_src):
+            return self.share
+        return valid_share(validated, self.valid_total, "all the time budget held")
 
     def _validate_and_plot(self, step: int) -> Validation | None:
         """`validate`, then the attention plot when its budget allows (`PlotBudget`); None on
@@ -351,7 +197,8 @@ class Validator:
         try:  # on every rank: each searches its share of the sentences
             with fork_rng(self.state.device):
                 result = self.validate()
-                if result is not None and self.plots.due():
+                t = self.state.cfg.train
+                if result is not None and self.plots.due() and self.clock.holds(self.plots.cost, t):
                     start = time.perf_counter()
                     shown = next(iter(self.corpus.pairs.values()), self.corpus)
                     translator = translator_of(self.state)

@@ -25,7 +25,7 @@ from attn_mt import distributed
 from attn_mt.configfile import load_config
 from attn_mt.data.batching import Batch
 from attn_mt.decode.translator import Translator
-from attn_mt.train import validate as validate_module
+from attn_mt.train import measure as measure_module
 from attn_mt.train.loop import Trainer
 
 
@@ -75,7 +75,7 @@ def record_validation_search() -> dict[str, list]:
     """Note how many sentences each `Translator.translate` call of this rank gets ("searched")
     and what the validation search returns on this rank ("sentences" in, "hyps" out)."""
     noted: dict[str, list] = {"searched": [], "sentences": [], "hyps": []}
-    translate, shared_search = Translator.translate, validate_module.shared_search
+    translate, shared_search = Translator.translate, measure_module.shared_search
 
     def counted(self, sentences, *args, **kwargs):
         noted["searched"].append(len(sentences))
@@ -88,7 +88,7 @@ def record_validation_search() -> dict[str, list]:
         return hyps
 
     Translator.translate = counted
-    validate_module.shared_search = kept
+    measure_module.shared_search = kept
     return noted
 
 

@@ -1,15 +1,18 @@
 """The time budget: max_minutes counts the whole run (validations too) and keeps back the
 final validation's time (before the first validation, an estimate: a share of the budget), a
-time-driven schedule reaches its floor exactly where training stops, and a resumed run continues
-the same schedule.
+time-driven schedule reaches its floor at the last update even when the updates slow down, a
+validation takes no more than the budget leaves it, and a resumed run continues the same
+schedule.
 
-The clock is fake (each update takes one second of it, each validation one and a half), so
-the tests are exact and fast: no sleeping, no dependence on the machine's speed.
+The clock is fake (each update takes one second of it unless a test slows it, each validation
+one and a half), so the tests are exact and fast: no sleeping, no dependence on the machine's
+speed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from unittest import mock
 
@@ -17,6 +20,7 @@ import pytest
 from helpers.toy import make_config
 
 from attn_mt.config import Config, TrainConfig
+from attn_mt.decode.translator import Translator
 from attn_mt.train.budget import RunClock, learning_rate
 from attn_mt.train.loop import Trainer
 from attn_mt.train.state import TrainProgress
@@ -30,32 +34,48 @@ BUDGET.update(min_lr=1e-4, lr=3e-3, eval_every=4, batch_tokens=256)  # 10 s
 class FakeTime:
     """A clock the patched update and validation move on; `lrs` records each update's lr."""
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, update_seconds: list[float] | None = None) -> None:
         self.now, self.lrs = now, []
+        self.update_seconds = update_seconds or []  # of the updates in turn; then UPDATE_SECONDS
 
     def __call__(self) -> float:
         return self.now
 
+    def update_took(self) -> float:
+        """The seconds of the next update."""
+        return self.update_seconds.pop(0) if self.update_seconds else UPDATE_SECONDS
 
-def timed_run(cfg: Config, clock: FakeTime, resume: bool = False, stop_after: int = 0):
+
+def timed_run(
+    cfg: Config, clock: FakeTime, resume: bool = False, stop_after: int = 0, search: float = 0.0
+):
     """Run `cfg` on `clock`; with `stop_after`, a signal stops it after that many updates.
-    Only updates and validations take time here."""
+    Only updates and validations take time here: VALIDATION_SECONDS each, or with `search`,
+    the real validation, its search taking that many seconds a sentence."""
     trainer = Trainer(cfg, resume=resume, clock=clock)
     update = trainer.update
 
     def timed_update():
-        clock.lrs.append(trainer.optimizer.param_groups[0]["lr"])
+        clock.lrs.append(float(trainer.optimizer.param_groups[0]["lr"]))
         result = update()
-        clock.now += UPDATE_SECONDS
+        clock.now += clock.update_took()
         if len(clock.lrs) == stop_after:
             trainer.signals.name = "SIGTERM"
         return result
 
     def slow_validation(validator: Validator) -> None:
         trainer.progress.last_valid_step = trainer.progress.step
-        clock.now += VALIDATION_SECONDS
+        with validator.clock.phase("validation"):  # as the validation's own phases count it
+            clock.now += VALIDATION_SECONDS
 
-    trainer.update = timed_update
+    def slow_search(translator: Translator, sentences: list[str], *args, **kwargs) -> list[str]:
+        clock.now += search * len(sentences)
+        return translate(translator, sentences, *args, **kwargs)
+
+    trainer.update, translate = timed_update, Translator.translate
+    if search:
+        with mock.patch.object(Translator, "translate", slow_search):
+            return trainer, trainer.run()
     with mock.patch.object(Validator, "validate_and_save", slow_validation):
         return trainer, trainer.run()
 
@@ -71,17 +91,15 @@ def straight(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 def test_the_run_stops_at_the_budget_with_the_lr_at_its_floor(straight) -> None:
     cfg, trainer, result, clock = straight
     # Updates 1-4 (4 s), a validation (5.5 s); the budget of 10 s less the final validation's
-    # 1.5 s puts the deadline at 8.5 s: updates 5-7 reach it, and the final validation ends
-    # the run at 10 s, its budget.
-    assert (result.stopped_by, result.step) == ("max_minutes", 7)
-    assert trainer.progress.elapsed == 8.5  # the validation counts
-    assert clock.now - 5000.0 == 10.0
+    # 1.5 s puts the deadline at 8.5 s. Update 6, launched at 6.5 s, is the last: the one after
+    # it would end at the deadline. The final validation ends the run at 9 s, within budget.
+    assert (result.stopped_by, result.step) == ("max_minutes", 6)
+    assert trainer.progress.elapsed == 7.5  # the validation counts
+    assert clock.now - 5000.0 == 9.0
     assert clock.lrs[0] == pytest.approx(1.5e-3)  # warm-up: step 1 of 2
     assert all(a > b for a, b in zip(clock.lrs[1:], clock.lrs[2:], strict=False))
-    # Where training stopped, the schedule stands at its floor.
-    seconds = trainer.clock.schedule_seconds(cfg.train)
-    assert learning_rate(result.step + 1, cfg.train, seconds) == 1e-4
-    assert clock.lrs[-1] > 1e-4
+    # The last update trains at the schedule's floor, the one before it above.
+    assert clock.lrs[-1] == pytest.approx(1e-4) and clock.lrs[-2] > 2e-4
 
 
 def test_resume_continues_the_same_time_driven_schedule(straight, tmp_path: Path) -> None:
@@ -92,8 +110,8 @@ def test_resume_continues_the_same_time_driven_schedule(straight, tmp_path: Path
     assert (result.stopped_by, stopped.progress.elapsed) == ("signal", 3.0)
     later = FakeTime(now=123456.0)  # another process: its clock starts anywhere
     resumed, result = timed_run(cfg, later, resume=True)
-    assert (result.stopped_by, result.step, resumed.progress.elapsed) == ("max_minutes", 7, 8.5)
-    assert first.lrs + later.lrs == straight[3].lrs
+    assert (result.stopped_by, result.step, resumed.progress.elapsed) == ("max_minutes", 6, 7.5)
+    assert first.lrs + later.lrs == straight[3].lrs  # the pace, too, comes back from last.pt
 
 
 TWO_MINUTES = TrainConfig(max_minutes=2, max_steps=0, schedule="linear", lr=1e-3, min_lr=1e-5)
@@ -164,10 +182,49 @@ def test_a_run_ending_before_its_first_validation_ends_within_its_budget(
     cfg = make_config(toy_data, tmp_path / "run", **{**BUDGET, "eval_every": 100})
     clock = FakeTime(now=0.0)
     trainer, result = timed_run(cfg, clock)
-    # No validation by the deadline: 15% of the 10 s budget (1.5 s) is kept back, so training
-    # stops at 9 s (the first update to end past 8.5 s) and the final validation ends at 10.5 s;
-    # keeping back nothing, it trained to 10 s and ended at 11.5 s.
-    assert (result.stopped_by, result.step) == ("max_minutes", 9)
-    assert clock.now == 10.5
-    seconds = trainer.clock.schedule_seconds(cfg.train)
-    assert learning_rate(result.step + 1, cfg.train, seconds) == 1e-4
+    # No validation by the deadline: 15% of the 10 s budget (1.5 s) is kept back, so the last
+    # update is the one launched at 7 s (the next would end at 9 s, past the 8.5 s deadline),
+    # at the floor, and the final validation ends the run at 9.5 s.
+    assert (result.stopped_by, result.step) == ("max_minutes", 8)
+    assert clock.now == 9.5
+    assert clock.lrs[-1] == pytest.approx(1e-4) and clock.lrs[-2] > 1e-4
+
+
+def test_the_lr_reaches_its_floor_at_the_last_update_when_the_updates_slow_down(
+    toy_data: dict[str, Path], tmp_path: Path
+) -> None:
+    """Updates of 1 s, then of 2 s (a machine loaded after the start): the clock follows the
+    pace, so the last update still trains at the floor and the run ends within its budget. At
+    the pace of the start the run would have launched an update at 7 s, above the floor, and
+    ended at 10.5 s."""
+    cfg = make_config(toy_data, tmp_path / "run", **{**BUDGET, "eval_every": 100})
+    clock = FakeTime(now=0.0, update_seconds=[1.0] * 3 + [2.0] * 20)
+    trainer, result = timed_run(cfg, clock)
+    # Launched at 0, 1, 2, 3 and 5 s; at 5 s the pace is 2 s, so the update after it would
+    # end past the 8.5 s deadline: the one launched at 5 s is the last.
+    assert (result.stopped_by, result.step) == ("max_minutes", 5)
+    assert clock.now == 8.5 <= 10.0
+    assert clock.lrs[-1] == pytest.approx(1e-4) and clock.lrs[-2] > 1e-4
+    assert trainer.progress.pace == 2.0  # kept in last.pt for a resume
+
+
+def test_a_validation_takes_no_more_than_the_budget_leaves_it(
+    toy_data: dict[str, Path], tmp_path: Path
+) -> None:
+    """The final validation of a run whose search would take 50 s (100 sentences of 0.5 s)
+    gets what is left of the budget: it validates the first sentences in file order, as many
+    as fit, the log says so, and the run ends within max_minutes."""
+    budget = {**BUDGET, "max_minutes": 1.0, "eval_every": 100}
+    cfg = make_config(toy_data, tmp_path / "run", **budget)
+    clock = FakeTime(now=0.0, update_seconds=[5.0] * 20)
+    trainer, result = timed_run(cfg, clock, search=0.5)
+    # The deadline is at 51 s (9 s kept back): the update launched at 45 s is the last. The
+    # final validation may take 9 s (15% of the budget), a tenth of it kept for scoring: its
+    # first chunk of 8 sentences (4 s), then as many again as the time left holds, no more.
+    assert (result.stopped_by, result.step) == ("max_minutes", 10)
+    assert clock.now == 58.0 <= 60.0
+    rows = (Path(cfg.train.out_dir) / "metrics.jsonl").read_text().splitlines()
+    [valid] = [row for row in map(json.loads, rows) if row["split"] == "valid"]
+    assert valid["sentences"] == 16 and valid["step"] == 10
+    log_text = (Path(cfg.train.out_dir) / "train.log").read_text()
+    assert "valid step 10 (on 16 of 100 validation sentences, all the time budget held)" in log_text

@@ -14,8 +14,9 @@ from helpers.toy import load_raw, run
 import attn_mt.model.loss as loss_module
 import attn_mt.train.start as start_module
 from attn_mt.model.loss import projected_loss
-from attn_mt.train.budget import SkipRule, TrainingDiverged, Update, learning_rate
+from attn_mt.train.budget import learning_rate
 from attn_mt.train.loop import Trainer
+from attn_mt.train.stops import SkipRule, TrainingDiverged, Update
 
 
 class _InfiniteGradient(torch.autograd.Function):
