@@ -91,11 +91,32 @@ class FilterConfig:
         0.01, "langid: a side is dropped below this probability of its language", gt=0, lt=1
     )
     dedup: bool = key(False, "drop a pair equal to one kept before in its corpus (spaces ignored)")
+    score: str | None = key(
+        None,
+        "a model (run folder or .pt) whose forced decoding scores each pair left; "
+        "`attn-mt clean` only (null = off)",
+    )
+    score_backward: str | None = key(
+        None, "score: a model of the opposite direction, for dual cross-entropy (null = none)"
+    )
+    score_min: float = key(
+        0.1,
+        "score: drop pairs under exp(-H), H the cross-entropy per token (with score_backward "
+        "abs(H_fwd - H_bwd) + (H_fwd + H_bwd) / 2)",
+        gt=0,
+        lt=1,
+    )
 
     def any(self) -> bool:
         """Whether any rule is on."""
         switches = (self.max_chars, self.ratio, self.markup, self.long_words, self.digits)
-        return any(switches) or self.copy or self.script or self.langid or self.dedup
+        others = (self.copy, self.script, self.langid, self.dedup, self.score is not None)
+        return any(switches) or any(others)
+
+    def validate(self, where: str) -> None:
+        """A backward model goes with a forward one."""
+        if self.score_backward is not None and self.score is None:
+            reject(f"{where}.score_backward", self.score_backward, f"needs {where}.score")
 
 
 @dataclass
@@ -230,6 +251,10 @@ class DataConfig:
         if self.src_lang == self.tgt_lang:
             reject("data.tgt_lang", self.tgt_lang, "must differ from data.src_lang")
         self.augment.validate()
+        self.filters.validate("data.filters")
+        for i, corpus in enumerate(self.train if isinstance(self.train, list) else []):
+            if corpus.filters is not None:
+                corpus.filters.validate(f"data.train[{i}].filters")
 
     def _validate_languages(self) -> None:
         """data.pairs names two languages of its named corpus; file entries give both

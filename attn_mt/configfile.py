@@ -196,10 +196,12 @@ def _resolve_data_paths(raw: dict[str, Any], base: Path) -> None:
     for split in ("train", "valid", "test"):
         files = data.get(split)
         entries += files if isinstance(files, list) else [files]
+    for corpus in [data, *(entry for entry in entries if isinstance(entry, dict))]:
+        entries.append(corpus.get("filters"))  # the models of the score rule
     for entry in entries:
         if not isinstance(entry, dict):
             continue
-        for key in ("src", "tgt", "prepared_dir"):
+        for key in ("src", "tgt", "prepared_dir", "score", "score_backward"):
             value = entry.get(key)
             if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
                 entry[key] = str((base / value).resolve())

@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from attn_mt.cli.app import app
-from attn_mt.cli.options import ConfigSetOption
+from attn_mt.cli.options import ConfigSetOption, DeviceOption
 from attn_mt.errors import UserError
 
 if TYPE_CHECKING:
-    from attn_mt.data.cleaning import CleanReport
+    from attn_mt.configdata import DataConfig, TrainCorpus
+    from attn_mt.data.cleaning import CleanReport, Scorer
 
 EXAMPLE_CHARS = 40  # of each side, in the printed table
 
@@ -38,6 +39,7 @@ def clean(
         int,
         typer.Option("--workers", metavar="N", help="Filter processes (0 = every core).", min=0),
     ] = 0,
+    device: DeviceOption = "auto",
 ) -> None:
     """Apply data.filters to the training corpora: write the pairs kept, each dropped pair with
     the rule that dropped it (dropped.tsv) and the counts (report.json); print a table."""
@@ -63,7 +65,7 @@ def clean(
         check_output_file(path, "--out", inputs)
     processes = worker_count(workers)
     start = time.monotonic()
-    reports = clean_corpora(cfg.data, corpora, out, processes)
+    reports = clean_corpora(cfg.data, corpora, out, processes, _scorers(cfg.data, corpora, device))
     seconds = time.monotonic() - start
     for number, report in enumerate(reports, start=1):
         for line in _table(number, report):
@@ -74,6 +76,25 @@ def clean(
         f"{processes} process(es)); written to {out}: "
         f"{', '.join(p.name for p in outputs)}, dropped.tsv, report.json"
     )
+
+
+def _scorers(data: DataConfig, corpora: list[TrainCorpus], device: str) -> list[Scorer | None]:
+    """Each corpus's `score` rule (its models loaded once for every corpus that shares them)."""
+    from attn_mt.decode.pairscore import PairScore
+
+    loaded: dict[tuple, PairScore] = {}
+    scorers: list[Scorer | None] = []
+    for corpus in corpora:
+        rules = data.filters_of(corpus)
+        if rules.score is None:
+            scorers.append(None)
+            continue
+        langs = (corpus.src_lang or data.src_lang, corpus.tgt_lang or data.tgt_lang)
+        settings = (rules.score, rules.score_backward, rules.score_min, *langs)
+        if settings not in loaded:
+            loaded[settings] = PairScore(rules, *langs, device=device)
+        scorers.append(loaded[settings].drops)
+    return scorers
 
 
 def _table(number: int, report: CleanReport) -> list[str]:

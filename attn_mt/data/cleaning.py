@@ -13,7 +13,7 @@ import collections
 import contextlib
 import gzip
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -24,9 +24,13 @@ from attn_mt.configdata import DataConfig, TrainCorpus
 from attn_mt.data.filters import CODE, RULES, TEXT_RULES, PairFilter, SeenHashes, pair_hashes
 from attn_mt.data.pool import chunks, ordered_map
 from attn_mt.data.text import FilterStats, iter_parallel
+from attn_mt.errors import ConfigError
 from attn_mt.fileio import atomic_write
 
 _JUDGES: list[PairFilter | None] = []  # each worker's filters, one per corpus, set once
+# The score rule of a corpus: which of its pairs (sources, targets) a model drops. It runs a
+# model, so `attn-mt clean` builds it (`attn_mt.decode.pairscore`) and this pass calls it.
+Scorer = Callable[[list[str], list[str]], np.ndarray]
 
 
 @dataclass
@@ -69,10 +73,14 @@ def judge_chunk(task: tuple[int, list[str], list[str]]) -> tuple[np.ndarray, np.
 
 
 def judged(
-    corpora: list[TrainCorpus], judges: list[PairFilter | None], workers: int
+    corpora: list[TrainCorpus],
+    judges: list[PairFilter | None],
+    workers: int,
+    scorers: Sequence[Scorer | None] = (),
 ) -> Iterator[Judged]:
     """Every chunk of the corpora that have a filter, judged on `workers` processes, in order;
-    a pair equal to one kept before in its corpus gets the code of `dedup`."""
+    a pair equal to one kept before in its corpus gets the code of `dedup`, then one that a
+    corpus's scorer (`score`, which runs a model: in this process) drops the code of `score`."""
     waiting: collections.deque[tuple[int, list[int], list[str], list[str]]] = collections.deque()
 
     def tasks() -> Iterator[tuple[int, list[str], list[str]]]:
@@ -93,6 +101,10 @@ def judged(
             seen, seen_corpus = SeenHashes(), index
         if len(hashes):
             codes[np.flatnonzero(codes == 0)[~seen.add_new(hashes)]] = CODE["dedup"]
+        scorer = scorers[index] if scorers else None
+        if scorer is not None and (kept := np.flatnonzero(codes == 0).tolist()):
+            drops = scorer([src[i] for i in kept], [tgt[i] for i in kept])
+            codes[np.asarray(kept)[drops]] = CODE["score"]
         yield Judged(index, lines, src, tgt, codes)
 
 
@@ -100,6 +112,13 @@ def judge_corpora(
     cfg: DataConfig, corpora: list[TrainCorpus], workers: int
 ) -> list[np.ndarray | None]:
     """For `prepare`: each corpus's rule code per line, None for a corpus with no rule on."""
+    for i, corpus in enumerate(corpora):
+        if cfg.filters_of(corpus).score is not None:
+            where = "data.filters" if corpus.filters is None else f"data.train[{i}].filters"
+            raise ConfigError(
+                f"{where}.score: runs a model, in `attn-mt clean` only; clean the corpus there "
+                "and train on the pairs it keeps (docs/bigger-corpora.md)"
+            )
     judges = pair_filters(cfg, corpora, every=False)
     parts: list[list[np.ndarray]] = [[] for _ in corpora]
     if any(judges):
@@ -159,10 +178,15 @@ def kept_files(cfg: DataConfig, corpora: list[TrainCorpus], out: Path) -> list[t
 
 
 def clean_corpora(
-    cfg: DataConfig, corpora: list[TrainCorpus], out: Path, workers: int
+    cfg: DataConfig,
+    corpora: list[TrainCorpus],
+    out: Path,
+    workers: int,
+    scorers: Sequence[Scorer | None] = (),
 ) -> list[CleanReport]:
     """Write the kept pairs of every corpus, `dropped.tsv` and `report.json` into `out`, each
-    file written whole or not at all (docs/bigger-corpora.md describes them)."""
+    file written whole or not at all (docs/bigger-corpora.md describes them); `scorers`: each
+    corpus's `score` rule, where its config has one."""
     judges = pair_filters(cfg, corpora, every=True)
     reports = []
     for corpus, judge, files in zip(corpora, judges, kept_files(cfg, corpora, out), strict=True):
@@ -176,7 +200,7 @@ def clean_corpora(
         handles = [
             tuple(stack.enter_context(_gzip_out(path)) for path in r.kept_files) for r in reports
         ]
-        for chunk in judged(corpora, judges, workers):
+        for chunk in judged(corpora, judges, workers, scorers):
             _write_chunk(chunk, reports[chunk.corpus], handles[chunk.corpus], dropped_tsv)
     with atomic_write(out / "report.json") as handle:
         report = {"corpora": [r.record() for r in reports]}

@@ -5,7 +5,8 @@ chunk of pairs at once: each pair gets the code of the first rule that drops it 
 rules tried in the order of `RULES`, the cheap ones first. py3langid runs on a chunk at once
 (`attn_mt.langid.LanguageScores`). `dedup` needs the whole corpus: the judge gives the hash of
 each pair it keeps (`pair_hashes`), and the one process that reads the corpus in order drops a
-pair whose hash it has seen (`SeenHashes`, 8 bytes a pair).
+pair whose hash it has seen (`SeenHashes`, 8 bytes a pair). `score` runs a model: `attn-mt
+clean` scores the pairs left (`attn_mt.decode.pairscore`).
 
 Short lines and scripts other than Latin are the rules' hard cases: the length ratio judges
 no pair whose sides are both under 20 characters, and counts a Han character 3 times and a
@@ -43,6 +44,7 @@ TEXT_RULES = (
     "script",
     "langid",
     "dedup",
+    "score",
 )
 TOKEN_RULES = ("max_len", "max_len_ratio")
 RULES = TEXT_RULES + TOKEN_RULES
