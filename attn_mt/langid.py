@@ -18,6 +18,17 @@ from typing import Any
 import numpy as np
 
 
+def rank(text: str, languages: Sequence[str]) -> list[tuple[str, float]]:
+    """The `languages` py3langid knows that `text` may be in, with their probabilities among
+    them, likeliest first (empty if it knows none)."""
+    identifier = _identifier(tuple(sorted({_code(x) for x in languages})))
+    if len(identifier.nb_classes) < 2:
+        return []
+    found = dict(identifier.rank(text))
+    ranked = [(lang, float(found[_code(lang)])) for lang in languages if _code(lang) in found]
+    return sorted(ranked, key=lambda r: -r[1])
+
+
 def _code(lang: str) -> str:
     """The ISO 639-1 code py3langid knows a language by: `pt_BR` -> `pt`."""
     return lang.split("_")[0]
@@ -27,7 +38,7 @@ def _code(lang: str) -> str:
 def _identifier(languages: tuple[str, ...]) -> Any:
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
-    identifier = LanguageIdentifier.from_model_file(MODEL_FILE)
+    identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
     identifier.set_languages([lang for lang in languages if lang in identifier.nb_classes])
     return identifier
 

@@ -1,16 +1,20 @@
 """`attn-mt serve`: the HTTP API (attn_mt.serve) over `attn_mt.load`, on uvicorn.
 
 Every check is made before the port is bound: the model paths, the `[serve]` extra, the
-decode settings and the device (by `attn_mt.load`), the beam against the vocabulary (a
-warm-up translation), the limits and the API key file; a failure is one `attn-mt: error:`
-line and exit 2, as for `translate`.
+decode settings and the device (by `attn_mt.load`), the models' pairs (`serve.routing`), the
+beam against the vocabulary (a warm-up translation), the limits and the API key file; a
+failure is one `attn-mt: error:` line and exit 2, as for `translate`. Listening beyond this
+machine, or a key file others can read, is warned about.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
+import math
 import signal
 import socket
+import stat
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -21,7 +25,6 @@ from attn_mt.cli.app import app
 from attn_mt.cli.options import (
     DecodeSetOption,
     DeviceOption,
-    ModelsOption,
     Precision,
     PrecisionOption,
     Prepack,
@@ -37,9 +40,22 @@ def _limit(option: str, help_: str):
     return typer.Option(option, metavar="N", min=1, help=help_)
 
 
-@app.command(epilog="Example: attn-mt serve -m runs/multi30k --port 8000")
+MAX_WAIT_MS = 60_000  # a longer wait for company only holds requests
+
+
+@app.command(epilog="Example: attn-mt serve -m runs/multi30k_de_en -m runs/multi30k_en_de")
 def serve(
-    model: ModelsOption,
+    model: Annotated[
+        list[Path],
+        typer.Option(
+            "--model",
+            "-m",
+            metavar="PATH",
+            help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint; give it more than "
+            "once to serve several: models of the same language pairs form an ensemble, models "
+            "of other pairs each answer their own.",
+        ),
+    ],
     host: Annotated[
         str,
         typer.Option(
@@ -67,44 +83,55 @@ def serve(
         typer.Option(
             "--max-wait-ms",
             metavar="MS",
-            min=0,
             help="How long the oldest waiting request waits for others to batch with "
-            "(0: batch only what is already queued).",
+            f"(0: batch only what is already queued; at most {MAX_WAIT_MS}).",
         ),
     ] = 10.0,
     max_lines: Annotated[int, _limit("--max-lines", "Lines per request.")] = 64,
-    max_chars: Annotated[int, _limit("--max-chars", "Characters per line.")] = 2000,
+    max_chars: Annotated[
+        int, _limit("--max-chars", "Characters per line, its terms and prefix counted in.")
+    ] = 2000,
     max_body_bytes: Annotated[int, _limit("--max-body-bytes", "Bytes per request.")] = 1 << 20,
     max_beam: Annotated[int, _limit("--max-beam", "Widest beam or n-best a request gets.")] = 32,
+    max_terms: Annotated[int, _limit("--max-terms", "Terms (constraints) per line.")] = 8,
+    max_avoid: Annotated[int, _limit("--max-avoid", "Avoided words per request.")] = 64,
     api_key_file: Annotated[
         Path | None,
         typer.Option(
             "--api-key-file",
             metavar="FILE",
             help="Every route but /health then needs 'Authorization: Bearer KEY' (KEY: the "
-            "file's first line).",
+            "file's first line, UTF-8).",
         ),
     ] = None,
 ) -> None:
-    """Serve the model over HTTP: POST /v1/translate, LibreTranslate's /translate, a page at /."""
+    """Serve models over HTTP: POST /v1/translate, LibreTranslate's /translate, a page at /."""
     from attn_mt.fileio import resolve_checkpoint
 
     for path in model:
         resolve_checkpoint(path)
     _check_extra()
+    if not (math.isfinite(max_wait_ms) and 0 <= max_wait_ms <= MAX_WAIT_MS):
+        raise UserError(f"--max-wait-ms {max_wait_ms:g}: give 0 to {MAX_WAIT_MS} milliseconds")
     api_key = _read_key(api_key_file)
     decode = decode_settings(set_)
     from attn_mt.cli.decode import load_translator  # torch: once the arguments are good
     from attn_mt.serve.app import create_app
+    from attn_mt.serve.routing import load_routes
     from attn_mt.serve.service import Limits, Service
 
-    translator = load_translator(model, device, precision, quantize, prepack, decode)
-    warm_up = translator.target_languages[0]  # a multilingual model needs one of its languages
-    translator.translate_nbest(["a"], tgt_lang=warm_up)  # checks the beam; warms the kernels
-    limits = Limits(max_lines, max_chars, max_body_bytes, max_beam)
-    budget = max_batch_tokens or translator.config.decode.batch_tokens
-    service = Service(translator, list(model), limits, budget, max_wait_ms)
+    def load(paths: list[Path]):
+        return load_translator(paths, device, precision, quantize, prepack, decode)
+
+    routes = load_routes(model, load)
+    for route in routes:  # a multilingual model needs one of its languages
+        translator = route.translator
+        translator.translate_nbest(["a"], tgt_lang=translator.target_languages[0])  # beam; warm
+    limits = Limits(max_lines, max_chars, max_body_bytes, max_beam, max_terms, max_avoid)
+    budget = max_batch_tokens or routes[0].translator.config.decode.batch_tokens
+    service = Service(routes, limits, budget, max_wait_ms)
     listener = _bind(host, port)
+    _warn_exposed(host, api_key_file)
     _run(create_app(service, api_key), listener)
 
 
@@ -116,18 +143,48 @@ def _check_extra() -> None:
 
 
 def _read_key(path: Path | None) -> str | None:
-    """The API key: the first line of `path`, which must not be empty."""
+    """The API key: the first line of `path` (UTF-8, a byte-order mark dropped), stripped; it
+    must not be empty nor hold a control character (no client could send it)."""
     if path is None:
         return None
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        reason = getattr(err, "strerror", None) or err
-        raise UserError(f"--api-key-file {path}: cannot read ({reason})") from None
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError:
+        raise UserError(f"--api-key-file {path}: not UTF-8 text") from None
+    except OSError as err:
+        raise UserError(f"--api-key-file {path}: cannot read ({err.strerror or err})") from None
     key = lines[0].strip() if lines else ""
     if not key:
         raise UserError(f"--api-key-file {path}: the first line (the key) is empty")
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise UserError(
+            f"--api-key-file {path}: the key holds a control character, which no client "
+            "can send in a header"
+        )
     return key
+
+
+def _warn_exposed(host: str, key_file: Path | None) -> None:
+    """Warn of a server reachable beyond this machine, and of a key others can read."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        print(
+            f"attn-mt: warning: --host {host} listens beyond this machine; keep it behind a "
+            "reverse proxy with TLS"
+            + (
+                "" if key_file else ", and give --api-key-file, or anyone who reaches it may use it"
+            ),
+            file=sys.stderr,
+        )
+    if key_file is not None and key_file.stat().st_mode & (stat.S_IRGRP | stat.S_IROTH):
+        print(
+            f"attn-mt: warning: --api-key-file {key_file} is readable by other users "
+            f"(chmod 600 {key_file})",
+            file=sys.stderr,
+        )
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -152,5 +209,12 @@ def _run(application, listener: socket.socket) -> None:
     # uvicorn raises the signal again once it has shut down gracefully: with this handler,
     # SIGTERM then ends the command normally (exit 0) instead of killing it.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.Server(config).run(sockets=[listener])
+    stopping = application.state.stopping
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:
+            stopping.set()  # a request body still arriving is given up soon (serve.guard)
+            super().handle_exit(sig, frame)
+
+    Server(config).run(sockets=[listener])
     print("attn-mt: server stopped", file=sys.stderr)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from attn_mt.decode.request import Request
 from attn_mt.decode.translator import Translation, Translator
@@ -30,6 +31,7 @@ _BREAKS = re.compile(f"[{re.escape(''.join(sorted(LINE_BREAKS)))}]+")
 _WORD = re.compile(r"\S+")
 CLAUSE_ENDS = ",;:"  # a long sentence is cut after one of these where it can
 
+T = TypeVar("T")
 Encode = Callable[[Sequence[str]], list[list[int]]]  # texts -> their source ids (Translator.encode)
 
 
@@ -159,11 +161,9 @@ class ParagraphTranslation(Translation):
 @dataclass
 class Split:
     """Lines split into the segments translated: each line's paragraph, and every segment in
-    line order with the line it comes from and the terms and prefix it carries."""
+    line order with the line it comes from."""
 
     paragraphs: list[Paragraph]
-    line_constraints: Sequence[Sequence[str]] | None = None  # per line, as the request gave
-    line_prefixes: Sequence[str | None] | None = None
 
     def __post_init__(self) -> None:
         self.owners = [row for row, p in enumerate(self.paragraphs) for _ in p.segments]
@@ -176,26 +176,22 @@ class Split:
         """Each segment's text, in order."""
         return [p.text[s.start : s.end] for p in self.paragraphs for s in p.segments]
 
-    @property
-    def constraints(self) -> list[Sequence[str]] | None:
-        """Each segment's terms (its line's), or None where the lines had none."""
-        given = self.line_constraints
-        return None if given is None else [given[row] for row in self.owners]
-
-    @property
-    def prefixes(self) -> list[str | None] | None:
-        """Each segment's prefix (its line's), or None where the lines had none."""
-        given = self.line_prefixes
-        return None if given is None else [given[row] for row in self.owners]
+    def per_segment(self, per_line: Sequence[T] | None) -> list[T] | None:
+        """A value per line (a line's terms, its prefix) as one per segment (its line's)."""
+        return None if per_line is None else [per_line[row] for row in self.owners]
 
     def join(
-        self, found: Sequence[list[Translation]], alignment: bool, line_breaks: bool = False
+        self,
+        found: Sequence[list[Translation]],
+        nbest: int,
+        alignment: bool,
+        line_breaks: bool = False,
     ) -> list[list[ParagraphTranslation]]:
-        """The entries of each line from its segments' (`found`, in segment order); see
-        `line_entries`."""
+        """The `nbest` entries of each line from its segments' (`found`, in segment order);
+        see `line_entries`."""
         return [
             self.line_entries(
-                row, found[self.firsts[row] : self.firsts[row + 1]], alignment, line_breaks
+                row, found[self.firsts[row] : self.firsts[row + 1]], nbest, alignment, line_breaks
             )
             for row in range(len(self.paragraphs))
         ]
@@ -204,16 +200,17 @@ class Split:
         self,
         row: int,
         found: Sequence[list[Translation]],
+        nbest: int,
         alignment: bool,
         line_breaks: bool = False,
     ) -> list[ParagraphTranslation]:
-        """Line `row`'s entries from its segments' (`found`): entry k joins entry k of each
-        segment. `line_breaks`: keep the paragraph's line breaks (a document); else each run of
-        them is a space, so one line gives one line."""
+        """Line `row`'s `nbest` entries from its segments' (`found`): entry k joins entry k of
+        each segment (a blank line's are blank). `line_breaks`: keep the paragraph's line
+        breaks (a document); else each run of them is a space, so one line gives one line."""
         paragraph = self.paragraphs[row]
-        nbest = min((len(entries) for entries in found), default=1)
         return [
-            _joined(paragraph, [e[k] for e in found], alignment, line_breaks) for k in range(nbest)
+            _joined(paragraph, [e[min(k, len(e) - 1)] for e in found], alignment, line_breaks)
+            for k in range(nbest)
         ]
 
     def user_error(self, err: UserError, first_line: int) -> UserError:
@@ -261,7 +258,7 @@ def split_lines(
             paragraphs.append(_steered(line, request.first_line + row, limit, encode))
         else:
             paragraphs.append(split_paragraph(line, lang if sentences else None, limit, encode))
-    return Split(paragraphs, request.constraints, request.prefixes)
+    return Split(paragraphs)
 
 
 def _steered(line: str, number: int, limit: int, encode: Encode) -> Paragraph:
@@ -354,8 +351,8 @@ class ParagraphTranslator(Translator):
         progress = _Progress(split, request)
         inner = replace(
             request,
-            constraints=split.constraints,
-            prefixes=split.prefixes,
+            constraints=split.per_segment(request.constraints),
+            prefixes=split.per_segment(request.prefixes),
             first_line=1,
             on_line=progress.segment_done,
             on_batch=progress.batch_done,
@@ -365,7 +362,8 @@ class ParagraphTranslator(Translator):
             found = super().translate_nbest(split.texts, inner)
         except UserError as err:
             raise split.user_error(err, request.first_line) from None
-        return [[*entries] for entries in split.join(found, request.alignment)]
+        joined = split.join(found, request.nbest, request.alignment)
+        return [[*entries] for entries in joined]
 
 
 class _Progress:
@@ -400,5 +398,7 @@ class _Progress:
         if self.request.on_line is not None:
             segments = range(self.split.firsts[row], self.split.firsts[row + 1])
             found = [self.done[s] for s in segments]
-            entries = self.split.line_entries(row, found, self.request.alignment)
+            entries = self.split.line_entries(
+                row, found, self.request.nbest, self.request.alignment
+            )
             self.request.on_line(row, list(entries))

@@ -1,30 +1,37 @@
-"""The HTTP API (FastAPI) over a `Service`: /v1/translate, LibreTranslate's /translate and
-/languages, /v1/attention, /health, /info, the try-it page at /, and OpenAPI at /docs.
+"""The HTTP API (FastAPI) over a `Service`: /v1/translate, LibreTranslate's /translate,
+/detect and /languages (`serve.libre`), /v1/attention, /health, /info, the try-it page at /
+(`page.html`, beside this module), and OpenAPI at /docs.
 
 Every refusal is a JSON object `{"error": "..."}` with a 4xx status: a request past a limit is
-413 (the error names the limit's option), a malformed or mistyped one 422, a wrong API key 401.
-A 500 is a bug.
+413 (the error names the limit's option), a malformed or mistyped one 422, a wrong API key 401
+(`serve.guard`), a pair the server does not translate 422 (400 on LibreTranslate's routes);
+503 while the decode worker is down. A 500 is a bug.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
-from typing import Any
+import threading
+from importlib import resources
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from attn_mt.decode.request import Request as DecodeRequest
 from attn_mt.errors import UserError
-from attn_mt.serve.page import PAGE
+from attn_mt.serve.batcher import WorkerDown
+from attn_mt.serve.guard import BodyGuard, Text, key_checker
+from attn_mt.serve.libre import add_libre_routes
 from attn_mt.serve.service import Disconnected, Service
 
 log = logging.getLogger("attn_mt")
+PAGE = resources.files("attn_mt.serve").joinpath("page.html").read_text(encoding="utf-8")
 
 
 class Strict(BaseModel):
@@ -36,54 +43,53 @@ class Strict(BaseModel):
 class TranslateRequest(Strict):
     """POST /v1/translate."""
 
-    text: list[str] = Field(description="The sentences to translate, one per entry.")
+    text: list[Text] = Field(description="Paragraphs (or HTML pages) to translate, one an entry.")
     beam: int | None = Field(None, ge=1, description="Beam size (default: the model's).")
-    nbest: int = Field(1, ge=1, description="Return the N best of each line with scores.")
-    constraints: list[list[str]] | None = Field(
-        None, description="Per line: terms the output must hold."
+    nbest: int = Field(1, ge=1, description="Return the N best of each entry with scores.")
+    constraints: list[list[Text]] | None = Field(
+        None, description="Per entry: terms the output must hold (the entry is not split)."
     )
-    prefix: list[str | None] | None = Field(
-        None, description="Per line: the text the output must start with (null: none)."
+    prefix: list[Text | None] | None = Field(
+        None, description="Per entry: the text the output must start with (null: none)."
     )
-    avoid: list[str] = Field([], description="Words or phrases no output may hold.")
+    avoid: list[Text] = Field([], description="Words or phrases no output may hold.")
     alignment: bool = Field(False, description="Add Pharaoh word pairs [source, target].")
-    tgt_lang: str | None = Field(
-        None, description="The target language: one of the model's (a multilingual model needs it)."
+    src_lang: Text | None = Field(
+        None, description="The source language, or 'auto' (needed where models differ)."
+    )
+    tgt_lang: Text | None = Field(
+        None, description="The target language (needed where several fit the source)."
+    )
+    format: Literal["text", "html"] = Field("text", description="'html': keep the markup.")
+    split_sentences: bool = Field(True, description="Translate each sentence on its own.")
+    scores: bool = Field(
+        False, description="Add each sentence's model score (mean log-probability per token)."
     )
 
     def settings(self) -> DecodeRequest:
-        """What the lines share, as the library's Request (terms and prefixes are per line)."""
+        """What the lines share, as the library's Request (terms and prefixes per line)."""
         return DecodeRequest(
             beam=self.beam,
             nbest=self.nbest,
             avoid=tuple(self.avoid),
             alignment=self.alignment,
-            tgt_lang=self.tgt_lang,
+            constraints=self.constraints,
+            prefixes=self.prefix,
         )
 
 
 class AttentionRequest(Strict):
     """POST /v1/attention."""
 
-    text: str
+    text: Text = Field(description="One sentence.")
     beam: int | None = Field(None, ge=1)
-    tgt_lang: str | None = Field(None, description="The target language (as /v1/translate's).")
-
-
-class LibreRequest(Strict):
-    """POST /translate, as LibreTranslate defines it."""
-
-    q: str | list[str]
-    source: str = "auto"
-    target: str
-    format: str = "text"
-    api_key: str | None = None
-    alternatives: int = Field(0, ge=0)
+    src_lang: Text | None = Field(None, description="As /v1/translate's.")
+    tgt_lang: Text | None = Field(None, description="As /v1/translate's.")
 
 
 def create_app(service: Service, api_key: str | None = None) -> FastAPI:
     """The FastAPI app over `service`; with `api_key`, every route but /health needs
-    `Authorization: Bearer KEY`."""
+    `Authorization: Bearer KEY`. `app.state.stopping`: set it when the server starts to stop."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -91,104 +97,127 @@ def create_app(service: Service, api_key: str | None = None) -> FastAPI:
         yield
         service.batcher.stop()  # uvicorn calls this once in-flight requests have finished
 
-    app = FastAPI(title="attn-mt", lifespan=lifespan, dependencies=[Depends(_auth(api_key))])
+    app = FastAPI(
+        title="attn-mt",
+        lifespan=lifespan,
+        dependencies=[Depends(key_checker(api_key))],
+        docs_url=None,  # /docs and /openapi.json are routes below, behind the key
+        openapi_url=None,
+    )
+    app.state.stopping = threading.Event()
     _add_error_handlers(app)
-    app.add_middleware(BodyLimit, limit=service.limits.max_body_bytes)
+    app.add_middleware(BodyGuard, limit=service.limits.max_body_bytes, stopping=app.state.stopping)
     _add_routes(app, service)
+    add_libre_routes(app, service, lambda lines: check_lines(service, lines))
     return app
 
 
-def _auth(api_key: str | None):
-    """The dependency that checks the bearer key (or LibreTranslate's `api_key` field)."""
-
-    async def check(request: Request) -> None:
-        if api_key is None or request.url.path == "/health":
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), api_key):
-            return
-        if request.url.path == "/translate" and await _body_key(request) == api_key:
-            return
-        raise HTTPException(401, "missing or wrong API key: send 'Authorization: Bearer KEY'")
-
-    return check
-
-
-async def _body_key(request: Request) -> str | None:
-    """LibreTranslate's `api_key` field of a JSON body, if any."""
-    try:
-        body = await request.json()
-    except ValueError:
-        return None
-    key = body.get("api_key") if isinstance(body, dict) else None
-    return key if isinstance(key, str) else None
-
-
 def _add_routes(app: FastAPI, service: Service) -> None:
-    """Every route of the API."""
+    """The routes of attn-mt's own API, the page and the docs."""
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        """Liveness: answers while a batch is decoding."""
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        """Liveness: answers while a batch is decoding; 503 if the decode worker is down."""
+        if service.batcher.alive():
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "error", "error": "the decode worker is down"}, 503)
 
     @app.get("/info")
     async def info() -> dict[str, Any]:
-        """The model, its languages, parameter count, decode settings, limits and version."""
+        """The models, their languages and settings, the limits and the version."""
         return service.info()
-
-    @app.get("/languages")
-    async def languages() -> list[dict[str, Any]]:
-        """LibreTranslate: `[{"code", "name", "targets"}]`."""
-        return service.languages()
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> str:
         return PAGE
 
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi() -> dict[str, Any]:
+        return app.openapi()
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="attn-mt API")
+
     @app.post("/v1/translate")
     async def translate(body: TranslateRequest, request: Request) -> dict[str, Any]:
-        """Translate `text`; `{"translations": [...]}` as `attn-mt translate` writes them."""
-        service.check_language(body.tgt_lang)
-        _check_lines(service, body.text)
-        _check_width(service, max(body.beam or 0, body.nbest))
-        for name, given in (("constraints", body.constraints), ("prefix", body.prefix)):
-            if given is not None and len(given) != len(body.text):
-                lines = len(body.text)
-                raise HTTPException(422, f"{name}: give one entry per line of text ({lines})")
-        found = await service.translate(
-            body.text, body.settings(), body.constraints, body.prefix, request.is_disconnected
-        )
-        return translations_json(found, body.nbest, body.alignment)
+        """Translate `text`; `{"translations": [...]}` as `attn-mt translate --split-sentences`
+        writes them."""
+        check_translate(service, body)
+        detected, asked = _route(service, body.src_lang, body.tgt_lang, body.text)
+        disconnected = request.is_disconnected
+        if body.format == "html":
+            found = await service.translate_html(body.text, body.settings(), disconnected, asked)
+        else:
+            found = await service.translate(
+                body.text, body.settings(), disconnected, asked, body.split_sentences
+            )
+        reply = translations_json(found, body.nbest, body.alignment)
+        if body.scores:
+            reply["sentences"] = [
+                [{"source": s, "text": t.text, "score": t.score} for s, t in entries[0].sentences]
+                for entries in found
+            ]
+        if detected is not None:
+            reply["detected_language"] = detected
+        return reply
 
     @app.post("/v1/attention")
     async def attention(body: AttentionRequest) -> dict[str, Any]:
-        """The translation of `text` and its cross-attention (output x source pieces)."""
-        _check_lines(service, [body.text])
+        """The translation of one sentence and its cross-attention (output x source pieces)."""
+        check_lines(service, [body.text])
         _check_width(service, body.beam or 0)
-        service.check_language(body.tgt_lang)
-        return await service.call(lambda: service.attention(body.text, body.beam, body.tgt_lang))
-
-    @app.post("/translate")
-    async def libre_translate(body: LibreRequest, request: Request) -> dict[str, Any]:
-        """LibreTranslate: `q` (a str or a list), `source`, `target` -> `translatedText`."""
-        if body.source not in ("auto", *service.source_languages()):
-            reads = ", ".join(service.source_languages())
-            raise HTTPException(400, f"source {body.source!r}: this model reads {reads}")
-        service.check_language(body.target, "target")
-        if body.format != "text":
-            raise HTTPException(400, f"format {body.format!r}: only 'text' is supported")
-        lines = [body.q] if isinstance(body.q, str) else body.q
-        _check_lines(service, lines)
-        tgt_lang = body.target if len(service.directions) > 1 else None
-        asked = DecodeRequest(tgt_lang=tgt_lang)
-        found = await service.translate(lines, asked, disconnected=request.is_disconnected)
-        texts = [entries[0].text for entries in found]
-        return {"translatedText": texts[0] if isinstance(body.q, str) else texts}
+        _, asked = _route(service, body.src_lang, body.tgt_lang, [body.text])
+        return await service.call(lambda: service.attention(body.text, body.beam, asked))
 
 
-def _check_lines(service: Service, lines: list[str]) -> None:
+def _route(
+    service: Service, src_lang: str | None, tgt_lang: str | None, texts: list[str]
+) -> tuple[dict[str, Any] | None, Any]:
+    """The detected source language (for 'auto', identified from all `texts`) and where the
+    request goes."""
+    detected = None
+    if src_lang == "auto":
+        detected = service.router.detect("\n".join(texts))[0]
+        src_lang = detected["language"]
+    return detected, service.find(src_lang, tgt_lang)
+
+
+def check_translate(service: Service, body: TranslateRequest) -> None:
+    """413 for a /v1/translate request past a limit, 422 for options that exclude each other."""
+    check_lines(service, body.text)
+    _check_width(service, max(body.beam or 0, body.nbest))
+    limits = service.limits
+    for name, given in (("constraints", body.constraints), ("prefix", body.prefix)):
+        if given is not None and len(given) != len(body.text):
+            raise HTTPException(422, f"{name}: give one entry per line of text ({len(body.text)})")
+    if body.format == "html" and (body.alignment or body.constraints or body.prefix):
+        raise HTTPException(422, "format html: it takes no alignment, constraints or prefix")
+    for number, terms in enumerate(body.constraints or [], start=1):
+        if len(terms) > limits.max_terms:
+            raise HTTPException(
+                413, f"line {number}: {len(terms)} terms, more than --max-terms {limits.max_terms}"
+            )
+    for number, line in enumerate(body.text):
+        steering = [*(body.constraints or [[]] * len(body.text))[number]]
+        steering.append((body.prefix or [None] * len(body.text))[number] or "")
+        chars = len(line) + sum(len(text) for text in steering)
+        if chars > limits.max_chars:
+            raise HTTPException(
+                413,
+                f"line {number + 1}: {chars} characters with its terms and prefix, more than "
+                f"--max-chars {limits.max_chars}",
+            )
+    avoided = sum(len(word) for word in body.avoid)
+    if len(body.avoid) > limits.max_avoid or avoided > limits.max_chars:
+        raise HTTPException(
+            413,
+            f"avoid: {len(body.avoid)} words of {avoided} characters, more than --max-avoid "
+            f"{limits.max_avoid} or --max-chars {limits.max_chars}",
+        )
+
+
+def check_lines(service: Service, lines: list[str]) -> None:
     """413 for a request with more lines, or a line with more characters, than allowed."""
     limits = service.limits
     if len(lines) > limits.max_lines:
@@ -256,54 +285,12 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def gone(_request: Request, _err: Disconnected) -> JSONResponse:
         return JSONResponse({"error": "client disconnected"}, status_code=499)
 
+    @app.exception_handler(WorkerDown)
+    async def down(_request: Request, err: WorkerDown) -> JSONResponse:
+        return JSONResponse({"error": str(err)}, status_code=503)
+
 
 def _problem(error: dict[str, Any]) -> str:
     """One validation error as `where: what` (`body.beam: Input should be ...`)."""
     where = ".".join(str(part) for part in error.get("loc", ()))
     return f"{where}: {error.get('msg', 'invalid')}"
-
-
-class BodyLimit:
-    """ASGI middleware: a request body past `limit` bytes is refused with 413 (by its
-    Content-Length at once, or as it streams in)."""
-
-    def __init__(self, app: Any, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length", b"0")
-        if not length.isdigit() or int(length) > self.limit:
-            await self._refuse(send)
-            return
-        seen = 0
-
-        async def counted() -> dict:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await self._refuse(send)
-
-    async def _refuse(self, send: Any) -> None:
-        error = f"request body over --max-body-bytes {self.limit}"
-        response = JSONResponse({"error": error}, status_code=413)
-        await response({"type": "http"}, _no_body, send)
-
-
-async def _no_body() -> dict[str, Any]:
-    """The ASGI `receive` of a response that reads nothing."""
-    return {"type": "http.disconnect"}
-
-
-class _TooLarge(Exception):
-    """A streamed body passed the limit."""

@@ -1,12 +1,13 @@
 """Batching across requests: one worker thread owns the model and decodes the lines of requests
 that arrived close together as one batch.
 
-A request is a `Job` (its lines, the decode `Request` they share, per-line constraints and
-prefixes). The worker takes the oldest job, waits at most `max_wait` after its arrival for
-others with an equal Request, and decodes up to the source tokens its `line_budget()` allows of
-them in one call (the library sorts them into length buckets). A job larger than that budget is
-decoded a budget at a time and goes to the back of the queue after each part, so a long request
-does not hold short ones.
+A request is a `Job` (its lines, the model that translates them, the decode `Request` they
+share, per-line constraints and prefixes). The worker takes the oldest job, waits at most
+`max_wait` after its arrival for others of the same model with an equal Request, and decodes up
+to the source tokens its `line_budget()` allows of them in one call (the library sorts them
+into length buckets). A job larger than that budget is decoded a budget at a time and goes to
+the back of the queue after each part, so a long request does not hold short ones; a steered
+one (terms, a prefix, avoided words: a slower search) is decoded a line at a time.
 Anything else that uses the model (the attention map) runs on the same thread as a `Call`:
 attention recording hooks into the model, so two threads must never decode at once.
 """
@@ -17,23 +18,28 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attn_mt.decode.request import Request
 from attn_mt.errors import UserError
 
 
+class WorkerDown(RuntimeError):
+    """The worker thread is not running (it stopped, or never started)."""
+
+
 @dataclass(eq=False)
 class Job:
     """One request's lines, decoded in parts; `future` gets the n-best lists of every line.
-    Jobs of equal `request`s (resolved, none per line) are decoded together."""
+    Jobs of one `model` and equal `request`s (resolved, none per line) are decoded together."""
 
     lines: list[str]
     request: Request
-    constraints: list[list[str]] | None
-    prefixes: list[str | None] | None
+    constraints: Sequence[Sequence[str]] | None
+    prefixes: Sequence[str | None] | None
     sizes: list[int]  # source tokens of each line (at least 1)
+    model: Any = None  # what translates the lines, handed to `decode`
     arrived: float = field(default_factory=time.monotonic)
     future: Future = field(default_factory=Future)
     scheduled: int = 0  # lines handed to the worker so far
@@ -43,6 +49,19 @@ class Job:
     def cancel(self) -> None:
         """Decode no more of this job (lines already in a running batch finish)."""
         self.cancelled = True
+
+    def joins(self, other: Job) -> bool:
+        """Whether this job's lines may be decoded in one batch with `other`'s."""
+        return (
+            self.model is other.model
+            and self.request == other.request
+            and not (self.steered or other.steered)  # a steered line goes alone
+        ) or self is other
+
+    @property
+    def steered(self) -> bool:
+        """Whether its search is steered (terms, a prefix or avoided words)."""
+        return bool(self.request.avoid or any(self.constraints or ()) or any(self.prefixes or ()))
 
 
 @dataclass(eq=False)
@@ -62,10 +81,9 @@ class Part:
     end: int
 
 
-# decode(lines, request, constraints, prefixes, first_line) -> n-best lists, one per line
-Decode = Callable[
-    [list[str], Request, list[list[str]] | None, list[str | None] | None, int], list[Any]
-]
+# decode(model, lines, request) -> n-best lists, one per line; the request carries the lines'
+# constraints and prefixes and the number of the first (its job's own numbers)
+Decode = Callable[[Any, list[str], Request], list[Any]]
 
 
 class Batcher:
@@ -91,8 +109,15 @@ class Batcher:
             self._cond.notify_all()
         self._thread.join()
 
+    def alive(self) -> bool:
+        """Whether the worker thread runs, or is yet to start."""
+        return self._thread.ident is None or self._thread.is_alive()
+
     def submit(self, job: Job | Call) -> Future:
-        """Queue a job or call; its future completes on the worker thread."""
+        """Queue a job or call; its future completes on the worker thread (`WorkerDown` if
+        the worker has ended)."""
+        if not self.alive():
+            raise WorkerDown("the decode worker is not running; restart the server")
         with self._cond:
             self._queue.append(job)
             self._cond.notify_all()
@@ -120,20 +145,22 @@ class Batcher:
         if isinstance(first, Call):
             return
         deadline = first.arrived + self.max_wait
-        while not self._stopping and not self._full(first.request):
+        while not self._stopping and not self._full(first):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             self._cond.wait(remaining)
 
-    def _full(self, request: Request) -> bool:
-        """Whether the queued lines of this request fill a batch."""
+    def _full(self, first: Job) -> bool:
+        """Whether the queued lines that may join `first`'s fill a batch."""
+        if first.steered:
+            return True
         queued = sum(
             sum(job.sizes[job.scheduled :])
             for job in self._queue
-            if isinstance(job, Job) and job.request == request and not job.cancelled
+            if isinstance(job, Job) and job.joins(first) and not job.cancelled
         )
-        return queued >= request.line_budget()
+        return queued >= first.request.line_budget()
 
     def _take(self) -> Call | list[Part]:
         """The next call, or the parts of the next batch: the oldest job's request, jobs in
@@ -145,11 +172,11 @@ class Batcher:
         if isinstance(first, Call):
             self._queue.pop(0)
             return first
-        request, budget = first.request, first.request.line_budget()
+        budget = 0 if first.steered else first.request.line_budget()  # steered: a line
         parts: list[Part] = []
         used = 0
         for job in self._queue:
-            if not isinstance(job, Job) or job.request != request:
+            if not isinstance(job, Job) or not job.joins(first):
                 continue
             end = job.scheduled
             # A line fits while the budget holds it; the batch's first line always fits.
@@ -186,11 +213,14 @@ class Batcher:
     def _decode_together(self, parts: Sequence[Part]) -> None:
         """One decode call over the parts' lines; each job gets its results back."""
         lines = [line for p in parts for line in p.job.lines[p.start : p.end]]
-        constraints = _joined(parts, "constraints", [])
-        prefixes = _joined(parts, "prefixes", None)
-        first_line = parts[0].start + 1 if len(parts) == 1 else 1  # errors name the job's line
+        request = replace(
+            parts[0].job.request,
+            constraints=_joined(parts, "constraints", []),
+            prefixes=_joined(parts, "prefixes", None),
+            first_line=parts[0].start + 1 if len(parts) == 1 else 1,  # errors name the job's line
+        )
         self.batches += 1
-        found = self.decode(lines, parts[0].job.request, constraints, prefixes, first_line)
+        found = self.decode(parts[0].job.model, lines, request)
         offset = 0
         for part in parts:
             count = part.end - part.start

@@ -1,33 +1,26 @@
-"""What the server does with the model, apart from HTTP: translate through the batcher, draw the
-cross-attention of one sentence, describe the model. Everything here goes through the public
-`Translator` (`attn_mt.load`), so a reply holds exactly what `attn-mt translate` writes.
+"""What the server does with its models, apart from HTTP: translate paragraphs and HTML pages
+through the batcher (split into sentences, joined back), draw the cross-attention of one
+sentence, describe the models. Everything goes through the public `Translator` and the
+library's own splitting (`decode.sentences`, `decode.markup`), so a reply holds exactly what
+`attn-mt translate --split-sentences` writes.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attn_mt.decode.markup import Page
 from attn_mt.decode.request import Request
+from attn_mt.decode.sentences import ParagraphTranslation, split_lines
 from attn_mt.errors import UserError
 from attn_mt.serve.batcher import Batcher, Call, Job
+from attn_mt.serve.routing import Route, Router
 
 if TYPE_CHECKING:
-    from attn_mt.decode.translator import Translation, Translator
+    from attn_mt.decode.translator import Translation
 
-# Names of the languages of the shipped corpora; another code is shown as itself.
-LANGUAGE_NAMES = {
-    "cs": "Czech",
-    "de": "German",
-    "en": "English",
-    "es": "Spanish",
-    "fr": "French",
-    "it": "Italian",
-    "ro": "Romanian",
-    "ru": "Russian",
-}
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 
 
@@ -40,70 +33,94 @@ class Limits:
     """What one request may hold; past a limit it is refused (413) before any decoding."""
 
     max_lines: int = 64  # lines per request
-    max_chars: int = 2000  # characters per line
+    max_chars: int = 2000  # characters per line (its terms and prefix counted in)
     max_body_bytes: int = 1 << 20  # bytes of the request body
     max_beam: int = 32  # beam (and n-best) width
+    max_terms: int = 8  # terms per line
+    max_avoid: int = 64  # avoided words per request
+
+
+@dataclass
+class Asked:
+    """Where a request goes: the route, the translator's target language, the source."""
+
+    route: Route
+    tgt_lang: str | None
+    src_lang: str
 
 
 class Service:
-    """The loaded translator behind one worker thread (`Batcher`), plus what /info reports."""
+    """The loaded models behind one worker thread (`Batcher`), plus what /info reports."""
 
     def __init__(
-        self,
-        translator: Translator,
-        models: list[Path],
-        limits: Limits,
-        max_batch_tokens: int,
-        max_wait_ms: float,
+        self, routes: list[Route], limits: Limits, max_batch_tokens: int, max_wait_ms: float
     ):
-        self.translator = translator
-        self.models = models
+        self.router = Router(routes)
         self.limits = limits
         self.max_batch_tokens = max_batch_tokens  # a batch's source tokens, as decode.batch_tokens
-        self.batcher = Batcher(self._decode, max_wait_ms)
-        self.directions = translator.config.data.directions()
-        self.src_lang, self.tgt_lang = self.directions[0]  # of a bilingual model, its pair
+        self.batcher = Batcher(_decode, max_wait_ms)
 
-    def _decode(
-        self,
-        lines: list[str],
-        request: Request,
-        constraints: list[list[str]] | None,
-        prefixes: list[str | None] | None,
-        first_line: int,
-    ) -> list[list[Translation]]:
-        """One library call (on the worker thread)."""
-        request = replace(
-            request, constraints=constraints, prefixes=prefixes, first_line=first_line
-        )
-        return self.translator.translate_nbest(lines, request)
+    def find(self, src: str | None, tgt: str | None, names=("src_lang", "tgt_lang")) -> Asked:
+        """Where `src` -> `tgt` goes (see `Router.find`)."""
+        return Asked(*self.router.find(src, tgt, names))
 
     async def translate(
         self,
         lines: list[str],
         request: Request,
-        constraints: list[list[str]] | None = None,
-        prefixes: list[str | None] | None = None,
         disconnected: Any = None,
-    ) -> list[list[Translation]]:
-        """The n-best lists of `lines`, decoded as `request` asks (what the lines share;
-        `constraints` and `prefixes` per line) in the worker's batches with other requests'.
+        asked: Asked | None = None,
+        sentences: bool = True,
+    ) -> list[list[ParagraphTranslation]]:
+        """The n-best lists of `lines` (paragraphs: split into sentences unless `sentences` is
+        False, joined with their own spacing), decoded as `request` asks (with terms and
+        prefixes per line) in the worker's batches with other requests' sentences. `asked`:
+        where they go (None: where `request.tgt_lang` leads).
 
         `disconnected`: an async function telling whether the client went away; then the
         job's undecoded lines are dropped and `Disconnected` is raised."""
-        if not lines:
-            return []
-        request = self.translator.resolve(replace(request, batch_tokens=self.max_batch_tokens))
-        # Source tokens of each line with its <eos>, what a batch's budget counts (the
-        # translation warns of a line cut short).
-        sizes = [
-            len(ids) + 1 for ids in self.translator.encode(lines, request.tgt_lang, warn=False)
-        ]
-        job = Job(list(lines), request, constraints, prefixes, sizes)
-        return await self._wait(job, self.batcher.submit(job), disconnected)
+        asked = asked or self.find(None, request.tgt_lang)
+        translator = asked.route.translator
+        request = replace(request, tgt_lang=asked.tgt_lang, batch_tokens=self.max_batch_tokens)
+        request = translator.resolve(request)
+        split = split_lines(translator, lines, request, asked.src_lang, sentences)
+        texts = split.texts
+        if not texts:
+            return split.join([], request.nbest, request.alignment, line_breaks=True)
+        # Source tokens of each sentence with its <eos>, what a batch's budget counts.
+        encoded = translator.encode(texts, request.tgt_lang, warn=False)
+        job = Job(
+            texts,
+            replace(request, constraints=None, prefixes=None),  # what the lines share
+            split.per_segment(request.constraints),
+            split.per_segment(request.prefixes),
+            [len(ids) + 1 for ids in encoded],
+            translator,
+        )
+        try:
+            found = await self._wait(job, self.batcher.submit(job), disconnected)
+        except UserError as err:
+            raise split.user_error(err, 1) from None
+        return split.join(found, request.nbest, request.alignment, line_breaks=True)
+
+    async def translate_html(
+        self, pages: list[str], request: Request, disconnected: Any = None, asked=None
+    ) -> list[list[ParagraphTranslation]]:
+        """The n-best of each HTML page (`decode.markup`): its blocks' text translated as
+        paragraphs, the markup kept, inline tags placed by the word alignment."""
+        documents = [Page(page) for page in pages]
+        texts = [text for document in documents for text in document.texts]
+        aligned = replace(request, alignment=True)
+        found = await self.translate(texts, aligned, disconnected, asked)
+        results, at = [], 0
+        for document in documents:
+            blocks = found[at : at + len(document.blocks)]
+            at += len(blocks)
+            results.append([_page(document, [b[k] for b in blocks]) for k in range(request.nbest)])
+        return results
 
     async def call(self, function: Any) -> Any:
-        """Run `function()` on the worker thread (it uses the model) and return its result."""
+        """Run `function()` on the worker thread (it uses a model) and return its result."""
         call = Call(function)
         return await asyncio.wrap_future(self.batcher.submit(call))
 
@@ -118,31 +135,15 @@ class Service:
                 job.cancel()
                 raise Disconnected
 
-    def check_language(self, tgt_lang: str | None, option: str = "tgt_lang") -> None:
-        """Refuse a target language the model does not translate into (a multilingual model
-        takes any of its target languages, and needs one)."""
-        if len(self.directions) > 1:
-            try:
-                self.translator.language_prefix(tgt_lang)
-            except UserError as err:
-                raise UserError(str(err).replace("--tgt-lang", option, 1)) from None
-        elif tgt_lang is not None and tgt_lang != self.tgt_lang:
-            raise UserError(
-                f"{option} {tgt_lang!r}: this model translates {self.src_lang} -> "
-                f"{self.tgt_lang} only"
-            )
-
-    def source_languages(self) -> list[str]:
-        """The languages the model reads, in order of first use."""
-        return list(dict.fromkeys(src for src, _ in self.directions))
-
-    def attention(self, text: str, beam: int | None, tgt_lang: str | None = None) -> dict[str, Any]:
-        """Translate `text` (on the worker thread) and return its head-mean cross-attention at
-        decode.alignment_layer, as the alignment uses it: rows are the output pieces and the
-        `</s>` that ended them, columns the source pieces and the source's `</s>`."""
+    def attention(self, text: str, beam: int | None, asked: Asked | None = None) -> dict[str, Any]:
+        """Translate the sentence `text` (on the worker thread) and return its head-mean
+        cross-attention at decode.alignment_layer, as the alignment uses it: rows are the output
+        pieces and the `</s>` that ended them, columns the source pieces and the source's
+        `</s>`."""
         from attn_mt.model.vocab import EOS_ID
 
-        translator = self.translator
+        asked = asked or self.find(None, None)
+        translator, tgt_lang = asked.route.translator, asked.tgt_lang
         [best] = translator.translate_nbest([text], beam=beam, tgt_lang=tgt_lang)[0][:1]
         [ids] = translator.encode([text], tgt_lang, warn=False)  # as the search read it
         if not ids or not best.tokens:
@@ -155,33 +156,16 @@ class Service:
             "weights": [[round(w, 4) for w in row] for row in weights.tolist()],
         }
 
-    def languages(self) -> list[dict[str, Any]]:
-        """LibreTranslate's /languages: every language with the ones it translates into."""
-        codes = dict.fromkeys(lang for direction in self.directions for lang in direction)
-        return [
-            {
-                "code": code,
-                "name": LANGUAGE_NAMES.get(code, code),
-                "targets": [tgt for src, tgt in self.directions if src == code],
-            }
-            for code in codes
-        ]
-
     def info(self) -> dict[str, Any]:
-        """The model, its settings and the server's limits, for GET /info."""
+        """The models, their settings and the server's limits, for GET /info."""
+        from importlib.metadata import version
+
         from attn_mt import __version__
 
         return {
             "version": __version__,
-            "models": [str(p) for p in self.models],
-            "source_language": self.src_lang,
-            "target_language": self.tgt_lang,
-            **(
-                {"directions": ["-".join(d) for d in self.directions]}
-                if len(self.directions) > 1
-                else {}
-            ),
-            **self.translator.describe(),
+            "models": [route.describe() for route in self.router.routes],
+            "sentence_splitter": f"sentencex {version('sentencex')}",
             "limits": asdict(self.limits),
             "batching": {
                 "max_batch_tokens": self.max_batch_tokens,
@@ -189,3 +173,17 @@ class Service:
                 "batches_decoded": self.batcher.batches,
             },
         }
+
+
+def _decode(translator: Any, lines: list[str], request: Request) -> list[list[Translation]]:
+    """One library call (on the worker thread)."""
+    return translator.translate_nbest(lines, request)
+
+
+def _page(document: Page, blocks: list[ParagraphTranslation]) -> ParagraphTranslation:
+    """One entry of a page: the page rendered with one entry of each block, their scores'
+    mean and their sentences."""
+    sentences = [s for block in blocks for s in block.sentences]
+    scores = [block.score for block in blocks]
+    score = sum(scores) / len(scores) if scores else 0.0
+    return ParagraphTranslation(document.render(blocks), score, [], None, sentences)

@@ -1,12 +1,18 @@
 """`attn-mt serve` end to end: a real server process on 127.0.0.1, talked to over HTTP.
 
 Replies equal what `attn-mt translate` writes for the same lines and settings (plain, n-best,
-alignment), also when many clients' requests are batched together; bad requests are 4xx with
-a JSON error and the server keeps serving; SIGTERM finishes the requests in flight and exits 0.
+alignment, paragraphs split into sentences), also when many clients' requests are batched
+together; a paragraph is its sentences translated one by one, a long sentence is translated in
+pieces, an HTML page keeps its markup; LibreTranslate's routes answer JSON and forms; bad
+requests are 4xx with a JSON error and the server keeps serving; SIGTERM finishes the requests
+in flight and exits 0, also with a client that sent half a body.
 """
 
 from __future__ import annotations
 
+import html
+import re
+import socket
 import subprocess
 import threading
 import time
@@ -22,17 +28,30 @@ from helpers.workspace import World
 from typer.testing import CliRunner
 
 LINES = [*toy_pairs(40, seed=7)[0][:39], ""]  # 40 lines, the last one empty
+# Paragraphs of the toy words: sentences end at ". ", "! " and "? ", one at a line break.
+SENTENCES = toy_pairs(12, seed=8)[0]
+PARAGRAPHS = [
+    f"{SENTENCES[0]}. {SENTENCES[1]}! {SENTENCES[2]}?",
+    f"  {SENTENCES[3]}.  {SENTENCES[4]}.",
+    SENTENCES[5],
+    f"{SENTENCES[6]}. {SENTENCES[7]}. {SENTENCES[8]}. {SENTENCES[9]}. {SENTENCES[10]}.",
+]
 
 
 @pytest.fixture(scope="module")
 def reference(world: World) -> dict[str, str]:
-    """`attn-mt translate` of LINES: plain, and 3-best with alignments (two runs at once)."""
+    """`attn-mt translate` of LINES: plain, and 3-best with alignments; and of PARAGRAPHS with
+    --split-sentences (three runs at once)."""
     env = child_env(**world.env())
-    runs = {"plain": (), "nbest": ("--nbest", "3", "--alignment")}
-    with ThreadPoolExecutor(2) as pool:
+    runs = {
+        "plain": (LINES, ()),
+        "nbest": (LINES, ("--nbest", "3", "--alignment")),
+        "split": (PARAGRAPHS, ("--split-sentences",)),
+    }
+    with ThreadPoolExecutor(3) as pool:
         outputs = {
-            name: pool.submit(translate_cli, world.run, LINES, "--prepack", "off", *args, env=env)
-            for name, args in runs.items()
+            name: pool.submit(translate_cli, world.run, lines, "--prepack", "off", *args, env=env)
+            for name, (lines, args) in runs.items()
         }
     return {name: future.result() for name, future in outputs.items()}
 
@@ -92,8 +111,16 @@ def test_concurrent_clients_get_their_own_answers(served, reference) -> None:
         ({"text": ["qb"], "beam": "2"}, 422, "beam"),
         ({"text": ["qb"], "prefix": ["a", "b"]}, 422, "prefix: give one entry per line"),
         ({"text": ["qb"], "avoid": ["x"], "constraints": [["x"]]}, 422, "avoided word"),
-        ({"text": ["qb"], "tgt_lang": "fr"}, 422, "xx -> yy"),
+        ({"text": ["qb"], "tgt_lang": "fr"}, 422, "it translates xx-yy"),
+        ({"text": ["qb"], "src_lang": "de"}, 422, "de -> *: not a pair"),
         ([1, 2], 422, "body"),
+        ({"text": ["qb", " "], "prefix": [None, "Ba"]}, 422, "line 2: the source is blank"),
+        ({"text": ["", "qb"], "constraints": [["Ba"], []]}, 422, "line 1: the source is blank"),
+        ({"text": ["qb"], "constraints": [["Ba"] * 9]}, 413, "--max-terms 8"),
+        ({"text": ["qb"], "avoid": ["Ba"] * 65}, 413, "--max-avoid 64"),
+        ({"text": ["qb"], "prefix": ["Ba" * 1000]}, 413, "--max-chars 2000"),
+        ({"text": ["<p>qb</p>"], "format": "html", "alignment": True}, 422, "format html"),
+        ({"text": ["qb"], "format": "pdf"}, 422, "format"),
     ],
 )
 def test_bad_requests_are_4xx_and_the_server_serves_on(served, body, status, words) -> None:
@@ -105,18 +132,85 @@ def test_bad_requests_are_4xx_and_the_server_serves_on(served, body, status, wor
 
 def test_malformed_bodies(served: Server) -> None:
     url = served.url + "/v1/translate"
-    broken = httpx.post(
-        url, content=b'{"text": ["qb"', headers={"content-type": "application/json"}
-    )
+    json_type = {"content-type": "application/json"}
+    broken = httpx.post(url, content=b'{"text": ["qb"', headers=json_type)
     assert broken.status_code == 422 and "JSON" in broken.json()["error"]
-    huge = httpx.post(url, content=b"x" * (2 << 20), headers={"content-type": "application/json"})
+    huge = httpx.post(url, content=b"x" * (2 << 20), headers=json_type)
     assert huge.status_code == 413 and "--max-body-bytes" in huge.json()["error"]
+    chunks = (b"x" * (64 << 10) for _ in range(32))  # 2 MiB without a Content-Length
+    chunked = httpx.post(url, content=chunks, headers=json_type)
+    assert chunked.status_code == 413 and "--max-body-bytes" in chunked.json()["error"]
+    for path, body in (("/v1/translate", b'{"text": ["qb \\ud800"]}'), ("/translate", LONE_Q)):
+        lone = httpx.post(served.url + path, content=body, headers=json_type)
+        assert lone.status_code == 422 and "lone surrogate" in lone.json()["error"], lone.text
     assert post(served, "/v1/translate", {"text": ["qb qc"]}).status_code == 200
+
+
+LONE_Q = b'{"q": "qb \\udc80", "source": "xx", "target": "yy"}'
+
+
+def test_paragraphs_are_their_sentences_translated_one_by_one(served, reference) -> None:
+    """As `translate --split-sentences` writes them; each sentence as it is alone, joined with
+    the paragraph's own spacing; LibreTranslate's route gives every sentence too."""
+    reply = post(served, "/v1/translate", {"text": PARAGRAPHS, "scores": True}).json()
+    assert "".join(f"{t}\n" for t in reply["translations"]) == reference["split"]
+    sentences = reply["sentences"][0]
+    assert [s["source"] for s in sentences] == [
+        f"{SENTENCES[0]}.",
+        f"{SENTENCES[1]}!",
+        f"{SENTENCES[2]}?",
+    ]
+    one_by_one = [post(served, "/v1/translate", {"text": [s["source"]]}).json() for s in sentences]
+    assert [s["text"] for s in sentences] == [r["translations"][0] for r in one_by_one]
+    assert reply["translations"][0] == " ".join(s["text"] for s in sentences)
+    second = [s["text"] for s in reply["sentences"][1]]
+    assert reply["translations"][1] == f"  {second[0]}  {second[1]}"  # the paragraph's spacing
+    assert all(s["score"] < 0 for s in sentences)
+    libre = post(served, "/translate", {"q": PARAGRAPHS[3], "source": "xx", "target": "yy"})
+    assert libre.json()["translatedText"] == reply["translations"][3]  # all five sentences
+    whole = post(served, "/v1/translate", {"text": PARAGRAPHS[:1], "split_sentences": False})
+    assert whole.json()["translations"][0] != reply["translations"][0]
+
+
+def test_a_long_sentence_is_translated_in_pieces(served: Server) -> None:
+    words = " ".join(SENTENCES * 10).split()[:400]
+    long = " ".join(words)  # 400 words: more pieces than the model reads
+    reply = post(served, "/v1/translate", {"text": [long], "scores": True}).json()
+    pieces = reply["sentences"][0]
+    assert len(pieces) > 1 and " ".join(p["source"] for p in pieces) == long
+    assert reply["translations"][0] == " ".join(p["text"] for p in pieces)
+
+
+PAGE = (
+    "<!DOCTYPE html><html><head><title>{0}</title><style>p {{ color: red }}</style></head>"
+    "<body><!-- a note --><h1>{1}</h1>\n<p>{2} <b>{3} <i>{4}</i></b> &amp; {5}.</p>"
+    '<p><a href="/x?a=1&amp;b=2">{6}</a>. {7}</p><script>var s = "<p>{8}</p>";</script>'
+    "<pre>{8}</pre><div>{9} <b>{10} <i>{11}</b> qb</i><p>qc</div></span>"
+)
+
+
+def test_html_pages_keep_their_markup(served: Server) -> None:
+    from attn_mt.decode.markup import Page
+
+    page = PAGE.format(*SENTENCES)
+    blocks = Page(page).texts
+    for route, body in (
+        ("/v1/translate", {"text": [page], "format": "html"}),
+        ("/translate", {"q": [page], "source": "xx", "target": "yy", "format": "html"}),
+    ):
+        reply = post(served, route, body)
+        assert reply.status_code == 200, reply.text
+        out = reply.json()["translations" if route == "/v1/translate" else "translatedText"][0]
+        assert re.findall("<[^>]*>", out) == re.findall("<[^>]*>", page)
+        assert f'<script>var s = "<p>{SENTENCES[8]}</p>";</script><pre>{SENTENCES[8]}</pre>' in out
+        text = html.unescape(re.sub(r"(?s)<(script|pre|style)>.*?</\1>|<[^>]*>", " ", out))
+        translated = post(served, "/v1/translate", {"text": blocks}).json()["translations"]
+        assert text.split() == " ".join(translated).split()  # every text node, translated
 
 
 def test_tgt_lang_and_libretranslate_routes(served, reference) -> None:
     expected = reference["plain"].splitlines()
-    own = post(served, "/v1/translate", {"text": LINES[:2], "tgt_lang": "yy"})
+    own = post(served, "/v1/translate", {"text": LINES[:2], "tgt_lang": "yy", "src_lang": "xx"})
     assert own.json()["translations"] == expected[:2]
     assert httpx.get(served.url + "/languages").json() == [
         {"code": "xx", "name": "xx", "targets": ["yy"]},
@@ -125,21 +219,32 @@ def test_tgt_lang_and_libretranslate_routes(served, reference) -> None:
     one = post(served, "/translate", {"q": LINES[0], "source": "xx", "target": "yy"})
     assert one.json() == {"translatedText": expected[0]}
     many = post(served, "/translate", {"q": LINES[:3], "source": "auto", "target": "yy"})
-    assert many.json() == {"translatedText": expected[:3]}
-    assert (
-        post(served, "/translate", {"q": "qb", "source": "de", "target": "yy"}).status_code == 400
-    )
-    assert (
-        post(served, "/translate", {"q": "qb", "source": "xx", "target": "en"}).status_code == 422
-    )
+    detected = [{"confidence": 100.0, "language": "xx"}] * 3
+    assert many.json() == {"translatedText": expected[:3], "detectedLanguage": detected}
+    form = {"q": LINES[0], "source": "xx", "target": "yy"}
+    for sent in ({"data": form}, {"files": {k: (None, v) for k, v in form.items()}}):
+        reply = httpx.post(served.url + "/translate", timeout=60, **sent)
+        assert reply.json() == {"translatedText": expected[0]}, reply.text
+    three = post(served, "/v1/translate", {"text": LINES[:1], "nbest": 3}).json()
+    alternatives = post(served, "/translate", {**form, "alternatives": 2}).json()
+    assert alternatives["alternatives"] == [e["text"] for e in three["translations"][0][1:]]
+    assert post(served, "/detect", {"q": "qb qc"}).json() == [
+        {"confidence": 100.0, "language": "xx"}
+    ]
+    for refused in ({**form, "source": "de"}, {**form, "target": "en"}):
+        reply = post(served, "/translate", refused)
+        assert reply.status_code == 400 and "it translates xx-yy" in reply.json()["error"]
+    assert post(served, "/translate", {**form, "alternatives": "2"}).status_code == 422
 
 
 def test_health_info_page_docs_attention(served: Server) -> None:
     assert httpx.get(served.url + "/health").json() == {"status": "ok"}
     info = httpx.get(served.url + "/info").json()
-    assert info["source_language"] == "xx" and info["parameters"] > 0
-    assert info["decode"]["beam"] == 2 and info["version"]
-    assert info["linear_layers"] in ("prepacked", "plain")  # float32: --prepack auto's choice
+    [model] = info["models"]
+    assert model["directions"] == ["xx-yy"] and model["parameters"] > 0
+    assert model["decode"]["beam"] == 2 and info["version"]
+    assert model["linear_layers"] in ("prepacked", "plain")  # float32: --prepack auto's choice
+    assert info["sentence_splitter"].startswith("sentencex")
     assert "<canvas" in httpx.get(served.url + "/").text
     assert httpx.get(served.url + "/docs").status_code == 200
     assert "/v1/translate" in httpx.get(served.url + "/openapi.json").json()["paths"]
@@ -151,12 +256,17 @@ def test_health_info_page_docs_attention(served: Server) -> None:
 LONG = " ".join(toy_pairs(30, seed=9)[0])  # ~180 words: ~256 source tokens, as long as allowed
 
 
+KEY = "s3crét-ключ"  # not ASCII: compared as UTF-8 bytes
+
+
 @pytest.fixture(scope="module")
 def slow_server(world: World, tmp_path_factory: pytest.TempPathFactory) -> Server:
-    """A server with an API key that decodes one line per batch (batching off)."""
+    """A server with an API key (in a UTF-8 file with a byte-order mark) that decodes one line
+    per batch (batching off)."""
     tmp_path = tmp_path_factory.mktemp("slow-serve")
     key = tmp_path / "key"
-    key.write_text("s3cret\n")
+    key.write_bytes(b"\xef\xbb\xbf" + f"{KEY}\n".encode())
+    key.chmod(0o600)
     server = start_server(
         world.run,
         tmp_path,
@@ -172,24 +282,32 @@ def slow_server(world: World, tmp_path_factory: pytest.TempPathFactory) -> Serve
     server.stop()
 
 
-AUTH = {"Authorization": "Bearer s3cret"}
+AUTH = {"Authorization": b"Bearer " + KEY.encode()}
 
 
 def test_api_key(slow_server: Server) -> None:
     assert httpx.get(slow_server.url + "/health").status_code == 200
-    for path in ("/info", "/languages", "/"):
+    for path in ("/info", "/languages", "/", "/docs", "/openapi.json"):
         assert httpx.get(slow_server.url + path).status_code == 401
         assert httpx.get(slow_server.url + path, headers=AUTH).status_code == 200
-    refused = post(slow_server, "/v1/translate", {"text": ["qb"]}, Authorization="Bearer no")
-    assert refused.status_code == 401 and "API key" in refused.json()["error"]
+    for wrong in (b"Bearer no", b"Bearer s3cr\xc3\xa9t", b"Bearer \xff\xfe"):
+        refused = post(slow_server, "/v1/translate", {"text": ["qb"]}, Authorization=wrong)
+        assert refused.status_code == 401 and "API key" in refused.json()["error"]
     assert post(slow_server, "/v1/translate", {"text": ["qb"]}, **AUTH).status_code == 200
-    libre = {"q": "qb", "source": "xx", "target": "yy", "api_key": "s3cret"}
+    libre = {"q": "qb", "source": "xx", "target": "yy", "api_key": KEY}
     assert post(slow_server, "/translate", libre).status_code == 200
+    url = slow_server.url + "/translate"
+    assert httpx.post(url, data=libre, timeout=60).status_code == 200  # a form's key
+    assert post(slow_server, "/translate", {**libre, "api_key": "s3cret"}).status_code == 401
+    lone = b'{"q": "qb", "source": "xx", "target": "yy", "api_key": "\\ud800"}'
+    assert httpx.post(url, content=lone, timeout=60).status_code == 401
+    assert "readable by other users" not in slow_server.log.read_text()  # its mode is 600
 
 
 def test_disconnect_drops_the_rest_and_sigterm_finishes_in_flight(slow_server: Server) -> None:
     """A client that gives up costs only the batch under way; SIGTERM mid-batch lets the
-    requests in flight finish (and /health answers meanwhile), then exits 0."""
+    requests in flight finish (and /health answers meanwhile), gives up a body still arriving,
+    then exits 0 within seconds."""
     info = slow_server.url + "/info"
     with pytest.raises(httpx.TimeoutException):
         httpx.post(
@@ -210,26 +328,70 @@ def test_disconnect_drops_the_rest_and_sigterm_finishes_in_flight(slow_server: S
     ]
     for client in clients:
         client.start()
+    half = half_sent(slow_server)
     time.sleep(0.5)
     started = time.monotonic()
     assert httpx.get(slow_server.url + "/health").status_code == 200
     assert time.monotonic() - started < 0.5, "/health waited for the batch"
-    assert slow_server.stop() == 0, slow_server.log.read_text()
+    assert slow_server.stop(timeout=120) == 0, slow_server.log.read_text()
     for client in clients:
         client.join()
     assert [r.status_code for r in replies] == [200, 200]
     assert all(len(r.json()["translations"]) == 7 for r in replies)
+    answer = half.recv(4096)
+    assert answer == b"" or b" 503 " in answer.split(b"\r\n")[0], answer
+
+
+def half_sent(server: Server) -> socket.socket:
+    """A connection that sent the headers and half the body of a request, then stalls."""
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = socket.create_connection((host, int(port)))
+    head = f"POST /v1/translate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    head += f"Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n"
+    conn.sendall(head.encode() + b'{"text": ["qb')
+    conn.settimeout(60)
+    return conn
 
 
 def test_startup_errors(world: World, tmp_path: Path, monkeypatch) -> None:
+    """Each a one-line error before the model loads: a missing model, the extra, absurd
+    --max-wait-ms, a key file that is empty, not UTF-8 or holds a control character."""
     from attn_mt.cli import app
     from attn_mt.errors import UserError
 
-    missing = CliRunner().invoke(app, ["serve", "--model", str(tmp_path / "nothing")])
-    assert isinstance(missing.exception, UserError) and "nothing" in str(missing.exception)
+    def refused(*args: str) -> str:
+        found = CliRunner().invoke(app, ["serve", "--model", str(world.run), *args])
+        assert isinstance(found.exception, UserError), found.output
+        return str(found.exception)
+
+    assert "nothing" in refused("--model", str(tmp_path / "nothing"))
+    for wait in ("inf", "nan", "1e9", "-1"):
+        assert "--max-wait-ms" in refused("--max-wait-ms", wait)
+    for name, content, words in (
+        ("empty", b"\xef\xbb\xbf\n", "is empty"),
+        ("latin1", b"cl\xe9\n", "not UTF-8"),
+        ("control", b"a\x00b\n", "control character"),
+    ):
+        (tmp_path / name).write_bytes(content)
+        assert words in refused("--api-key-file", str(tmp_path / name))
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
-    no_extra = CliRunner().invoke(app, ["serve", "--model", str(world.run)])
-    assert "pip install 'attn-mt[serve]'" in str(no_extra.exception)
+    assert "pip install 'attn-mt[serve]'" in refused()
+
+
+def test_exposure_is_warned_of(tmp_path: Path, capsys) -> None:
+    from attn_mt.cli.serve import _warn_exposed
+
+    key = tmp_path / "key"
+    key.write_text("k\n")
+    key.chmod(0o644)
+    _warn_exposed("0.0.0.0", None)
+    _warn_exposed("127.0.0.1", key)
+    _warn_exposed("::1", None)
+    _warn_exposed("localhost", None)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2
+    assert "--host 0.0.0.0 listens beyond this machine" in lines[0] and "--api-key-file" in lines[0]
+    assert f"--api-key-file {key} is readable by other users" in lines[1]
 
 
 def test_bad_model_exits_before_binding(world: World, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,10 +39,14 @@ class Server:
         return self.proc.wait(timeout)
 
 
-def start_server(run: Path, folder: Path, *args: str, env: dict[str, str] | None = None) -> Server:
-    """Start `attn-mt serve --model RUN ARGS` on a free port and wait until it listens."""
+def start_server(
+    run: Path | Sequence[Path], folder: Path, *args: str, env: dict[str, str] | None = None
+) -> Server:
+    """Start `attn-mt serve --model RUN ARGS` (a --model for each of several runs) on a free
+    port and wait until it listens."""
     log = folder / f"serve-{time.monotonic_ns()}.log"
-    command = [*CLI, "serve", "--model", str(run), "--port", "0", "--device", "cpu", *args]
+    models = [f"--model={path}" for path in ([run] if isinstance(run, Path) else run)]
+    command = [*CLI, "serve", *models, "--port", "0", "--device", "cpu", *args]
     with open(log, "wb") as stderr:
         proc = subprocess.Popen(
             command,
@@ -60,6 +64,19 @@ def start_server(run: Path, folder: Path, *args: str, env: dict[str, str] | None
         time.sleep(0.05)
     proc.kill()
     raise AssertionError(f"serve did not start in {STARTUP_S} s:\n{log.read_text()}")
+
+
+def relabeled(checkpoint: Path, out: Path, src_lang: str, tgt_lang: str) -> Path:
+    """A copy of a bilingual checkpoint whose config names another pair (the same weights):
+    a model of another pair for the routing tests."""
+    import torch
+
+    from attn_mt.checkpoint import save_checkpoint
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    state["config"]["data"].update(src_lang=src_lang, tgt_lang=tgt_lang)
+    save_checkpoint(state, out)
+    return out
 
 
 def translate_cli(run: Path, lines: list[str], *args: str, env: dict[str, str]) -> str:

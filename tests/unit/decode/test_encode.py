@@ -20,6 +20,7 @@ from attn_mt.decode.request import Request
 from attn_mt.decode.translator import Translator
 from attn_mt.evaluate import evaluate_split
 from attn_mt.model.vocab import EOS_ID
+from attn_mt.serve.routing import Route
 from attn_mt.serve.service import Limits, Service
 from attn_mt.viz import attention_maps
 
@@ -104,7 +105,7 @@ def test_the_attention_map_reads_through_encode(translator: Translator, reads_ot
 
 
 def test_the_server_reads_through_encode(translator: Translator, reads_other) -> None:
-    service = Service(translator, [], Limits(), max_batch_tokens=1000, max_wait_ms=0)
+    service = Service([Route(translator, [])], Limits(), max_batch_tokens=1000, max_wait_ms=0)
     submitted = []
     submit = service.batcher.submit
     service.batcher.submit = lambda job: submitted.append(job) or submit(job)  # type: ignore

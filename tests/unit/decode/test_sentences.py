@@ -115,6 +115,7 @@ def test_a_paragraph_is_translated_as_its_sentences_one_by_one(translator: Trans
         source_words += len(sentence.split())
         target_words += len(e.text.split())
     assert entry.alignment == shifted
+    assert [len(e) for e in split.translate_nbest(["", PARAGRAPH], nbest=2, beam=2)] == [2, 2]
     lines = split.translate([PARAGRAPH, "", "qb qc"])
     assert lines == [entry.text, "", translator.translate(["qb qc"])[0]]
 

@@ -29,7 +29,7 @@ def test_a_batch_holds_the_source_tokens_its_request_allows(asked: Request, budg
     assert request.line_budget() == budget
     batches: list[list[str]] = []
 
-    def decode(lines: list[str], *_) -> list[list[str]]:
+    def decode(_model, lines: list[str], _request) -> list[list[str]]:
         batches.append(lines)
         return [[line] for line in lines]
 
@@ -42,3 +42,71 @@ def test_a_batch_holds_the_source_tokens_its_request_allows(asked: Request, budg
     finally:
         batcher.stop()
     assert max(len(batch) for batch in batches) == budget // LINE_TOKENS  # full, not over
+
+
+def test_a_steered_request_is_decoded_a_line_at_a_time_between_others() -> None:
+    """Terms, a prefix or avoided words make a slower search: such a job goes a line a batch
+    and to the back of the queue after each, so a plain request queued after it waits for one
+    line of it, not all."""
+    request = Request(batch_tokens=1000).resolved(DecodeConfig(beam=2), vocab=100)
+    steered = Job(["s1", "s2", "s3"], request, [["t"], ["t"], ["t"]], None, [4] * 3)
+    avoiding = Job(["a1", "a2"], replace(request, avoid=("x",)), None, None, [4] * 2)
+    plain = Job(["p1", "p2"], request, None, None, [4] * 2)
+    batches: list[list[str]] = []
+
+    def decode(_model, lines: list[str], _request) -> list[list[str]]:
+        batches.append(lines)
+        return [[line] for line in lines]
+
+    batcher = Batcher(decode, max_wait_ms=0)
+    futures = [batcher.submit(job) for job in (steered, avoiding, plain)]
+    batcher.start()
+    try:
+        assert [f.result(timeout=60) for f in futures][2] == [["p1"], ["p2"]]
+    finally:
+        batcher.stop()
+    assert batches == [["s1"], ["a1"], ["p1", "p2"], ["s2"], ["a2"], ["s3"]]
+
+
+def test_jobs_of_two_models_are_never_decoded_together() -> None:
+    request = Request(batch_tokens=1000).resolved(DecodeConfig(beam=2), vocab=100)
+    jobs = [Job([f"{m}{i}" for i in range(2)], request, None, None, [4] * 2, m) for m in "ab"]
+    batches: list[tuple[str, list[str]]] = []
+
+    def decode(model, lines: list[str], _request) -> list[list[str]]:
+        batches.append((model, lines))
+        return [[line] for line in lines]
+
+    batcher = Batcher(decode, max_wait_ms=0)
+    futures = [batcher.submit(job) for job in jobs]
+    batcher.start()
+    try:
+        [f.result(timeout=60) for f in futures]
+    finally:
+        batcher.stop()
+    assert batches == [("a", ["a0", "a1"]), ("b", ["b0", "b1"])]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_health_says_when_the_decode_worker_is_down() -> None:
+    """/health answers 503 once the worker thread has ended, and a request 503 too, not a
+    wait for ever."""
+    from fastapi.testclient import TestClient
+
+    from attn_mt.serve.app import create_app
+    from attn_mt.serve.batcher import Call
+    from attn_mt.serve.service import Limits, Service
+
+    service = Service([], Limits(), max_batch_tokens=10, max_wait_ms=0)
+    with TestClient(create_app(service)) as client:
+        assert client.get("/health").json() == {"status": "ok"}
+
+        def end_the_worker() -> None:
+            raise SystemExit  # not an Exception: nothing on the worker catches it
+
+        service.batcher.submit(Call(end_the_worker))
+        service.batcher._thread.join(timeout=30)
+        down = client.get("/health")
+        assert down.status_code == 503 and "worker is down" in down.json()["error"]
+        refused = client.post("/v1/attention", json={"text": "qb"})
+        assert refused.status_code in (422, 503)
