@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Callable, Iterator
 
 from rich.console import Console, Group, RenderableType
@@ -92,12 +93,14 @@ def fit(line: str, width: int) -> str:
 
 class TrainingDisplay:
     """Training's live line (the log line's figures after every update, as many as the
-    terminal's width holds) and, while it validates, a bar of sentences scored ("validation
-    loss") then translated ("validation search"). Log lines print above it."""
+    terminal's width holds, its elapsed time and ETA moving on between updates) and, while it
+    validates, a bar of sentences scored ("validation loss") then translated ("validation
+    search"; of a multilingual run "validation search de-en"). Log lines print above it."""
 
-    def __init__(self, console: Console):
-        self.console = console
-        self.line = Text("")
+    def __init__(self, console: Console, now: Callable[[], float] = time.monotonic):
+        self.console, self.now = console, now
+        self.line = ""
+        self.times: tuple[float, float, float | None] = (0.0, 0.0, None)  # came, elapsed, ETA
         columns = _sentence_columns("{task.description}")
         self.bar = Progress(*columns, console=console, auto_refresh=False)
         self.task: TaskID | None = None
@@ -106,14 +109,30 @@ class TrainingDisplay:
         )
 
     def _render(self) -> RenderableType:
-        return self.line if self.task is None else Group(self.line, self.bar)
+        line = Text(fit(self.shown(), self.console.width), no_wrap=True, overflow="ellipsis")
+        return line if self.task is None else Group(line, self.bar)
 
-    def training(self, line: str) -> None:
-        """Show the training line `line` (drawn at the next refresh, a few times a second)."""
+    def training(self, line: str, elapsed: float, eta: float | None) -> None:
+        """Show the training line `line`, made at the run's `elapsed` seconds with `eta` left
+        (drawn at the next refresh, a few times a second)."""
         first = not self.line
-        self.line = Text(fit(line, self.console.width), no_wrap=True, overflow="ellipsis")
+        self.line, self.times = line, (self.now(), elapsed, eta)
         if first:
             self.live.refresh()
+
+    def shown(self) -> str:
+        """The training line with its elapsed time and ETA moved on by the time since it came
+        (an update or a validation may take a while)."""
+        from attn_mt.train.runlog import clock  # the log line's format; torch is loaded here
+
+        came, elapsed, eta = self.times
+        since = self.now() - came
+        left = None if eta is None else max(eta - since, 0.0)
+        now = {"elapsed": clock(elapsed + since), "ETA": clock(left)}
+        return "  ".join(
+            f"{name} {now[name]}" if (name := field.split(" ")[0]) in now else field
+            for field in self.line.split("  ")
+        )
 
     def validating(self, phase: str, done: int, total: int) -> None:
         """Validation's `phase` has done `done` of `total` sentences; the bar goes when the
@@ -126,7 +145,7 @@ class TrainingDisplay:
             self.task = self.bar.add_task(label, total=total)
             self.live.refresh()  # shown at least once, however quick the validation
         self.bar.update(self.task, completed=done, total=total)
-        if phase == "search" and done >= total:
+        if phase.split(" ")[0] == "search" and done >= total:
             self.bar.remove_task(self.task)
             self.task = None
 

@@ -235,7 +235,8 @@ class Trainer:
         self.progress.step = step
         self.window.add(update.loss, update.nll, update.tokens, update.grad_norm)
         self.line = window_line(step, self.window, lr, t, self.clock, self.source, self.device)
-        self.monitor.training(self.line[0])
+        eta = self.clock.remaining(t, step, self.source.epochs_run)
+        self.monitor.training(self.line[0], self.clock.elapsed(), eta)
         if step % t.log_every == 0:
             self.runlog.training(step, *self.line)
             self.window = TrainWindow()

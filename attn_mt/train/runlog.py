@@ -228,18 +228,19 @@ def _logged_step(line: str) -> int | None:
 class Monitor(Protocol):
     """Follows a run as it goes (the CLI's display draws it on a terminal)."""
 
-    def training(self, line: str) -> None:
-        """After each update: the training line, as the log writes it every log_every steps."""
+    def training(self, line: str, elapsed: float, eta: float | None) -> None:
+        """After each update: the training line, as the log writes it every log_every steps,
+        made at the run's `elapsed` seconds with `eta` seconds left (None: not known)."""
 
     def validating(self, phase: str, done: int, total: int) -> None:
-        """Validation's `phase` ("loss" by teacher forcing, then "search") has done `done` of
-        its `total` sentences."""
+        """Validation's `phase` ("loss" by teacher forcing, then "search"; of a multilingual
+        run with the direction: "search de-en") has done `done` of its `total` sentences."""
 
 
 class QuietMonitor:
     """The `Monitor` of a run nothing follows: it shows nothing."""
 
-    def training(self, line: str) -> None:
+    def training(self, line: str, elapsed: float, eta: float | None) -> None:
         """Shows nothing."""
 
     def validating(self, phase: str, done: int, total: int) -> None:

@@ -147,6 +147,34 @@ def test_the_live_line_fits_the_terminal() -> None:
     assert fit(line, 60).startswith("step 1200/100000  ETA 12:34:56  loss 3.456")
 
 
+def test_the_live_line_moves_its_clock_on_between_updates() -> None:
+    """An update or a validation may take a while: the line's elapsed time and ETA move on
+    with the clock, not only when the next update is read; a direction's search bar goes
+    when it is done."""
+    import io
+
+    from rich.console import Console
+
+    from attn_mt.cli.progress import TrainingDisplay
+
+    now = [100.0]
+    console = Console(file=io.StringIO(), width=200, force_terminal=True)
+    display = TrainingDisplay(console, now=lambda: now[0])
+    line = "step 7/50  elapsed 0:26  ETA 1:00  epoch 0  loss 9.100  ppl 8955.29  12 tgt tok/s"
+    display.training(line, 26.4, 60.0)
+    assert display.shown() == line
+    now[0] += 14.0  # an update of 14 s, still running
+    assert display.shown() == line.replace("0:26", "0:40").replace("ETA 1:00", "ETA 0:46")
+    now[0] += 100.0
+    assert "elapsed 2:20  ETA 0:00  epoch 0" in display.shown()  # never below zero
+    display.training(line, 26.4, None)
+    assert "ETA ?" in display.shown()
+    display.validating("search de-en", 3, 5)
+    assert display.task is not None and display.bar.tasks[0].description == "validation search de-en"
+    display.validating("search de-en", 5, 5)
+    assert display.task is None
+
+
 def labels(line: str) -> str:
     """A training line with its numbers blanked: what the log and the display must share."""
     return re.sub(r"\d[\d.,:e+-]*", "#", line)
@@ -159,7 +187,7 @@ class Recorder:
         self.lines: list[str] = []
         self.validations: list[tuple[str, int, int]] = []
 
-    def training(self, line: str) -> None:
+    def training(self, line: str, elapsed: float, eta: float | None) -> None:
         self.lines.append(line)
 
     def validating(self, phase: str, done: int, total: int) -> None:
