@@ -24,6 +24,7 @@ they agree.
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -43,12 +44,14 @@ from attn_mt.decode.export_ct2 import (
     staged_folder,
 )
 from attn_mt.decode.hf_card import model_card
-from attn_mt.decode.hf_parity import Parity, check_parity
+from attn_mt.decode.hf_parity import PARITY_SOURCES, Parity, check_parity
 from attn_mt.decode.translator import Translator, load
 from attn_mt.errors import UserError
 from attn_mt.model.attention import MultiHeadAttention
 from attn_mt.model.transformer import FeedForward, Transformer, feed_forward_dropout
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
+
+log = logging.getLogger("attn_mt")
 
 INSTALL_HINT = "pip install 'attn-mt[hf]'"
 # The config values the stock classes can express; anything else is refused by name.
@@ -98,8 +101,10 @@ def export_hf(
 
     The checkpoint's decode settings, with `decode` over them, become generation_config.json;
     `license` (an SPDX identifier) goes into the model card. Returns the parity found; a
-    folder that disagrees is refused and nothing is written.
+    folder that disagrees is refused and nothing is written. Each stage is a line on the log
+    (stderr, from the command line): the import and the check take a while.
     """
+    log.info("export: importing transformers ...")
     transformers_module()
     check_license(license)
     out = Path(out)
@@ -109,8 +114,10 @@ def export_hf(
     check_hf_exportable(translator.config)
     with staged_folder(out) as staging:
         hf_model = to_transformers(translator)
+        log.info("export: writing %s weights and tokenizer files ...", type(hf_model).__name__)
         hf_model.save_pretrained(staging)
         write_tokenizer(translator, staging)
+        log.info("export: checking the folder against attn-mt on %d sources ...", PARITY_SOURCES)
         parity = check_parity(transformers_module(), translator, staging)
         if not parity.ok:
             raise UserError(

@@ -11,6 +11,7 @@ leave nothing behind.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import subprocess
 import sys
@@ -113,15 +114,21 @@ def test_permutation_maps_our_positions_onto_transformers_table():
     assert sorted(model_permutation(d_model).tolist()) == list(range(d_model))
 
 
-def test_trained_model_round_trip_offline(trained_run: Path, tmp_path: Path, toy_data):
+def test_trained_model_round_trip_offline(trained_run: Path, tmp_path: Path, toy_data, caplog):
     """A fresh process, offline, runs the model card's example as written and gets what
-    `translate --beam 1` gives."""
+    `translate --beam 1` gives; the export says what it is doing as it goes."""
     folder = tmp_path / "hf"
-    result = CliRunner().invoke(
-        app, ["export", "--format", "hf", "--model", str(trained_run), "--out", str(folder),
-              "--beam", "1", "--length-penalty", "0.6"]
-    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="attn_mt"):
+        result = CliRunner().invoke(
+            app, ["export", "--format", "hf", "--model", str(trained_run), "--out", str(folder),
+                  "--beam", "1", "--length-penalty", "0.6"]
+        )  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("export: ")] == [
+        "export: importing transformers ...",
+        "export: writing PegasusForConditionalGeneration weights and tokenizer files ...",
+        "export: checking the folder against attn-mt on 12 sources ...",
+    ]
     assert "greedy 12/12" in result.output and "tokenizer ids identical" in result.output
     # greedy with a length penalty: the penalty has no effect and transformers would refuse it
     assert json.loads((folder / "generation_config.json").read_text())["num_beams"] == 1
