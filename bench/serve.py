@@ -1,14 +1,22 @@
-"""Throughput and latency of `attn-mt serve` under concurrent clients, batching on and off.
+"""Throughput and latency of `attn-mt serve` under concurrent clients, batching on and off,
+a sentence or a paragraph a request; the memory of a server of one model and of two.
 
     python scripts/bench_serve.py --model runs/multi30k_de_en [--clients 32] [--seconds 20]
     python scripts/bench_serve.py --url http://127.0.0.1:8000          # a server already up
     python scripts/bench_serve.py --model runs/multi30k_de_en --soak 10   # 10 minutes, checked
+    python scripts/bench_serve.py --model runs/multi30k_de_en --memory runs/multi30k_en_de
 
 With --model it starts two servers in turn on 127.0.0.1 (free ports): one batching across
 requests (--max-wait-ms, --max-batch-tokens as given), one serving requests one at a time
 (--max-wait-ms 0 --max-batch-tokens 1). Each gets --clients threads that send one sentence a
-request (Multi30k test sentences, or --src FILE) for --seconds, after --warmup seconds.
-Prints a table, then one JSON line of the figures. Only 127.0.0.1 is ever contacted.
+request (Multi30k test sentences, or --src FILE) for --seconds, after --warmup seconds; the
+batching server then gets the same clients sending paragraphs of --paragraph sentences (one
+request each, split by the server) for as long. Prints a table, then one JSON line of the
+figures. Only 127.0.0.1 is ever contacted.
+
+--memory SECOND measures instead the server's resident memory once warm with --model alone and
+with --model and SECOND (two models of other pairs, routed by pair), beside the size of each
+checkpoint file.
 
 --soak MINUTES runs the batching server alone for that long under the same clients, each
 request holding 1-3 sentences: every reply must hold one line per sentence, each equal to what
@@ -41,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     sentences = _sentences(args.src)
     passes = {}
+    if args.memory:
+        _memory(args)
+        return
     if args.soak:
         with _server(args.model, ["--max-wait-ms", str(args.max_wait_ms)] + args.serve_arg) as url:
             _soak(url, sentences, args, _server.pid)
@@ -51,12 +62,13 @@ def main(argv: list[str] | None = None) -> None:
         batching = ["--max-wait-ms", str(args.max_wait_ms)]
         if args.max_batch_tokens:
             batching += ["--max-batch-tokens", str(args.max_batch_tokens)]
-        for name, extra in (
-            ("batched", batching),
-            ("one at a time", ["--max-wait-ms", "0", "--max-batch-tokens", "1"]),
-        ):
-            with _server(args.model, extra + args.serve_arg) as url:
-                passes[name] = _measure(url, sentences, args)
+        with _server(args.model, batching + args.serve_arg) as url:
+            passes["batched"] = _measure(url, sentences, args)
+            if args.paragraph > 1:
+                passes["paragraphs"] = _measure(url, sentences, args, args.paragraph)
+        one_at_a_time = ["--max-wait-ms", "0", "--max-batch-tokens", "1"]
+        with _server(args.model, one_at_a_time + args.serve_arg) as url:
+            passes["one at a time"] = _measure(url, sentences, args)
     _print(passes, args)
 
 
@@ -74,6 +86,10 @@ def _parser() -> argparse.ArgumentParser:
         "--serve-arg", action="append", default=[], help="More `serve` options (repeatable)."
     )
     parser.add_argument("--soak", type=float, default=0, help="Minutes of checked load.")
+    parser.add_argument(
+        "--paragraph", type=int, default=5, help="Sentences a paragraph request (1: none)."
+    )
+    parser.add_argument("--memory", metavar="SECOND", help="Measure memory with a 2nd model.")
     return parser
 
 
@@ -92,8 +108,10 @@ class _server:
 
     pid = 0  # the latest server's process id
 
-    def __init__(self, model: str, extra: list[str]):
-        self.command = [sys.executable, "-m", "attn_mt", "serve", "--model", model]
+    def __init__(self, model: str | list[str], extra: list[str]):
+        models = [model] if isinstance(model, str) else model
+        self.command = [sys.executable, "-m", "attn_mt", "serve"]
+        self.command += [f"--model={path}" for path in models]
         self.command += ["--host", "127.0.0.1", "--port", "0", *extra]
 
     def __enter__(self) -> str:
@@ -115,29 +133,30 @@ class _server:
         self.log.close()
 
 
-def _measure(url: str, sentences: list[str], args: argparse.Namespace) -> dict[str, float]:
-    """Run the clients; requests/s, sentences/s and latency percentiles of the measured part."""
-    target = urlparse(url)
-    if target.hostname not in ("127.0.0.1", "localhost"):
-        raise SystemExit(f"{url}: this benchmark talks to 127.0.0.1 only")
-    host = target.hostname  # str here (checked above), for the clients' closures
+def _measure(
+    url: str, sentences: list[str], args: argparse.Namespace, per_request: int = 1
+) -> dict[str, float]:
+    """Run the clients, each request `per_request` sentences as one paragraph; requests/s,
+    sentences/s and latency percentiles of the measured part."""
+    host, port = _local(url)
     start = time.monotonic()
     measure_from, stop_at = start + args.warmup, start + args.warmup + args.seconds
     latencies: list[list[float]] = [[] for _ in range(args.clients)]
     errors = [0]
 
     def client(number: int) -> None:
-        conn = http.client.HTTPConnection(host, target.port, timeout=120)
+        conn = http.client.HTTPConnection(host, port, timeout=120)
         i = number
         while (now := time.monotonic()) < stop_at:
-            body = json.dumps({"text": [sentences[i % len(sentences)]]})
+            paragraph = " ".join(sentences[(i + k) % len(sentences)] for k in range(per_request))
+            body = json.dumps({"text": [paragraph]})
             conn.request("POST", "/v1/translate", body, {"Content-Type": "application/json"})
             reply = conn.getresponse()
             reply.read()
             errors[0] += reply.status != 200
             if now >= measure_from:
                 latencies[number].append(time.monotonic() - now)
-            i += args.clients
+            i += args.clients * per_request
 
     threads = [threading.Thread(target=client, args=(n,)) for n in range(args.clients)]
     for thread in threads:
@@ -147,27 +166,33 @@ def _measure(url: str, sentences: list[str], args: argparse.Namespace) -> dict[s
     done = sorted(t for per_client in latencies for t in per_client)
     cuts = statistics.quantiles(done, n=100) if len(done) > 1 else done * 99
     return {
+        "sentences_per_request": per_request,
         "requests_per_s": len(done) / args.seconds,
-        "sentences_per_s": len(done) / args.seconds,  # one sentence a request
+        "sentences_per_s": len(done) * per_request / args.seconds,
         "p50_ms": 1000 * cuts[49],
         "p99_ms": 1000 * cuts[98],
         "errors": errors[0],
     }
 
 
+def _local(url: str) -> tuple[str, int]:
+    """The host and port of a server on this machine (anything else is refused)."""
+    target = urlparse(url)
+    if target.hostname not in ("127.0.0.1", "localhost") or target.port is None:
+        raise SystemExit(f"{url}: this benchmark talks to 127.0.0.1 only")
+    return target.hostname, target.port
+
+
 def _soak(url: str, sentences: list[str], args: argparse.Namespace, pid: int) -> None:
     """--soak: checked load for args.soak minutes, the server's RSS read every minute."""
-    target = urlparse(url)
-    if target.hostname not in ("127.0.0.1", "localhost"):
-        raise SystemExit(f"{url}: this benchmark talks to 127.0.0.1 only")
-    host = target.hostname  # str here (checked above), for the clients' closures
+    host, port = _local(url)
     stop_at = time.monotonic() + 60 * args.soak
     first: dict[str, str] = {}  # sentence -> the first translation the server gave it
     counts = {"requests": 0, "lines": 0, "errors": 0, "lost": 0, "changed": 0}
     lock = threading.Lock()
 
     def client(number: int) -> None:
-        conn = http.client.HTTPConnection(host, target.port, timeout=120)
+        conn = http.client.HTTPConnection(host, port, timeout=120)
         i = number
         while time.monotonic() < stop_at:
             lines = [sentences[(i + k) % len(sentences)] for k in range(1 + i % 3)]
@@ -213,16 +238,62 @@ def _rss_mib(pid: int) -> float:
 
 def _print(passes: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
     """The table, then one JSON line."""
-    print(f"{args.clients} clients, one sentence a request, {args.seconds:g} s measured")
-    print(f"{'serving':<15}{'req/s':>9}{'sent/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}")
+    print(f"{args.clients} clients, {args.seconds:g} s measured a pass")
+    header = f"{'serving':<15}{'sent/req':>9}{'req/s':>9}{'sent/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+    print(f"{header}{'errors':>8}")
     for name, f in passes.items():
         print(
-            f"{name:<15}{f['requests_per_s']:>9.1f}{f['sentences_per_s']:>9.1f}"
-            f"{f['p50_ms']:>9.0f}{f['p99_ms']:>9.0f}{f['errors']:>8.0f}"
+            f"{name:<15}{f['sentences_per_request']:>9.0f}{f['requests_per_s']:>9.1f}"
+            f"{f['sentences_per_s']:>9.1f}{f['p50_ms']:>9.0f}{f['p99_ms']:>9.0f}{f['errors']:>8.0f}"
         )
     figures: dict[str, object] = {"clients": args.clients, "passes": passes}
     if "batched" in passes and "one at a time" in passes:
         speedup = passes["batched"]["sentences_per_s"] / passes["one at a time"]["sentences_per_s"]
         print(f"batching: {speedup:.1f}x the sentences/s of one-at-a-time serving")
         figures["speedup"] = round(speedup, 2)
+    if "batched" in passes and "paragraphs" in passes:
+        gain = passes["paragraphs"]["sentences_per_s"] / passes["batched"]["sentences_per_s"]
+        print(f"paragraphs: {gain:.1f}x the sentences/s of a sentence a request")
+        figures["paragraph_gain"] = round(gain, 2)
     print(json.dumps(figures))
+
+
+def _memory(args: argparse.Namespace) -> None:
+    """--memory: the warm server's resident memory with --model alone, then with --model and
+    --memory, beside the checkpoint files' sizes; one JSON line of the figures."""
+    files = [_checkpoint_mib(path) for path in (args.model, args.memory)]
+    rss = []
+    for models in ([args.model], [args.model, args.memory]):
+        with _server(models, args.serve_arg) as url:
+            _warm(url)
+            rss.append(_rss_mib(_server.pid))
+    bound = 1.1 * (rss[0] + files[1])  # one process and its model, plus the second's weights
+    print(f"checkpoints: {files[0]:.0f} MiB and {files[1]:.0f} MiB")
+    print(f"server RSS, warm: one model {rss[0]:.0f} MiB, two models {rss[1]:.0f} MiB")
+    print(f"two models: {rss[1] / (rss[0] + files[1]):.2f}x one model's process plus the second")
+    figures = {"checkpoint_mib": files, "rss_mib": rss, "bound_mib": round(bound, 1)}
+    print(json.dumps(figures))
+
+
+def _warm(url: str) -> None:
+    """A few requests on every pair the server answers, so every model has decoded."""
+    host, port = _local(url)
+    conn = http.client.HTTPConnection(host, port, timeout=120)
+    conn.request("GET", "/languages")
+    languages = json.loads(conn.getresponse().read())
+    for lang in languages:
+        for target in lang["targets"]:
+            body = {"text": ["Ein Mann fährt Fahrrad. A man rides a bike."] * 8}
+            body |= {"src_lang": lang["code"], "tgt_lang": target}
+            conn.request(
+                "POST", "/v1/translate", json.dumps(body), {"Content-Type": "application/json"}
+            )
+            conn.getresponse().read()
+
+
+def _checkpoint_mib(path: str) -> float:
+    """The size of the checkpoint a run folder or .pt file stands for, in MiB."""
+    found = Path(path)
+    if found.is_dir():
+        found = found / "checkpoints" / "best.pt"
+    return found.stat().st_size / 2**20

@@ -96,9 +96,7 @@ def test_scripts_styles_code_and_untranslated_elements_are_as_given() -> None:
 
 
 def test_entities_stay_entities() -> None:
-    assert translated(PAGES["entities"]) == (
-        "<p>TOM &amp; JERRY &copy; 2024 &lt;3 &copy; CAFÉ</p>"
-    )
+    assert translated(PAGES["entities"]) == ("<p>TOM &amp; JERRY &copy; 2024 &lt;3 &copy; CAFÉ</p>")
 
 
 def test_inline_tags_go_around_their_words() -> None:
