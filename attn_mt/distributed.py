@@ -26,8 +26,9 @@ T = TypeVar("T")
 TIMEOUT = timedelta(minutes=60)
 
 
-def setup(device: torch.device) -> tuple[World, torch.device]:
-    """Join the process group torchrun describes (env RANK/WORLD_SIZE/LOCAL_RANK), if any.
+def setup(device: torch.device, timeout: timedelta = TIMEOUT) -> tuple[World, torch.device]:
+    """Join the process group torchrun describes (env RANK/WORLD_SIZE/LOCAL_RANK), if any, its
+    collectives waiting up to `timeout`.
 
     NCCL with one GPU per local rank on CUDA, gloo on CPU.
     """
@@ -46,7 +47,7 @@ def setup(device: torch.device) -> tuple[World, torch.device]:
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
             device_id=(device if device.type == "cuda" else None),
-            timeout=TIMEOUT,
+            timeout=timeout,
         )
     return world, device
 
@@ -136,9 +137,11 @@ def barrier(world: World) -> None:
 
 
 @contextlib.contextmanager
-def process_group(device: torch.device) -> Iterator[tuple[World, torch.device]]:
+def process_group(
+    device: torch.device, timeout: timedelta = TIMEOUT
+) -> Iterator[tuple[World, torch.device]]:
     """`setup` on entry, `teardown` on exit, however the block ends."""
-    world, device = setup(device)
+    world, device = setup(device, timeout)
     try:
         yield world, device
     finally:

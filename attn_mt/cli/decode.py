@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
-from itertools import count, takewhile
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TextIO
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -34,9 +33,12 @@ from attn_mt.cli.options import (
     decode_settings,
 )
 from attn_mt.errors import UserError
+from attn_mt.fileio import os_reason
 
 if TYPE_CHECKING:
-    from attn_mt.decode.translator import Translation, Translator
+    from attn_mt.cli.job import LineFields
+    from attn_mt.decode.request import Request
+    from attn_mt.decode.translator import Translator
 
 
 @app.command(epilog="Example: attn-mt translate -m runs/multi30k -i news.de -o news.en -b 5")
@@ -124,103 +126,131 @@ def translate(
             help="Add ' ||| ' and Pharaoh source-target word pairs (0-0 1-2 ...) to each output.",
         ),
     ] = False,
+    split_sentences: Annotated[
+        bool,
+        typer.Option(
+            "--split-sentences",
+            help="Translate each sentence of a line on its own (a line with terms or a prefix "
+            "whole), joined with the line's spacing: still one output line per input line.",
+        ),
+    ] = False,
     tgt_lang: TgtLangOption = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            "--shard",
+            metavar="I/N",
+            help="Translate only the I-th of N contiguous parts of the input (1 <= I <= N): "
+            "the N outputs concatenated are the whole output.",
+        ),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the interrupted translation into --output FILE (its lines done are "
+            "kept in FILE.partial) with the same model, settings and input.",
+        ),
+    ] = False,
     device: DeviceOption = "auto",
     precision: PrecisionOption = Precision.fp32,
     quantize: QuantizeOption = None,
     prepack: PrepackOption = Prepack.auto,
 ) -> None:
-    """Translate stdin to stdout (or --input to --output), one line per input line, in order."""
-    from attn_mt.cli import io
-    from attn_mt.fileio import os_reason, resolve_checkpoint
+    """Translate stdin to stdout (or --input to --output), one line per input line, in order.
 
-    for path in model:
-        resolve_checkpoint(path)
+    Under torchrun, the processes share the input's lines and one output is written in order.
+    """
+    from attn_mt.cli import io, split
+    from attn_mt.cli.job import Job, LineFields, run_job
+    from attn_mt.fileio import resolve_checkpoint, written_in_place
+    from attn_mt.world import world_from_env
+
+    checkpoints = [resolve_checkpoint(path) for path in model]
+    job = Job(input_, output, split.parse_shard(shard), resume, world_from_env())
     io.check_input(input_)
-    io.check_output(output, input_)
+    if job.world.distributed and input_ is None:
+        raise UserError(
+            "translate under torchrun reads --input FILE (every process reads it; stdin "
+            "reaches one of them)"
+        )
+    read: list[tuple[str, Path | None]] = [("--model", path) for path in checkpoints]
+    read += [("--input", input_) if input_ else ("stdin", io.stdin_path()), ("--avoid", avoid)]
+    io.check_output(output, read)
+    if resume and (output is None or written_in_place(output)):
+        raise UserError(
+            "--resume continues an --output FILE (a regular file); a stream cannot be continued"
+        )
     if not sample and (top_k, top_p, temperature) != (0, 1.0, 1.0):
         raise UserError("--top-k, --top-p and --temperature shape sampling; add --sample")
     decode = decode_settings(set_, beam, length_penalty)
     import attn_mt  # torch: only once the arguments are known to be good
-    from attn_mt.cli import progress
+    from attn_mt import distributed
     from attn_mt.decode.request import Request
+    from attn_mt.precision import resolve_device
 
-    translator = load_translator(model, device, precision, quantize, prepack, decode)
-    translator.language_prefix(tgt_lang)  # a missing or unknown language: before any input
-    request = Request(
-        beam=beam,  # None: the decode.beam, widened to --nbest
-        nbest=nbest,
-        sampling=attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None,
-        avoid=io.avoid_list(avoid),
-        alignment=alignment,
-        tgt_lang=tgt_lang,
-    )
-    lines = _LineWriter(nbest, nbest_format)
-    try:
-        with (
-            io.input_file(input_) as (stream, total),
-            io.output_file(output) as out,
-            progress.sentences(total, "translate") as advance,
-        ):
-            for chunk in io.line_chunks(stream, str(input_) if input_ else "stdin"):
-                first_line = lines.written + 1
-                sources, prefixes, terms = io.line_fields(chunk, prefix, constraints, first_line)
-                done: dict[int, list[Translation]] = {}  # the chunk's finished lines, by row
-                try:
-                    found = translator.translate_nbest(
-                        sources,
-                        replace(
-                            request,
-                            first_line=first_line,
-                            on_batch=advance,
-                            on_line=done.__setitem__,
-                            constraints=terms,
-                            prefixes=prefixes,
-                        ),
-                    )
-                except KeyboardInterrupt:  # Ctrl-C: the lines finished in order are written
-                    lines.write(out, [done[row] for row in takewhile(done.__contains__, count())])
-                    raise
-                lines.write(out, found)
-    except KeyboardInterrupt:
-        raise _interrupted(output, lines.written) from None
-    except OSError as err:  # the reader went away (`| head`: end quietly), or a full disk
-        gone = isinstance(err, BrokenPipeError)
-        if output is not None and not gone:
-            raise  # --output's errors are its own
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
-        if not gone:
-            raise UserError(f"stdout: cannot write ({os_reason(err)})") from None
+    with distributed.process_group(resolve_device(device), split.WAIT) as (_, place):
+        translator = load_translator(model, str(place), precision, quantize, prepack, decode)
+        translator.language_prefix(tgt_lang)  # a missing or unknown language: before any input
+        if split_sentences:
+            from attn_mt.decode.sentences import ParagraphTranslator
 
-
-class _LineWriter:
-    """Writes finished input lines' translations in input order and counts them."""
-
-    def __init__(self, nbest: int, nbest_format: NbestFormat):
-        self.nbest, self.nbest_format = nbest, nbest_format
-        self.written = 0  # input lines whose output is written
-
-    def write(self, out: TextIO, found: list[list[Translation]]) -> None:
-        from attn_mt.cli import io
-
-        for index, entries in enumerate(found, start=self.written):
-            out.write(io.format_entries(index, entries, self.nbest, self.nbest_format))
-        out.flush()
-        self.written += len(found)
-
-
-def _interrupted(output: Path | None, written: int) -> typer.Exit:
-    """Ctrl-C during translate: say what was written (stdout keeps the finished lines; an
-    --output file is whole or not at all), then exit 130."""
-    if output is None:
-        print(f"attn-mt: interrupted; the first {written} line(s) are written", file=sys.stderr)
-    else:
-        print(
-            f"attn-mt: interrupted; --output {output} not written ({written} line(s) were "
-            "done; to keep finished lines, translate to stdout: > FILE)",
-            file=sys.stderr,
+            translator = ParagraphTranslator.splitting(translator)
+        request = Request(
+            beam=beam,  # None: the decode.beam, widened to --nbest
+            nbest=nbest,
+            sampling=attn_mt.Sampling(temperature, top_k, top_p, seed) if sample else None,
+            avoid=io.avoid_list(avoid),
+            alignment=alignment,
+            tgt_lang=tgt_lang,
         )
-    return typer.Exit(130)
+        fields = LineFields(nbest, nbest_format, prefix, constraints)
+        if output is not None and not written_in_place(output):
+            job.settings = _settings(translator, request, fields, checkpoints)
+            job.settings |= {"precision": precision.value, "quantize": quantize}
+            job.settings |= {"split_sentences": split_sentences}
+        try:
+            run_job(translator, request, fields, job)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        except OSError as err:  # the reader went away (`| head`: end quietly), or a full disk
+            gone = isinstance(err, BrokenPipeError)
+            if output is not None and not gone:
+                raise  # --output's errors are its own
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+            if not gone:
+                raise UserError(f"stdout: cannot write ({os_reason(err)})") from None
+
+
+def _settings(
+    translator: Translator, request: Request, fields: LineFields, checkpoints: list[Path]
+) -> dict[str, Any]:
+    """What a partial translation's record keeps of how it was made, for `--resume` to
+    compare: the checkpoints' sha256, every decode.* setting but the batch size (which does
+    not change a translation), the resolved request and how lines are read and written."""
+    from attn_mt.cli.partial import file_digest
+
+    resolved = translator.resolve(request)
+    decode = {k: v for k, v in asdict(translator.config.decode).items() if k != "batch_tokens"}
+    wanted = ("beam", "nbest", "length_penalty", "sampling", "avoid", "alignment", "tgt_lang")
+    return {
+        "models": [file_digest(path) for path in checkpoints],
+        "decode": decode,
+        "request": {name: _plain(getattr(resolved, name)) for name in wanted},
+        "lines": {
+            "nbest_format": fields.nbest_format.value,
+            "prefix": fields.prefix,
+            "constraints": fields.constraints,
+        },
+        "device": translator.device.type,
+    }
+
+
+def _plain(value: Any) -> Any:
+    """A request's value as JSON keeps it (a Sampling as its fields, a tuple as a list)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    return list(value) if isinstance(value, tuple) else value
 
 
 def load_translator(

@@ -57,13 +57,13 @@ def score(
     from attn_mt.fileio import resolve_checkpoint
 
     model = one_model(models, "score", "score reads one model")
-    resolve_checkpoint(model)
+    read = [("--model", resolve_checkpoint(model)), ("--src", src), ("--ref", ref)]
+    io.check_output(output, read)
     sources, references = _read_lines(src, "--src"), _read_lines(ref, "--ref")
     if len(sources) != len(references):
         raise UserError(
             f"--src {src} has {len(sources)} lines but --ref {ref} has {len(references)}"
         )
-    io.check_output(output)
     import attn_mt  # torch: only once the arguments are known to be good
     from attn_mt.decode.forced import score_lines
 

@@ -16,15 +16,17 @@ import os
 import queue
 import stat
 import sys
+import tempfile
 import threading
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, TextIO, cast
 
 from attn_mt.cli.options import NbestFormat
 from attn_mt.errors import UserError, named
+from attn_mt.fileio import Inputs
 
 if TYPE_CHECKING:  # imported inside the commands: `attn-mt --help` must not load torch
     from attn_mt.decode.translator import Translation
@@ -70,28 +72,53 @@ def check_input(path: Path | None) -> None:
         raise UserError(f"--input {named(path)}: permission denied; the file is not readable")
 
 
-def check_output(path: Path | None, input_: Path | None = None) -> None:
-    """Refuse, before any work, an output that cannot be written (stdout: closed) or that is
-    the --input file."""
-    from attn_mt.fileio import check_output_file
+def stdin_path() -> Path | None:
+    """stdin as a path (/dev/fd/N), to compare with the outputs; None where it has no
+    descriptor (closed, or replaced by a test harness)."""
+    try:
+        return Path(f"/dev/fd/{sys.stdin.fileno()}")
+    except (AttributeError, OSError, ValueError):
+        return None
 
-    if path is None:
-        if sys.stdout is None:  # the shell closed it (>&-)
-            raise UserError("stdout: cannot write (it is closed); give --output FILE")
-    elif not path.exists() or path.is_file() or path.is_dir():
-        check_output_file(path, "--output", [("--input", input_)])
-    elif not os.access(path, os.W_OK):  # a device or FIFO, written in place
-        raise UserError(f"--output {named(path)}: permission denied; it is not writable")
+
+def check_output(path: Path | None, inputs: Inputs = ()) -> None:
+    """Refuse, before any work, an --output (or stdout) that cannot be written or that is one of
+    the files the command reads, `inputs` ((option, path) pairs: `fileio.check_output_file`)."""
+    from attn_mt.fileio import check_output_file, same_file
+
+    if path is not None:
+        check_output_file(path, "--output", inputs)
+        return
+    if sys.stdout is None:  # the shell closed it (>&-)
+        raise UserError("stdout: cannot write (it is closed); give --output FILE")
+    try:
+        stdout = f"/dev/fd/{sys.stdout.fileno()}"
+    except (AttributeError, OSError, ValueError):  # replaced by a test harness
+        return
+    for name, source in inputs:
+        if source is not None and same_file(stdout, source):
+            raise UserError(
+                f"stdout: is the {name} file being read ({named(source)}); write elsewhere"
+            )
 
 
 @contextlib.contextmanager
-def input_file(path: Path | None) -> Iterator[tuple[BinaryIO, int | None]]:
+def input_file(path: Path | None, count: bool = False) -> Iterator[tuple[BinaryIO, int | None]]:
     """stdin or FILE as a binary stream (gzip data decompressed), with its number of lines
-    when FILE is a regular file (None for a stream: it can be read only once)."""
+    when it is a regular file (a progress bar's total; stdin's only on a terminal), else None.
+    With `count`, a stream (a pipe, a FIFO) is read whole into a temporary file first and its
+    lines counted there: where a shard starts depends on the number of lines."""
     if path is None:
         check_input(path)
         reader = _stdin_reader()
-        yield reader, _lines_ahead(reader) if sys.stderr.isatty() else None
+        total = _lines_ahead(reader) if count or sys.stderr.isatty() else None
+        if count and getattr(reader, "peek", lambda n: b"")(2)[:2] == GZIP_MAGIC:
+            raise UserError("stdin: gzip-compressed data; decompress it (zcat FILE | ...)")
+        if total is not None or not count:
+            yield reader, total
+            return
+        with _spooled(reader, "stdin") as (spool, total):
+            yield spool, total
         return
     with contextlib.ExitStack() as stack:
         try:
@@ -106,7 +133,25 @@ def input_file(path: Path | None) -> Iterator[tuple[BinaryIO, int | None]]:
         except READ_ERRORS as err:
             reason = getattr(err, "strerror", None) or err
             raise UserError(f"--input {named(path)}: cannot read ({reason})") from None
+        if total is None and count:
+            handle, total = stack.enter_context(_spooled(handle, f"--input {named(path)}"))
         yield handle, total
+
+
+@contextlib.contextmanager
+def _spooled(stream: BinaryIO, name: str) -> Iterator[tuple[BinaryIO, int]]:
+    """`stream` read whole into an unnamed temporary file (in TMPDIR), and its line count."""
+    with tempfile.TemporaryFile() as spool:
+        total = 0
+        try:
+            for line in stream:
+                spool.write(line)
+                total += 1
+        except READ_ERRORS as err:
+            reason = getattr(err, "strerror", None) or err
+            raise UserError(f"{name}: cannot read ({reason})") from None
+        spool.seek(0)
+        yield cast(BinaryIO, spool), total
 
 
 def _lines_ahead(reader: BinaryIO) -> int | None:
@@ -144,7 +189,6 @@ def output_file(path: Path | None) -> Iterator[TextIO]:
     is written; a device or FIFO is written in place; a link's file is written, the link kept."""
     from attn_mt.fileio import atomic_write, os_reason
 
-    check_output(path)
     if path is None:
         yield sys.stdout
         return
@@ -158,9 +202,23 @@ def output_file(path: Path | None) -> Iterator[TextIO]:
         raise UserError(f"--output {named(path)}: cannot write ({os_reason(err)})") from None
 
 
-def line_chunks(stream: BinaryIO, name: str, max_lines: int = 1000) -> Iterator[list[str]]:
-    """Lines of `stream` in chunks of what has arrived (so a pipeline flows), at most
-    `max_lines`.
+def line_text(raw: bytes, number: int | None = None) -> str:
+    """An input line as translated: UTF-8 without its line break, invalid bytes replaced (with
+    a warning naming line `number`, if given)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("utf-8", errors="replace")
+        if number is not None:
+            warnings.warn(f"line {number}: invalid UTF-8, replaced with U+FFFD", stacklevel=1)
+    return text.rstrip("\r\n")
+
+
+def line_chunks(
+    stream: Iterable[bytes], name: str, max_lines: int = 1000, first_line: int = 1
+) -> Iterator[list[str]]:
+    """Lines of `stream` (the first numbered `first_line`) in chunks of what has arrived (so a
+    pipeline flows), at most `max_lines`.
 
     A reader thread decodes UTF-8 (invalid bytes replaced, with one warning per line) into a
     bounded queue, so memory stays bounded on endless input.
@@ -169,19 +227,12 @@ def line_chunks(stream: BinaryIO, name: str, max_lines: int = 1000) -> Iterator[
 
     def reader() -> None:
         try:
-            for number, raw in enumerate(stream, start=1):
-                if number == 1 and raw.startswith(b"\x1f\x8b"):
+            for number, raw in enumerate(stream, start=first_line):
+                if number == 1 and raw.startswith(GZIP_MAGIC):
                     raise UserError(
                         f"{name}: gzip-compressed data; decompress it (zcat FILE | ...)"
                     )
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    text = raw.decode("utf-8", errors="replace")
-                    warnings.warn(
-                        f"line {number}: invalid UTF-8, replaced with U+FFFD", stacklevel=1
-                    )
-                lines.put(text.rstrip("\r\n"))
+                lines.put(line_text(raw, number))
         except READ_ERRORS as err:  # write-only, a folder, not a file, damaged gzip
             lines.put(
                 UserError(f"{name}: cannot read text ({getattr(err, 'strerror', None) or err})")

@@ -39,12 +39,11 @@ def average(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
 ) -> None:
     """Average the parameters of several checkpoints of one run into one checkpoint."""
-    from attn_mt.fileio import check_output_file, resolve_checkpoint
+    from attn_mt.fileio import check_output_file, resolve_checkpoint, written_in_place
 
-    for path in checkpoints:
-        resolve_checkpoint(path)
-    check_output_file(out)
-    if out.is_file() and not force:  # a device or FIFO is written in place, nothing lost
+    read = [("CHECKPOINT", resolve_checkpoint(path)) for path in checkpoints]
+    check_output_file(out, inputs=read)
+    if out.is_file() and not written_in_place(out) and not force:  # a stream: nothing lost
         raise UserError(f"--out {out}: file exists; add --force to replace it")
     from attn_mt.checkpoint import average_checkpoints, save_checkpoint  # torch
 
@@ -96,10 +95,9 @@ def attention(
     """Draw attention heatmaps (layers x heads) for one sentence, or the positional encoding."""
     from attn_mt.fileio import check_output_file, resolve_checkpoint
 
-    check_output_file(out)
     model = one_model(models, "attention", "it draws one model's attention") if models else None
-    if model is not None:
-        resolve_checkpoint(model)
+    read = [("--model", resolve_checkpoint(model) if model is not None else None)]
+    check_output_file(out, inputs=read)
     if not pe and (model is None or text is None):
         raise UserError("attention: give --model and --text (or --pe for the positional encoding)")
     from attn_mt import viz  # torch and matplotlib
@@ -173,8 +171,7 @@ def export(
     from attn_mt.fileio import check_output_dir, resolve_checkpoint
 
     model = one_model(models, "export", "an export holds one model")
-    resolve_checkpoint(model)
-    check_output_dir(out)
+    check_output_dir(out, inputs=[("--model", resolve_checkpoint(model))])
     if format_ is ExportFormat.hf and quantization != "none":
         raise UserError(f"--quantization {quantization}: applies to --format ct2 only")
     decode = decode_settings(set_, beam, length_penalty)

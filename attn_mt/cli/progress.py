@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -61,19 +62,115 @@ def _sentence_columns(label: str) -> tuple[ProgressColumn, ...]:
     )
 
 
+@dataclass
+class Pace:
+    """How fast a long decoding goes and when it ends, from all it has done since it began:
+    not from a window of the last seconds, which jumps, as each chunk's lines are searched
+    shortest first (a fast start, a slow end). The time left weighs each line by its length
+    (`read`): the lines read and not yet done by theirs, the lines not yet read by the mean of
+    those read; lines never `read` weigh one each."""
+
+    total: int | None
+    clock: Callable[[], float] = time.monotonic
+    start: float = field(init=False)
+    lines_read: int = 0
+    weight_read: int = 0
+    lines_done: int = 0
+    weight_done: int = 0
+    on_change: Callable[[], None] = lambda: None  # a display's redraw
+
+    def __post_init__(self) -> None:
+        self.start = self.clock()
+
+    def read(self, lines: Sequence[str]) -> None:
+        """`lines` are read (a chunk), to be done."""
+        self.lines_read += len(lines)
+        self.weight_read += sum(map(weight, lines))
+
+    def finished(self, lines: int, weight: int | None = None) -> None:
+        """`lines` more are done, of `weight` in all (default: one a line)."""
+        self.lines_done += lines
+        self.weight_done += lines if weight is None else weight
+        self.on_change()
+
+    @property
+    def rate(self) -> float | None:
+        """Lines a second since the start; None before the first."""
+        elapsed = self.clock() - self.start
+        return self.lines_done / elapsed if self.lines_done and elapsed > 0 else None
+
+    @property
+    def remaining(self) -> float | None:
+        """Seconds left at the pace so far; None before the first line or without a total."""
+        if self.total is None or not self.weight_done:
+            return None
+        if self.lines_read:
+            mean = self.weight_read / self.lines_read
+            left = self.weight_read - self.weight_done + (self.total - self.lines_read) * mean
+        else:
+            left = self.total - self.weight_done
+        return max(left, 0) * (self.clock() - self.start) / self.weight_done
+
+
+def weight(line: str) -> int:
+    """A line's share of the work: its characters, and one for the line."""
+    return len(line) + 1
+
+
+class PaceColumn(ProgressColumn):
+    """`12.3 UNIT  0:42  ETA 1:05`: the task's `pace` (`Pace`), elapsed time, time left."""
+
+    def __init__(self, unit: str):
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Task) -> Text:
+        pace: Pace = task.fields["pace"]
+        rate, left = pace.rate, pace.remaining
+        speed = f"{rate:,.1f} {self.unit}" if rate else f"? {self.unit}"
+        return Text(f"{speed}  {_clock(time.monotonic() - pace.start)}  ETA {_clock(left)}")
+
+
+def _clock(seconds: float | None) -> str:
+    """`1:02:03`, `2:03`, or `-:--` when not known."""
+    if seconds is None:
+        return "-:--"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 @contextlib.contextmanager
-def sentences(total: int | None, label: str) -> Iterator[Callable[[int], None]]:
-    """Yield `advance(n)`; on a terminal, a bar of sentences done, sentences/s and ETA.
+def lines(
+    total: int | None, label: str, unit: str = "lines", rate_unit: str = "lines/s"
+) -> Iterator[Pace]:
+    """Yield the `Pace` of a decoding of `total` lines; on a terminal, a bar of lines done,
+    lines/s, the elapsed time and the time left, redrawn as `Pace.finished` is called.
 
     `total` None (e.g. endless stdin) shows nothing, as does a stderr that is not a terminal.
     """
+    pace = Pace(total)
     if total is None or not on_terminal():
-        yield lambda n: None
+        yield pace
         return
-    columns = _sentence_columns(label)
+    columns = (
+        TextColumn(label),
+        BarColumn(bar_width=None),
+        MofNCompleteColumn(),
+        TextColumn(unit),
+        PaceColumn(rate_unit),
+    )
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
+        task = bar.add_task(label, total=total, pace=pace)
+        pace.on_change = lambda: bar.update(task, completed=pace.lines_done)
+        yield pace
+
+
+@contextlib.contextmanager
+def sentences(total: int | None, label: str) -> Iterator[Callable[[int], None]]:
+    """Yield `advance(n)`: `lines`' display of sentences, n more done after each batch."""
+    with lines(total, label, "sentences", "sent/s") as pace:
+        yield pace.finished
 
 
 # The training line's fields a narrow terminal drops first, by their first word: the rest

@@ -95,4 +95,5 @@ def test_a_progress_bar_with_eta_on_a_terminal(world: World, tmp_path: Path, com
     assert child.wait(timeout=300) == 0, seen.decode(errors="replace")
     os.close(leader)
     text = seen.decode(errors="replace")
-    assert "ETA" in text and "sentences" in text, text
+    unit = "lines" if command == "translate" else "sentences"  # translate counts input lines
+    assert "ETA" in text and unit in text, text

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import gzip
 import json
+import os
 import pickle
 import re
 import shutil
@@ -441,7 +442,7 @@ DATA_CASES = [
     Case(
         "data-every-pair-too-long",
         lambda ws: train_args(ws.config(data={"max_len": 1})),
-        ["every training pair was filtered out", "data.max_len=1"],
+        ["every training pair was filtered out", "data.max_len is 1"],
         process=True,  # found while encoding, in a pool forked from the process
     ),
     Case(
@@ -1567,6 +1568,7 @@ def partial_run(ws: Workspace, *checkpoints: str) -> Path:
 def test_round_four_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
     test_case(case, world, request)
 
+
 # -- compare and evaluate's metrics: one line each, before any translating -------------------
 
 
@@ -1750,4 +1752,167 @@ ROUND_FIVE_CASES = [
     "case", [pytest.param(c, marks=c.marks, id=c.id) for c in ROUND_FIVE_CASES]
 )
 def test_round_five_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
+    test_case(case, world, request)
+
+
+# -- round five: no command replaces its own inputs; large translations' options ---------------
+
+
+def hard_linked(ws: Workspace, name: str, target: Path) -> Path:
+    """./NAME, a second hard link to `target`."""
+    os.link(target, ws.dir / name)
+    return ws.dir / name
+
+
+def loop(ws: Workspace, name: str) -> Path:
+    """./NAME, a symbolic link to ./NAME.2, which links back to ./NAME."""
+    (ws.dir / name).symlink_to(ws.dir / f"{name}.2")
+    (ws.dir / f"{name}.2").symlink_to(ws.dir / name)
+    return ws.dir / name
+
+
+def pair(ws: Workspace) -> tuple[Path, Path]:
+    """./s.txt and ./r.txt: two lines of source and reference."""
+    return ws.file("s.txt", "qb qc\nqd\n"), ws.file("r.txt", "Ba Ca\nDa\n")
+
+
+def scoring(ws: Workspace, output: Any) -> list[Any]:
+    """`score` of ./model.pt on `pair`, written to `output` (a callable of the three paths)."""
+    model, (src, ref) = best(ws), pair(ws)
+    out = output(model, src, ref)
+    return ["score", "--model", model, "--src", src, "--ref", ref, "-o", out, "--device", "cpu"]
+
+
+OUTPUT_ONTO_INPUT_CASES = [
+    Case(
+        "translate-output-is-the-model",
+        lambda ws: translate_args(best(ws), "-i", ws.file("in", "qb\n"), "-o", ws.dir / "model.pt"),
+        ["--output", "model.pt: is the --model file being read; give another file"],
+    ),
+    Case(  # a run folder is read through its checkpoints/best.pt
+        "translate-output-is-the-run-folders-best",
+        lambda ws: translate_args(
+            ws.run_copy(), "-i", ws.file("in", "qb\n"), "-o", ws.dir / "run/checkpoints/best.pt"
+        ),
+        ["--output", "best.pt: is the --model file being read"],
+    ),
+    Case(
+        "translate-output-is-the-second-model-of-an-ensemble",
+        lambda ws: [
+            *translate_args(best(ws), "--model", ws.checkpoint("b.pt"), "-i", ws.file("in", "x")),
+            *["-o", ws.dir / "b.pt"],
+        ],
+        ["--output", "b.pt: is the --model file being read"],
+    ),
+    Case(
+        "translate-output-links-to-the-model",
+        lambda ws: translate_args(best(ws), "-o", linked(ws, "out.txt", ws.dir / "model.pt")),
+        ["--output", "out.txt: is the --model file being read"],
+    ),
+    Case(
+        "translate-output-is-a-hard-link-of-the-input",
+        lambda ws: translate_args(
+            best(ws), "-i", ws.file("in.txt", "qb\n"), "-o", hard_linked(ws, "o", ws.dir / "in.txt")
+        ),
+        ["--output", "o: is the --input file being read"],
+    ),
+    Case(
+        "translate-output-is-the-avoid-file",
+        lambda ws: translate_args(
+            best(ws), "--avoid", ws.file("avoid.txt", "qb\n"), "-o", ws.dir / "avoid.txt"
+        ),
+        ["--output", "avoid.txt: is the --avoid file being read"],
+    ),
+    Case(  # `os.path.realpath` stops at the loop, and the rename replaced the link itself
+        "translate-output-is-a-loop-of-links",
+        lambda ws: translate_args(best(ws), "-o", loop(ws, "out.txt")),
+        ["--output", "out.txt: its symbolic links form a loop; give another name"],
+    ),
+    Case(
+        "attention-out-is-the-model",
+        lambda ws: ["attention", "--model", best(ws), "--text", "qb", "--out", ws.dir / "model.pt"],
+        ["--out", "model.pt: is the --model file being read"],
+    ),
+    Case(
+        "score-output-is-the-ref",
+        lambda ws: scoring(ws, lambda model, src, ref: ref),
+        ["--output", "r.txt: is the --ref file being read"],
+    ),
+    Case(
+        "score-output-is-the-model",
+        lambda ws: scoring(ws, lambda model, src, ref: model),
+        ["--output", "model.pt: is the --model file being read"],
+    ),
+    Case(
+        "score-output-links-to-the-src",
+        lambda ws: scoring(ws, lambda model, src, ref: linked(ws, "out", src)),
+        ["--output", "out: is the --src file being read"],
+    ),
+    Case(  # --force replaced a.pt, one of the checkpoints averaged
+        "average-out-is-a-checkpoint",
+        lambda ws: [
+            *["average", "--out", ws.checkpoint("a.pt"), "--force"],
+            *[ws.dir / "a.pt", ws.checkpoint("b.pt")],
+        ],
+        ["--out", "a.pt: is the CHECKPOINT file being read"],
+    ),
+    Case(  # --force would replace the run folder that holds the model
+        "export-out-holds-the-model",
+        lambda ws: ["export", "--model", ws.run_copy(), "--out", ws.dir / "run", "--force"],
+        ["--out", "run: holds the --model file being read", "give another folder"],
+    ),
+    Case(
+        "evaluate-out-is-a-hard-link-of-the-ref",
+        lambda ws: (
+            (files := own_valid(ws)),
+            ["evaluate", "--model", best(ws), "--device", "cpu", "--src", files[0]]
+            + ["--ref", files[1], "--out", hard_linked(ws, "hyp.txt", files[1])],
+        )[1],
+        ["--out", "hyp.txt: is the --ref file being read"],
+    ),
+    Case(
+        "evaluate-out-is-a-loop-of-links",
+        lambda ws: evaluate_args(best(ws), "--out", loop(ws, "hyp.txt")),
+        ["--out", "hyp.txt: its symbolic links form a loop"],
+    ),
+    Case(
+        "translate-resume-without-output",
+        lambda ws: translate_args(best(ws), "--resume"),
+        ["--resume continues an --output FILE"],
+    ),
+    Case(
+        "translate-resume-onto-a-stream",
+        lambda ws: translate_args(best(ws), "--resume", "-o", "/dev/null"),
+        ["--resume continues an --output FILE (a regular file)"],
+    ),
+    Case(
+        "translate-shard-zero",
+        lambda ws: translate_args(best(ws), "--shard", "0/3"),
+        ["--shard 0/3: write it I/N", "1 <= I <= N"],
+    ),
+    Case(
+        "translate-shard-beyond-its-count",
+        lambda ws: translate_args(best(ws), "--shard", "4/3"),
+        ["--shard 4/3: write it I/N"],
+    ),
+    Case(
+        "translate-shard-not-a-fraction",
+        lambda ws: translate_args(best(ws), "--shard", "half"),
+        ["--shard half: write it I/N"],
+    ),
+    Case(  # every process would read the one stdin
+        "translate-under-torchrun-from-stdin",
+        lambda ws: (
+            ws.env.update(WORLD_SIZE="2", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1"),
+            translate_args(best(ws)),
+        )[1],
+        ["translate under torchrun reads --input FILE"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=c.marks, id=c.id) for c in OUTPUT_ONTO_INPUT_CASES]
+)
+def test_output_onto_input_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
     test_case(case, world, request)

@@ -65,7 +65,7 @@ def test_translate_input_shows_progress_on_a_terminal(trained_run: Path, toy_dat
     )  # fmt: skip
     assert code == 0, terminal
     assert stdout == ""
-    assert "translate" in terminal and "sentences" in terminal and "sent/s" in terminal
+    assert "translate" in terminal and "lines" in terminal and "lines/s" in terminal
     assert "ETA" in terminal and any(c in terminal for c in CONTROL)
     assert len(read_lines(out)) == len(read_lines(toy_data["test.src"]))
 
@@ -170,7 +170,9 @@ def test_the_live_line_moves_its_clock_on_between_updates() -> None:
     display.training(line, 26.4, None)
     assert "ETA ?" in display.shown()
     display.validating("search de-en", 3, 5)
-    assert display.task is not None and display.bar.tasks[0].description == "validation search de-en"
+    assert (
+        display.task is not None and display.bar.tasks[0].description == "validation search de-en"
+    )
     display.validating("search de-en", 5, 5)
     assert display.task is None
 

@@ -1,10 +1,11 @@
-"""Signals as real processes: SIGTERM leaves nothing behind (the output's temp file of
-`translate --output` is removed and the command exits 143, 128 + 15, with one line, no
-traceback); Ctrl-C during `translate` writes the lines finished in input order to stdout, and
-leaves an earlier --output file as it was."""
+"""Signals as real processes: SIGTERM leaves no temp file behind (`translate --output` keeps
+the lines done in FILE.partial for `--resume` and exits 143, 128 + 15, with no traceback);
+Ctrl-C during `translate` writes the lines finished in input order to stdout, and leaves an
+earlier --output file as it was, its lines done kept for `--resume`."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -20,7 +21,9 @@ from helpers.workspace import World
 import attn_mt
 
 
-def test_sigterm_during_translate_output_leaves_no_temp_file(world: World) -> None:
+def test_sigterm_during_translate_output_keeps_the_lines_done_and_no_temp_file(
+    world: World,
+) -> None:
     folder = Path(tempfile.mkdtemp(dir=world.root, prefix="signals."))
     source = folder / "in.txt"
     source.write_text("qb qc qd qb qc qd qb qc\n" * 20000)
@@ -32,15 +35,23 @@ def test_sigterm_during_translate_output_leaves_no_temp_file(world: World) -> No
         stderr=subprocess.PIPE,
         env=child_env(),
     )
-    deadline = time.monotonic() + 120
-    while not [p for p in folder.iterdir() if p.name.endswith(".tmp")]:
-        assert child.poll() is None and time.monotonic() < deadline, "no temp file appeared"
-        time.sleep(0.05)
+    wait_for_lines_done(folder / "out.txt", child)
     child.send_signal(signal.SIGTERM)
     stderr = child.communicate(timeout=60)[1].decode()
     assert child.returncode == 143, stderr
     assert "Traceback" not in stderr and "attn-mt: terminated" in stderr
-    assert sorted(p.name for p in folder.iterdir()) == ["in.txt"]
+    assert "--resume continues them" in stderr.splitlines()[-1]
+    names = ["in.txt", "out.txt.partial", "out.txt.partial.json"]
+    assert sorted(p.name for p in folder.iterdir()) == names
+
+
+def wait_for_lines_done(out: Path, child: subprocess.Popen[bytes]) -> None:
+    """Wait until `out`'s partial translation records a line done."""
+    record = out.with_name(out.name + ".partial.json")
+    deadline = time.monotonic() + 120
+    while not (record.exists() and json.loads(record.read_text())["done"]["lines"]):
+        assert child.poll() is None and time.monotonic() < deadline, "no line was done"
+        time.sleep(0.05)
 
 
 def _sigint_default() -> None:
@@ -105,35 +116,38 @@ def test_ctrl_c_during_translate_writes_the_finished_lines_in_order(world: World
 
 def test_ctrl_c_during_translate_output_keeps_the_earlier_file(world: World) -> None:
     """--output is whole or not at all, Ctrl-C included: the earlier file stays as it was, no
-    temp file is left, and the one line says so and how to keep finished lines."""
+    temp file is left, the lines done are kept in FILE.partial and the one line says so; the
+    same command with --resume then writes what an uncut run writes."""
     folder = Path(tempfile.mkdtemp(dir=world.root, prefix="signals."))
     source = folder / "in.txt"
-    source.write_text("".join(f"{s}\n" for s in _sources(2000)))
+    sources = _sources(2000)
+    source.write_text("".join(f"{s}\n" for s in sources))
     out = folder / "out.txt"
     out.write_text("earlier\n")
     model = world.run / "checkpoints" / "best.pt"
     args = ["translate", "--model", model, "--device", "cpu", "--input", source, "--output", out]
-    args += ["--set", "decode.batch_tokens=1"]  # a line a batch: seconds of work, not a blink
+    one_per_batch = ["--set", "decode.batch_tokens=1"]  # a line a batch: seconds, not a blink
     child = subprocess.Popen(
-        [*CLI, *map(str, args)],
+        [*CLI, *map(str, args + one_per_batch)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=child_env(),
         preexec_fn=_sigint_default,
     )
-    deadline = time.monotonic() + 120
-    while not [p for p in folder.iterdir() if p.name.endswith(".tmp")]:
-        assert child.poll() is None and time.monotonic() < deadline, "no temp file appeared"
-        time.sleep(0.05)
-    time.sleep(0.2)
+    wait_for_lines_done(out, child)
     child.send_signal(signal.SIGINT)
     stderr = child.communicate(timeout=60)[1].decode()
     assert child.returncode == 130, stderr
     assert "Traceback" not in stderr
     last = (stderr.splitlines() or [""])[-1]
-    assert last.startswith(f"attn-mt: interrupted; --output {out} not written"), stderr
-    assert "translate to stdout" in last
+    assert last.startswith(f"attn-mt: interrupted; --output {out} not written yet"), stderr
+    assert "--resume continues them" in last
     assert out.read_text() == "earlier\n"
+    names = ["in.txt", "out.txt", "out.txt.partial", "out.txt.partial.json"]
+    assert sorted(p.name for p in folder.iterdir()) == names
+    resumed = subprocess.run([*CLI, *map(str, [*args, "--resume"])], env=child_env(), timeout=300)
+    assert resumed.returncode == 0
+    assert out.read_text().splitlines() == attn_mt.load(model, device="cpu").translate(sources)
     assert sorted(p.name for p in folder.iterdir()) == ["in.txt", "out.txt"]
 
 

@@ -187,7 +187,8 @@ def test_input_output_files_give_what_stdin_gives(trained_run: Path, translator,
 
 
 def test_output_is_whole_or_untouched(trained_run: Path, tmp_path: Path, monkeypatch) -> None:
-    """A failure after the first chunk leaves the old --output as it was, and no temp file."""
+    """A failure after the first chunk leaves the old --output as it was, no temp file, and
+    the first chunk's lines in out.txt.partial for --resume."""
     source, out = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_text("qb qc\n" * 1500)  # two chunks of input
     out.write_text("old\n")
@@ -205,7 +206,9 @@ def test_output_is_whole_or_untouched(trained_run: Path, tmp_path: Path, monkeyp
                     "--device", "cpu")  # fmt: skip
     assert isinstance(result.exception, RuntimeError) and len(calls) == 2
     assert out.read_text() == "old\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+    kept = ["out.txt.partial", "out.txt.partial.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt", *kept]
+    assert len((tmp_path / kept[0]).read_text().splitlines()) == 1000
     result = invoke("translate", "--model", trained_run, "--input", tmp_path / "missing.txt",
                     "--output", out)  # fmt: skip
     assert isinstance(result.exception, UserError) and "--input" in str(result.exception)
