@@ -3,7 +3,8 @@ run's time, so a resume needs no scheduler state (`learning_rate`); the run's ti
 what is left of max_minutes, the pace of its updates, the time a validation may take, where
 this process's time went); the stopping rules (`stop_rules`) and, under torchrun, the ranks'
 agreement on them (`RankAgreement`), so all ranks stop at the same update and set the same lr.
-What ends a run before its budget (a signal, NaN/inf) is in `stops.py`.
+Ctrl-C and SIGTERM end a run early (`StopSignals`: the first stops after the update in flight
+and saves, a second at once); updates skipped for a NaN/inf are `state.SkipRule`'s.
 """
 
 from __future__ import annotations
@@ -11,17 +12,25 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from attn_mt import distributed
 from attn_mt.config import TrainConfig
+from attn_mt.fileio import Terminated
 from attn_mt.train.state import TrainProgress
 
 log = logging.getLogger("attn_mt")
+
+# A second signal sooner than this is the first one delivered again (a terminal signals torchrun
+# and its workers, and torchrun passes its copy on to them), not a user asking to stop at once.
+REPEAT_SECONDS = 1.0
 
 # The stopping rules whose value can differ between ranks (a signal, the clock, rank 0's
 # validations): under torchrun every rank takes any rank's.
@@ -328,3 +337,51 @@ class RankAgreement:
         agreed = {**rules, **dict(zip(RANK_RULES, self.rules, strict=True))}
         self.rules = None
         return agreed
+
+
+class StopSignals:
+    """The run's SIGINT/SIGTERM handlers (`installed` for the length of a run); `name` is the
+    first signal's name once one came.
+
+    The first signal stops the run after the update in flight, which then saves last.pt, and
+    says so at once; a second stops at once: the checkpoint write in flight is abandoned (its
+    temp file is removed as the stack unwinds), so last.pt stays the last one completed.
+    """
+
+    def __init__(self, abandon: Callable[[], None]):
+        self.name: str | None = None
+        self.at = 0.0  # time.monotonic() of the first signal
+        self.abandon = abandon  # gives up the checkpoint write in flight (CheckpointWriter's)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """The handlers in place for the block, the previous ones back however it ends."""
+        previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle(self, signum: int, frame: Any) -> None:
+        """The first SIGINT/SIGTERM notes the stop and says it saves; a second stops at once."""
+        name = signal.Signals(signum).name
+        again = "Ctrl-C" if signum == signal.SIGINT else name
+        if self.name is None:
+            self.name, self.at = name, time.monotonic()
+            _say("%s: stopping: saving last.pt ... (%s again to stop at once)", name, again)
+            return
+        if time.monotonic() - self.at < REPEAT_SECONDS:
+            return  # the same stop delivered twice: a terminal's Ctrl-C, then torchrun's copy
+        _say("%s again: stopping at once; last.pt stays the last one completed", again)
+        self.abandon()
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(128 + signum)
+
+
+def _say(message: str, *args: Any) -> None:
+    """Log from a signal handler, on a thread of its own: the handler may have interrupted the
+    main thread inside a write to the same log stream, which a second write from that thread
+    would re-enter (`RuntimeError: reentrant call`); the thread waits for the stream's lock."""
+    speaker = threading.Thread(target=log.info, args=(message, *args), name="attn-mt signal")
+    speaker.start()
+    speaker.join(timeout=1.0)  # at once, unless the main thread holds the stream

@@ -36,7 +36,14 @@ from attn_mt.model.loss import SmoothedObjective
 from attn_mt.precision import DTYPES, configure_kernels, resolve_device, resolve_precision
 from attn_mt.runfolder import lock_run_folder
 from attn_mt.train import speed
-from attn_mt.train.budget import RankAgreement, RunClock, chosen_lr, learning_rates, stop_rules
+from attn_mt.train.budget import (
+    RankAgreement,
+    RunClock,
+    StopSignals,
+    chosen_lr,
+    learning_rates,
+    stop_rules,
+)
 from attn_mt.train.runlog import Monitor, QuietMonitor, RunLog, TrainWindow, window_line
 from attn_mt.train.start import (
     build_state,
@@ -45,8 +52,7 @@ from attn_mt.train.start import (
     probe_largest_batch,
     starting_point,
 )
-from attn_mt.train.state import TrainProgress, WeightEMA
-from attn_mt.train.stops import SkipRule, StopSignals, Update
+from attn_mt.train.state import SkipRule, TrainProgress, Update, WeightEMA
 from attn_mt.train.validate import Validator
 from attn_mt.world import World
 

@@ -18,7 +18,7 @@ import torch
 from attn_mt import distributed
 from attn_mt.data.corpus import Corpus
 from attn_mt.decode.translator import Translator
-from attn_mt.train.budget import RunClock
+from attn_mt.train.budget import RunClock, StopSignals
 from attn_mt.train.measure import Interrupted, LossSums, validate, validate_directions
 from attn_mt.train.runlog import (
     Monitor,
@@ -29,7 +29,6 @@ from attn_mt.train.runlog import (
     valid_share,
 )
 from attn_mt.train.state import TrainState, fork_rng
-from attn_mt.train.stops import StopSignals
 
 log = logging.getLogger("attn_mt")
 

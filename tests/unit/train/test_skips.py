@@ -16,7 +16,7 @@ import attn_mt.train.start as start_module
 from attn_mt.model.loss import projected_loss
 from attn_mt.train.budget import learning_rate
 from attn_mt.train.loop import Trainer
-from attn_mt.train.stops import SkipRule, TrainingDiverged, Update
+from attn_mt.train.state import SkipRule, TrainingDiverged, Update
 
 
 class _InfiniteGradient(torch.autograd.Function):

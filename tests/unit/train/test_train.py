@@ -25,9 +25,9 @@ from helpers.toy import assert_identical, load_raw, make_config, resumable_state
 
 import attn_mt
 import attn_mt.model.loss as loss_module
+import attn_mt.train.budget as budget_module
 import attn_mt.train.loop as train_module
 import attn_mt.train.state as state_module
-import attn_mt.train.stops as stops_module
 import attn_mt.train.validate as validate_module
 from attn_mt import distributed
 from attn_mt.checkpoint import FORMAT, load_checkpoint, model_from, save_checkpoint
@@ -41,7 +41,7 @@ from attn_mt.scores import score
 from attn_mt.train.loop import Trainer
 from attn_mt.train.runlog import Validation
 from attn_mt.train.start import starting_point
-from attn_mt.train.stops import TrainingDiverged
+from attn_mt.train.state import TrainingDiverged
 from attn_mt.train.validate import Validator
 
 REAL_TORCH_SAVE = torch.save
@@ -332,7 +332,7 @@ def test_a_second_signal_stops_at_once_abandoning_the_save(
                 time.sleep(0.01)
 
     with monkeypatch.context() as patch:
-        patch.setattr(stops_module, "REPEAT_SECONDS", 0.0)  # no time passes here between them
+        patch.setattr(budget_module, "REPEAT_SECONDS", 0.0)  # no time passes here between them
         signal_after_update(patch, 4, signum)  # after step 3's validation and save
         patch.setattr(torch, "save", save_then_signal)
         patch.setattr(Validator, "finish", lambda self, *a: first.append(1) or finish(self, *a))
