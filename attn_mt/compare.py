@@ -168,6 +168,8 @@ def compare_files(
             raise UserError(f"--src {named(src)} has {len(sources)} lines; it needs {need}")
     found = {path: resolve_checkpoint(path) for path in systems if is_model(path)}
     models = list(found)
+    if beam is not None and not models:
+        raise UserError(f"--beam {beam}: every system is a hypothesis file; no model translates")
     if sources is None and (models or "comet" in metrics):
         why = f"{named(models[0])} is a model" if models else "COMET reads the sources"
         raise UserError(f"compare: {why}; give --src FILE, the sources it translates")

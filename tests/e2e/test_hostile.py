@@ -1609,6 +1609,11 @@ COMPARE_CASES = [
         lambda ws: compare_args(ws, hyps(ws, "a.txt"), ws.dir / "gone.txt"),
         ["gone.txt: file not found"],
     ),
+    Case(  # a beam for files alone was ignored, as if the files had been searched with it
+        "compare-beam-without-a-model",
+        lambda ws: compare_args(ws, hyps(ws, "a.txt"), hyps(ws, "b.txt"), extra=("--beam", "5")),
+        ["--beam 5: every system is a hypothesis file; no model translates"],
+    ),
     Case(  # nothing to translate: refused before the model loads
         "compare-model-without-src",
         lambda ws: compare_args(ws, hyps(ws, "a.txt"), best(ws)),
