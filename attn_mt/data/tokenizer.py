@@ -16,7 +16,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -30,10 +30,6 @@ from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # From this many sentences on, `Tokenizer.decode` makes SentencePiece's batch call (threads).
 BATCH_DECODE = 128
-# SentencePiece's ModelProto (sentencepiece_model.proto): field 1 holds each piece, a message
-# whose field 3 is its type; these are two values of that enum.
-PIECES, PIECE_TYPE, CONTROL, USER_DEFINED = 1, 3, 3, 4
-
 log = logging.getLogger("attn_mt")
 
 
@@ -109,42 +105,13 @@ class Tokenizer:
 def text_only(model: bytes) -> bytes:
     """The SentencePiece model `model` with every user-defined piece made a control piece: the
     same ids and segmentation, but a piece's string in a sentence is no longer that piece."""
-    edited = bytearray(model)
-    for number, start, end in _fields(model, 0, len(model)):
-        if number == PIECES:
-            for field, value, _ in _fields(model, start, end):
-                if field == PIECE_TYPE and model[value] == USER_DEFINED:
-                    edited[value] = CONTROL  # a one-byte varint either way
-    return bytes(edited)
+    from sentencepiece import sentencepiece_model_pb2  # protobuf: tensorboard's dependency
 
-
-def _fields(message: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """(field number, value start, value end) of each field of the protobuf message held in
-    message[start:end]; a length-delimited value starts after its length."""
-    pos = start
-    while pos < end:
-        key, pos = _varint(message, pos)
-        wire_type = key & 7
-        if wire_type == 0:  # varint
-            value_end = _varint(message, pos)[1]
-        elif wire_type == 2:  # length-delimited: a string or an embedded message
-            length, pos = _varint(message, pos)
-            value_end = pos + length
-        else:  # 64- or 32-bit
-            value_end = pos + {1: 8, 5: 4}[wire_type]
-        yield key >> 3, pos, value_end
-        pos = value_end
-
-
-def _varint(message: bytes, pos: int) -> tuple[int, int]:
-    """The protobuf varint at message[pos] and the position after it."""
-    value = shift = 0
-    while True:
-        byte = message[pos]
-        value |= (byte & 0x7F) << shift
-        pos, shift = pos + 1, shift + 7
-        if byte < 0x80:
-            return value, pos
+    proto = sentencepiece_model_pb2.ModelProto.FromString(model)  # type: ignore[attr-defined]
+    for piece in proto.pieces:
+        if piece.type == piece.USER_DEFINED:
+            piece.type = piece.CONTROL
+    return proto.SerializeToString()
 
 
 def train_tokenizer(
