@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -123,3 +125,32 @@ def test_dated_history_stays_in_history_md(page: Path) -> None:
         f"{page.relative_to(REPO)} holds {len(found)} dated references {found[:5]}...: move the "
         "diary to docs/history.md and keep the page's current figures"
     )
+
+
+def test_make_test_says_what_the_page_test_needs_where_it_cannot_install_it(tmp_path) -> None:
+    """`make test` (its `browser` step) installs Chromium as root with apt-get; a user who cannot
+    gets one line naming the package, and the step does not fail the suite's start."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "id").write_text("#!/bin/sh\necho 1000\n")  # not root
+    (fake / "id").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    make = shutil.which("make")
+    assert make, "make is needed: the README's commands are make targets"
+    result = subprocess.run(
+        [make, "-s", "-C", REPO, "browser", "CHROMIUM=no-such-browser"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines == [
+        "browser: the serve page test needs Chromium: sudo apt-get install -y chromium"
+    ]
+    found = subprocess.run(
+        [make, "-s", "-C", REPO, "browser", f"CHROMIUM={sys.executable}"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert found.returncode == 0 and found.stdout == ""  # present: nothing to say or install
