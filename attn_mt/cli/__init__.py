@@ -4,7 +4,7 @@
 from attn_mt.cli import train  # noqa: F401
 
 # isort: split
-from attn_mt.cli import clean, decode, evaluate, inspect, model, serve  # noqa: F401
+from attn_mt.cli import clean, decode, distill, evaluate, inspect, model, serve  # noqa: F401
 from attn_mt.cli.app import app, main
 
 __all__ = ["app", "main"]

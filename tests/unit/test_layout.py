@@ -36,6 +36,7 @@ LAYERS = [
     "viz",
     "evaluate",
     "compare",  # systems against a baseline: sacreBLEU's paired tests
+    "distill",  # a student's corpus from its teacher's n-best
     "train",
     "serve",
     "cli",
