@@ -223,6 +223,16 @@ def os_reason(err: OSError) -> str:
     return err.strerror or str(err) or type(err).__name__
 
 
+def denied(err: PermissionError) -> str:
+    """The one line for a path this process may not reach (an OS error of a stat, an open or a
+    resolve): the first folder on its way it cannot enter, or the path itself."""
+    path = Path(err.filename)
+    for folder in reversed(path.parents):
+        if not os.access(folder, os.X_OK, effective_ids=_EFFECTIVE):
+            return f"{named(path)}: permission denied; cannot enter the folder {named(folder)}"
+    return f"{named(path)}: permission denied"
+
+
 def writable(path: str | Path) -> bool:
     """Whether this process may write the existing file or folder `path`."""
     return os.access(path, os.W_OK, effective_ids=_EFFECTIVE)

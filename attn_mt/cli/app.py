@@ -121,6 +121,13 @@ def main() -> None:
     except UserError as err:
         print(f"attn-mt: error: {one_line(str(err))}", file=sys.stderr)
         sys.exit(2)
+    except PermissionError as err:  # a path in a folder the user cannot enter, wherever met
+        if err.filename is None:
+            raise
+        from attn_mt.fileio import denied
+
+        print(f"attn-mt: error: {one_line(denied(err))}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         print("attn-mt: interrupted", file=sys.stderr)
         sys.exit(130)

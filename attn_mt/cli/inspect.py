@@ -4,6 +4,7 @@ run folder or checkpoint holds, and the command that continues it)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -146,8 +147,7 @@ def _best(folder: Path | None, checkpoints: list[Path], t: TrainConfig) -> str:
                 record = json.loads(line)
             except ValueError:
                 continue  # a line cut by a crash
-            valid = isinstance(record, dict) and record.get("split") == "valid"
-            if valid and "pair" not in record and metric in record:  # a direction's: not best
+            if _validation(record, metric):
                 records.append(record)
     if not records:
         from attn_mt.checkpoint import load_checkpoint
@@ -164,3 +164,14 @@ def _best(folder: Path | None, checkpoints: list[Path], t: TrainConfig) -> str:
         if k not in ("step", "split") and isinstance(v, float)
     )
     return f"valid {shown} at step {best['step']:,}"
+
+
+def _validation(record: Any, metric: str) -> bool:
+    """Whether a metrics.jsonl record is a whole validation of the run (not a direction's) with
+    its step and a number for `metric`; a row edited by hand or cut by a crash is passed over."""
+    if not isinstance(record, dict) or record.get("split") != "valid" or "pair" in record:
+        return False
+    step, value = record.get("step"), record.get(metric)
+    if type(step) is not int or isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import math
+import os
 import signal
 import socket
 import stat
@@ -213,8 +214,21 @@ def _run(application, listener: socket.socket) -> None:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame) -> None:
+            if stopping.is_set():  # a second signal while the first drains: stop at once
+                _stop_at_once(sig)
             stopping.set()  # a request body still arriving is given up soon (serve.guard)
             super().handle_exit(sig, frame)
 
     Server(config).run(sockets=[listener])
     print("attn-mt: server stopped", file=sys.stderr)
+
+
+def _stop_at_once(sig: int) -> None:
+    """End the process now, the requests in flight dropped, with one line and the shell's
+    status for the signal (130 for Ctrl-C): unwinding uvicorn's event loop instead would cancel
+    each of them and log every cancellation as a chained traceback. The server writes no file,
+    so nothing is left half written."""
+    how = "interrupted" if sig == signal.SIGINT else "terminated"
+    print(f"attn-mt: {how} while stopping; the requests in flight are dropped", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(128 + sig)

@@ -224,12 +224,23 @@ def temperature_weights(
     """Per-corpus weights that give corpus i the share p_i ~ n_i^(1/T) of an epoch, n_i its
     pairs per epoch at `weights` (weight x pairs kept), the epoch keeping its size sum(n_i):
     T = 1 leaves the weights as they are (shares by size); a larger T flattens the mix toward
-    equal shares (Arivazhagan et al., 2019; mBART, NLLB sample languages so)."""
+    equal shares (Arivazhagan et al., 2019; mBART, NLLB sample languages so). The shares are
+    computed in log space, as n^(1/T) overflows for a small T; a T so small that a corpus gets
+    no pair an epoch is refused."""
     if temperature == 1:
         return list(weights)
     sizes = np.asarray(weights, dtype=np.float64) * np.asarray(counts, dtype=np.float64)
-    shares = np.where(sizes > 0, sizes, 0) ** (1 / temperature)
+    logs = np.log(sizes, out=np.full_like(sizes, -np.inf), where=sizes > 0)
+    shares = np.exp((logs - logs.max()) / temperature)  # n_i^(1/T) / max n^(1/T), in [0, 1]
     shares /= shares.sum()
+    starved = [i for i, size in enumerate(sizes) if size and shares[i] * sizes.sum() < 0.5]
+    if starved:
+        i = starved[0]
+        raise DataError(
+            f"data.temperature: {temperature:g} gives corpus {i + 1} ({sizes[i]:,.0f} pairs) no "
+            "pair per epoch, as n^(1/T) puts nearly all of it on the largest corpus; raise it "
+            "(1 = shares by size, larger flattens the mix)"
+        )
     return [
         float(w * share * sizes.sum() / size) if size else float(w)
         for w, share, size in zip(weights, shares, sizes, strict=True)

@@ -21,8 +21,11 @@ import os
 import pickle
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -1921,3 +1924,109 @@ OUTPUT_ONTO_INPUT_CASES = [
 )
 def test_output_onto_input_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
     test_case(case, world, request)
+
+
+# -- round five (issue 80 item 6): tracebacks become one line ----------------------------------
+
+
+def two_corpora(ws: Workspace, temperature: float) -> list[Any]:
+    """Training on the world's 300 training pairs and its 8 validation pairs as a second
+    corpus, mixed at `temperature`."""
+    corpora = [
+        {"src": str(ws.world.corpus[f"{split}.src"]), "tgt": str(ws.world.corpus[f"{split}.tgt"])}
+        for split in ("train", "valid")
+    ]
+    return train_args(ws.config(data={"train": corpora, "temperature": temperature}))
+
+
+def behind_a_locked_folder(ws: Workspace, *names: str) -> list[Path]:
+    """Paths `names` under ./locked, a folder only its owner (root) may enter."""
+    locked = ws.folder("locked", mode=0o700)
+    return [locked / name for name in names]
+
+
+def metrics_rows_edited(ws: Workspace) -> list[Any]:
+    """`info` of a copy of the tiny run whose metrics.jsonl gained a validation row without a
+    step and one whose metric is not a number (a hand edit, another tool's rows)."""
+    run = ws.run_copy()
+    with open(run / "metrics.jsonl", "a") as rows:
+        rows.write(
+            '{"split": "valid", "bleu": 99.5}\n{"step": 2, "split": "valid", "bleu": "high"}\n'
+        )
+    return ["info", run]
+
+
+def shows_the_run(result: subprocess.CompletedProcess[bytes]) -> None:
+    """A check: `info` exits 0, its best line from the run's own records, not the edited rows."""
+    assert result.returncode == 0, result.stderr.decode("utf-8", "replace")
+    best_line = next(x for x in result.stdout.decode().splitlines() if x.startswith("best: "))
+    assert "99.5" not in best_line and "high" not in best_line, best_line
+
+
+NO_TRACEBACK_CASES = [
+    Case(  # n^(1/T) overflowed: NaN weights, then "ValueError: cannot convert float NaN"
+        "data-temperature-tiny",
+        lambda ws: two_corpora(ws, 1e-3),
+        ["data.temperature: 0.001 gives corpus 2 (8 pairs) no pair per epoch", "raise it"],
+        process=True,  # found once the corpora are counted, after SentencePiece
+    ),
+    Case(
+        "data-temperature-underflows",
+        lambda ws: two_corpora(ws, 1e-300),
+        ["data.temperature: 1e-300 gives corpus 2 (8 pairs) no pair per epoch"],
+        process=True,
+    ),
+    Case(  # PermissionError on stat, as a traceback
+        "run-info-in-a-folder-the-user-cannot-enter",
+        lambda ws: ["info", *behind_a_locked_folder(ws, "run")],
+        ["locked/run: permission denied; cannot enter the folder", "locked"],
+        user=True,
+    ),
+    Case(
+        "translate-model-in-a-folder-the-user-cannot-enter",
+        lambda ws: translate_args(*behind_a_locked_folder(ws, "best.pt")),
+        ["locked/best.pt: permission denied; cannot enter the folder"],
+        user=True,
+    ),
+    Case(
+        "score-src-in-a-folder-the-user-cannot-enter",
+        lambda ws: score_args(ws, src=behind_a_locked_folder(ws, "v.src")[0]),
+        ["locked/v.src: permission denied; cannot enter the folder"],
+        user=True,
+    ),
+    Case(  # KeyError: 'step'; TypeError comparing str and float
+        "run-info-metrics-rows-without-step-or-number",
+        metrics_rows_edited,
+        None,
+        shows_the_run,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=c.marks, id=c.id) for c in NO_TRACEBACK_CASES]
+)
+def test_no_traceback_case(case: Case, world: World, request: pytest.FixtureRequest) -> None:
+    test_case(case, world, request)
+
+
+def test_ctrl_c_while_sigterm_drains_the_server_is_one_line(world: World) -> None:
+    """SIGTERM waits for a client that sent half a body; Ctrl-C then stops the server at once:
+    exit 130 and one line, not uvicorn's chained tracebacks of every cancelled request."""
+    from helpers.serving import start_server
+
+    folder = Path(tempfile.mkdtemp(dir=world.root, prefix="serve-stop."))
+    server = start_server(world.run, folder, env=child_env(**world.env()))
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as conn:
+        head = f"POST /v1/translate HTTP/1.1\r\nHost: {host}\r\nContent-Length: 100\r\n\r\n"
+        conn.sendall(head.encode() + b'{"text": ["qb')
+        time.sleep(0.5)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # the server gives up a stalled body 2 s after SIGTERM
+        server.proc.send_signal(signal.SIGINT)
+        code = server.proc.wait(60)
+    log = server.log.read_text()
+    assert code == 130, log
+    assert "Traceback" not in log, log
+    assert log.splitlines()[-1].startswith("attn-mt: interrupted while stopping"), log

@@ -16,7 +16,7 @@ from attn_mt.configfile import config_from_dict
 from attn_mt.data.batching import ShardBatches
 from attn_mt.data.prepare import language_sample, prepare_shards
 from attn_mt.data.shards import Shards, TokenView, temperature_weights
-from attn_mt.errors import ConfigError
+from attn_mt.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +190,15 @@ def test_temperature_keeps_user_weights_as_sizes():
     flat = temperature_weights([2.0, 1.0], [100, 200], 1e9)  # T -> inf: equal shares
     sizes = np.array(flat) * [100, 200]
     assert sizes[0] == pytest.approx(sizes[1]) and sizes.sum() == pytest.approx(400)
+
+
+@pytest.mark.parametrize("temperature", [1e-3, 1e-300])
+def test_a_tiny_temperature_is_computed_in_log_space(temperature):
+    """n^(1/T) overflows float64 for a small T: equal corpora keep equal shares, and a mix
+    that leaves a corpus no pair per epoch is refused in one line naming the key."""
+    assert temperature_weights([1.0, 2.0], [400, 200], temperature) == [1.0, 2.0]
+    with pytest.raises(DataError, match=r"data.temperature: .* corpus 2 \(300 pairs\) no pair"):
+        temperature_weights([1.0, 1.0], [20_000, 300], temperature)
 
 
 def test_one_pair_of_a_named_corpus_is_a_bilingual_model_of_that_pair():
