@@ -250,10 +250,10 @@ class DecodeConfig:
         ge=1,
         le=100_000,
     )
-    alignment_layer: int = key(
-        -2,
+    alignment_layer: int | None = key(
+        None,
         "decoder layer whose cross-attention gives --alignment (from 0; -1 last, -2 "
-        "penultimate, the one layer of a one-layer decoder)",
+        "penultimate, the one layer of a one-layer decoder; null: the mean of every layer)",
     )
 
     def validate(self) -> None:

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 
 import attn_mt  # noqa: E402
 from attn_mt.data.text import read_lines  # noqa: E402
+from attn_mt.decode.alignment import alignment_error_rate  # noqa: E402
 from bench.common import cpu_name  # noqa: E402
 
 
@@ -48,13 +49,6 @@ def reference_terms(refs: list[str], seed: int) -> list[list[str]]:
                 chosen.append(" ".join(words[start : start + size]))
         terms.append(chosen)
     return terms
-
-
-def aer(predicted: list[list[tuple[int, int]]], gold: list[set[tuple[int, int]]]) -> float:
-    """Alignment error rate over a corpus, every gold link sure."""
-    hits = sum(len(set(p) & g) for p, g in zip(predicted, gold, strict=True))
-    total = sum(len(p) for p in predicted) + sum(len(g) for g in gold)
-    return 1 - 2 * hits / total
 
 
 def timed(repeat: int, run) -> tuple[float, list]:
@@ -110,12 +104,12 @@ def main() -> None:
     if args.gold:
         found = translator.translate_nbest(src, beam=args.beam, alignment=True)
         gold = [
-            {cast(tuple[int, int], tuple(map(int, pair.split("-")))) for pair in line.split()}
+            [cast(tuple[int, int], tuple(map(int, pair.split("-")))) for pair in line.split()]
             for line in read_lines(args.gold)[: args.lines]
         ]
         # alignment=True: every translation carries its alignment
         aligned = [cast(list[tuple[int, int]], best[0].alignment) for best in found]
-        figures["aer"] = round(aer(aligned, gold), 4)
+        figures["aer"] = round(alignment_error_rate(aligned, gold), 4)
     for name, value in figures.items():
         print(f"{name}: {value}")
     print(json.dumps(figures))

@@ -220,7 +220,8 @@ class Translator:
 
     def cross_attention(self, sources: list[list[int]], outputs: list[list[int]]) -> torch.Tensor:
         """What each output token attended to when it was chosen, as `alignment` reads it:
-        decode.alignment_layer's cross-attention, the mean over heads and models; (B, T, S)
+        decode.alignment_layer's cross-attention (by default every layer's), the mean over
+        heads and models; (B, T, S)
         for sources from `encode` and outputs' tokens (rows: each token, then </s>; columns:
         each source piece, then <eos>)."""
         return cross_attention(self.models, sources, outputs, self.config.decode.alignment_layer)
