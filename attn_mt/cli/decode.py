@@ -206,7 +206,7 @@ def translate(
         )
         fields = LineFields(nbest, nbest_format, prefix, constraints)
         if output is not None and not written_in_place(output):
-            job.settings = _settings(translator, request, fields, checkpoints)
+            job.settings = record_settings(translator, request, fields, checkpoints)
             job.settings |= {"precision": precision.value, "quantize": quantize}
             job.settings |= {"split_sentences": split_sentences}
         try:
@@ -222,7 +222,7 @@ def translate(
                 raise UserError(f"stdout: cannot write ({os_reason(err)})") from None
 
 
-def _settings(
+def record_settings(
     translator: Translator, request: Request, fields: LineFields, checkpoints: list[Path]
 ) -> dict[str, Any]:
     """What a partial translation's record keeps of how it was made, for `--resume` to

@@ -113,12 +113,12 @@ def distill(
     resume = _check_run_folder(cfg, folder)
     student = _student_config(cfg, folder)
     translator, request = _teachers(checkpoints, teacher, device, options, pair)
-    from attn_mt.cli.decode import _settings
+    from attn_mt.cli.decode import record_settings
     from attn_mt.cli.job import LineFields
     from attn_mt.cli.options import NbestFormat
 
     fields = LineFields(options.nbest, NbestFormat.marian, prefix=False, constraints=False)
-    settings = _settings(translator, request, fields, checkpoints)
+    settings = record_settings(translator, request, fields, checkpoints)
     settings |= {"distill": options.record(), "corpora": [c.src for c in corpora]}
     _claim(folder, settings, student)
     try:
@@ -250,5 +250,6 @@ def _translate(
             f"{count} ({named(str(corpus.src))}) into {named(output)}",
             file=sys.stderr,
         )
-        job = Job(Path(str(corpus.src)), output, None, resume, World(), settings)
+        again = "the same distill command"
+        job = Job(Path(str(corpus.src)), output, None, resume, World(), settings, again)
         run_job(translator, request, fields, job)

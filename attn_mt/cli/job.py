@@ -53,6 +53,7 @@ class Job:
     resume: bool
     world: World
     settings: dict[str, Any] | None = None
+    again: str = "the same command with --resume"  # what continues an interrupted --output
 
 
 class Sink(Protocol):
@@ -181,12 +182,14 @@ def _to_file(work: _Work) -> None:
             distributed.barrier(job.world)  # the output is whole before any part is removed
             partial.remove()
     except BaseException as err:
-        _say_kept(err, job.output, partial)
+        _say_kept(err, job, partial)
         raise
 
 
-def _say_kept(err: BaseException, output: Path, partial: PartialOutput) -> None:
+def _say_kept(err: BaseException, job: Job, partial: PartialOutput) -> None:
     """One line on what a failed or interrupted run leaves of --output's translation."""
+    output = job.output
+    assert output is not None
     start = "attn-mt: interrupted; " if isinstance(err, KeyboardInterrupt) else "attn-mt: "
     if not partial.checked or not partial.lines:
         if isinstance(err, KeyboardInterrupt):
@@ -194,7 +197,7 @@ def _say_kept(err: BaseException, output: Path, partial: PartialOutput) -> None:
         return
     print(
         f"{start}--output {named(output)} not written yet; {partial.lines} line(s) done are "
-        f"kept in {named(partial.data)}: the same command with --resume continues them",
+        f"kept in {named(partial.data)}: {job.again} continues them",
         file=sys.stderr,
     )
 

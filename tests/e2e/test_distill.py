@@ -113,6 +113,7 @@ def test_an_interrupted_distill_continues_to_the_same_files(
         result = distill(world, config)
     assert result.returncode == 130, result.stderr.decode()
     assert "the same command continues" in result.stderr.decode()
+    assert "--resume" not in result.stderr.decode()  # distill has none: the command continues
     partial = folder / "cut" / "distilled" / "corpus1.nbest.partial.json"
     assert 0 < json.loads(partial.read_text())["done"]["lines"] == done[0] < LINES
     assert not (folder / "cut" / "checkpoints").exists()

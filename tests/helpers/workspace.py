@@ -114,6 +114,9 @@ class Stdin:
     def __iter__(self) -> Iterator[bytes]:
         raise self.error
 
+    def close(self) -> None:
+        """What multiprocessing's forked workers call on sys.stdin (a prepare pool's)."""
+
 
 @dataclass
 class Workspace:
