@@ -3,9 +3,9 @@
 `AttnMTConverter` is a `ctranslate2.converters.Converter`: its `_load` fills a
 `TransformerSpec` from our modules, and CTranslate2's own `convert` validates, quantizes and
 writes it. `export_ctranslate2` wraps it for `attn-mt export`: it checks the arguments, writes
-into a staging folder beside `--out` and moves it into place only when complete, with the
-SentencePiece models (`source.model`, `target.model`), the search settings as
-`translate_batch` keywords (`decode.json`) and a README.txt beside the weights.
+into a staging folder beside `--out` the weights, the SentencePiece models (`source.model`,
+`target.model`), the search settings as `translate_batch` keywords (`decode.json`) and a
+README.txt, and moves it into place only when its greedy outputs agree with ours (`ct2_parity`).
 
 The mapping, module by module (D model width):
     Embedder               embeddings (x sqrt(D): `scale_embeddings`) + position_encodings
@@ -21,6 +21,7 @@ Our sources end with <eos> and have no <bos> (`add_source_eos`); the decoder sta
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -36,7 +37,9 @@ from torch import nn
 
 from attn_mt.config import Config, DecodeConfig
 from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decode.ct2_parity import check_agreement
 from attn_mt.decode.generate import max_output_lengths
+from attn_mt.decode.hf_parity import PARITY_SOURCES
 from attn_mt.decode.translator import load
 from attn_mt.errors import UserError
 from attn_mt.fileio import (
@@ -79,6 +82,7 @@ DECODE_OPTIONS = {
     "min_decoding_length": 0,
 }
 INSTALL_HINT = "pip install 'attn-mt[ct2]'"
+log = logging.getLogger(__name__)
 
 
 class AttnMTConverter(Converter):
@@ -88,7 +92,7 @@ class AttnMTConverter(Converter):
     def __init__(self, path: str | Path, decode: dict[str, Any] | None = None):
         self.path = resolve_checkpoint(path)
         translator = load(self.path, device="cpu", prepack=False, decode=decode)  # weights read
-        self.model, self.config = translator.model, translator.config
+        self.translator, self.model, self.config = translator, translator.model, translator.config
         self.src_tokenizer, self.tgt_tokenizer = translator.src_tokenizer, translator.tgt_tokenizer
         check_exportable(self.config)
 
@@ -200,7 +204,18 @@ def export_ctranslate2(
         (staging / "target.model").write_bytes(converter.tgt_tokenizer.text_model)
         options = decode_options(converter.config.decode, converter.model.max_positions)
         (staging / "decode.json").write_text(json.dumps(options, indent=2) + "\n")
-        (staging / "README.txt").write_text(_readme(converter, out, quantization, options, license))
+        log.info("export: checking the folder against attn-mt on %d sources ...", PARITY_SOURCES)
+        agreement = check_agreement(ctranslate2, converter.translator, staging, DECODE_OPTIONS)
+        if not agreement.ok:
+            raise UserError(
+                f"export --format ct2: the CTranslate2 model disagrees with attn-mt ({agreement}); "
+                "nothing written"
+            )
+        log.info("export: %s", agreement)
+        readme = _readme(converter, out, quantization, options, license)
+        (staging / "README.txt").write_text(
+            f"{readme}\nChecked at export on random sources: {agreement}.\n"
+        )
     return out
 
 

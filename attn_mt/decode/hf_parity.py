@@ -1,5 +1,6 @@
 """The parity check of `export --format hf`: the folder, loaded as a user loads it, against
-attn-mt on a fixed sample (tokenizer ids, log-probabilities, greedy and beam outputs)."""
+attn-mt on a fixed sample (tokenizer ids, log-probabilities, greedy and beam outputs); the
+sample of random sources that `export --format ct2`'s check (`ct2_parity`) shares."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from attn_mt.model.vocab import BOS_ID, EOS_ID
 # The parity check: teacher-forced log-probabilities may differ by this much (float32
 # rounding of the same arithmetic in another order), outputs not at all.
 LOGPROB_TOLERANCE = 1e-4
-PARITY_SOURCES = 12  # random sources of 1-12 tokens, fixed seed
+PARITY_SOURCES = 12  # random sources of 1-12 tokens (`random_sources`), drawn with this seed:
+PARITY_SEED = 0
 # The tokenizer check: ids must equal ours on these and on the parity sample's text.
 TOKENIZER_SAMPLE = [
     "Ein Mann fährt Fahrrad.",
@@ -73,12 +75,8 @@ def check_parity(tf, translator: Translator, folder: Path) -> Parity:
     tokenizer = tf.AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model, cfg = translator.model, translator.config.decode
     vocab = translator.tgt_tokenizer.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    sources = [
-        torch.randint(4, translator.src_tokenizer.vocab_size, (n,), generator=gen).tolist()
-        for n in torch.randint(1, 13, (PARITY_SOURCES,), generator=gen).tolist()
-    ]
-    texts = translator.src_tokenizer.decode(sources)
+    gen = torch.Generator().manual_seed(PARITY_SEED)
+    texts = random_sources(translator, gen)
     # The tokenizer, line for line: the exported one against our SentencePiece model.
     lines = TOKENIZER_SAMPLE + texts
     ours_ids = [ids + [EOS_ID] for ids in translator.src_tokenizer.encode(lines)]
@@ -116,6 +114,17 @@ def check_parity(tf, translator: Translator, folder: Path) -> Parity:
         theirs_lp = hf_model(input_ids=src, decoder_input_ids=tgt_in).logits.log_softmax(-1)
         max_diff = max(max_diff, float((ours_lp - theirs_lp).abs().max()))
     return Parity(len(sample), greedy_same, beam_same, beam, max_diff, tokenizer_same, len(lines))
+
+
+def random_sources(translator: Translator, gen: torch.Generator | None = None) -> list[str]:
+    """The parity checks' fixed sample: PARITY_SOURCES sources of 1-12 random source pieces
+    (not special ones), written as text; drawn from `gen` (by default one seeded PARITY_SEED)."""
+    gen = torch.Generator().manual_seed(PARITY_SEED) if gen is None else gen
+    sources = [
+        torch.randint(4, translator.src_tokenizer.vocab_size, (n,), generator=gen).tolist()
+        for n in torch.randint(1, 13, (PARITY_SOURCES,), generator=gen).tolist()
+    ]
+    return translator.src_tokenizer.decode(sources)
 
 
 def _end_at_limit(tf, limit: int):

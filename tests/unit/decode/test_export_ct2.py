@@ -9,6 +9,7 @@ value, must give the same log-probabilities for a forced target.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,6 +139,26 @@ def test_folder_holds_model_tokenizers_and_readme(
     code = "\n".join(line[4:] for line in readme.splitlines() if line.startswith("    "))
     exec(code.replace("your sentence here", "qb qc qd"), {})  # the example runs as written
     assert capsys.readouterr().out.strip() == "['Ba Ca Da']"
+
+
+def test_the_export_states_its_agreement_with_attn_mt(exported: Path):
+    readme = (exported / "README.txt").read_text()
+    assert "Checked at export on random sources: greedy 12/12 outputs identical" in readme
+
+
+def test_a_folder_that_disagrees_with_attn_mt_is_refused(
+    trained_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The export translates the parity sample with the folder it wrote: a wrong mapping (each
+    layer norm's gain and bias swapped) is refused, and nothing is written."""
+
+    def swapped(spec, norm) -> None:
+        spec.gamma, spec.beta = norm.bias.detach().numpy(), norm.weight.detach().numpy()
+
+    monkeypatch.setattr("attn_mt.decode.export_ct2._set_layer_norm", swapped)
+    with pytest.raises(UserError, match=r"disagrees with attn-mt \(greedy \d/12 outputs identical"):
+        export_ctranslate2(trained_run, tmp_path / "ct2")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_greedy_translations_match(exported: Path, trained_run: Path, toy_data):
@@ -281,6 +302,8 @@ def test_cli_export(trained_run: Path, toy_data, tmp_path: Path):
         app, ["export", "--model", str(trained_run), "--out", str(out), "--quantization", "int8"]
     )
     assert result.exit_code == 0, result.output
+    readme = (out / "README.txt").read_text()  # int8: the agreement found, whatever it is
+    assert re.search(r"random sources: greedy (9|10|11|12)/12 outputs identical", readme)
     src = read_lines(toy_data["test.src"])
     ours = attn_mt.load(trained_run, device="cpu").translate(src, beam=1)
     same = sum(a == b for a, b in zip(ct2_translate(out, src, trained_run), ours, strict=True))
