@@ -11,6 +11,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: `bench`
 
+from attn_mt.cpuenv import set_cpu_environment  # noqa: E402
+
+set_cpu_environment()  # as the `attn-mt` command sets it, before torch loads
 from bench.soak import main  # noqa: E402
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import os
 import re
 import sys
 import warnings
@@ -21,6 +20,7 @@ import typer
 from typer._click import exceptions as click  # Typer's own copy of Click's errors
 from typer.core import TyperArgument
 
+from attn_mt.cpuenv import set_cpu_environment
 from attn_mt.errors import UserError, one_line
 from attn_mt.world import is_main_process
 
@@ -102,10 +102,9 @@ def _setup_logging() -> None:
 
 def main() -> None:
     """Console-script entry point: run the app, turning user errors into one stderr line."""
-    # Large CPU tensors on transparent huge pages: without it every fresh activation or logits
-    # buffer is page-faulted in 4 KiB at a time. torch reads it at its first large allocation,
-    # so it is set here, where a command starts, not when the package is imported.
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    # Huge pages and the bounds of the kernel caches (cpuenv.py): torch's CPU libraries read
+    # them once, so they are set here, where a command starts, not when the package is imported.
+    set_cpu_environment()
     _setup_logging()
     try:
         code = app(standalone_mode=False)  # Click's own errors come here, to be one line

@@ -17,6 +17,7 @@ PACKAGE = Path(attn_mt.__file__).parent
 LAYERS = [
     "errors",
     "world",  # who this process is, without torch
+    "cpuenv",  # the environment torch's CPU libraries read once, without torch
     "configkeys",  # how a config key is declared and checked
     "configdata",  # the config schema's data section
     "comet",  # COMET as a sacreBLEU metric (optional: unbabel-comet)

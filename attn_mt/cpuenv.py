@@ -1,0 +1,32 @@
+"""The environment torch's CPU libraries read once, which the `attn-mt` command sets where it
+starts, before torch loads (`import attn_mt` leaves the environment alone: a library user sets
+these before Python starts). A value the user set is kept.
+
+- `THP_MEM_ALLOC_ENABLE=1`: large CPU tensors on transparent huge pages; without it every fresh
+  activation or logits buffer is page-faulted in 4 KiB at a time.
+- `ONEDNN_PRIMITIVE_CACHE_CAPACITY` and `LRU_CACHE_CAPACITY` (ideep's cache, in front of
+  oneDNN's): each keeps a kernel per matrix-product shape, with memory of its own. The token
+  counts of length-bucketed batches change at every update, and a validation's search makes
+  hundreds of shapes, so at the libraries' own capacity (1,024 each) a training run held
+  hundreds of MiB more and its heap fragmented around the long-lived entries (figures:
+  docs/performance.md, "Training memory"). KERNEL_CACHE still holds an update's own products
+  (about 50 shapes forward and backward for the default model), which reuse them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+KERNEL_CACHE = 128  # kernels per cache
+DEFAULTS = {
+    "THP_MEM_ALLOC_ENABLE": "1",
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(KERNEL_CACHE),
+    "LRU_CACHE_CAPACITY": str(KERNEL_CACHE),
+}
+
+
+def set_cpu_environment(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Set each of DEFAULTS in `environ` that is not set there already."""
+    for name, value in DEFAULTS.items():
+        environ.setdefault(name, value)

@@ -1,0 +1,89 @@
+"""The environment the `attn-mt` command sets for torch's CPU libraries (`attn_mt/cpuenv.py`):
+the defaults, a user's own value kept, and the kernel caches' memory bounded by them."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attn_mt import cpuenv
+from attn_mt.kernels import packing_available
+
+# In a fresh process (the libraries read the caches' capacity once): oneDNN float32 products of
+# `warm` shapes fill the caches, then `more` new shapes; printed: the C heap's live MiB (glibc's
+# mallinfo2) that the new shapes added.
+GROWTH = """
+import ctypes, json, sys
+import torch
+from attn_mt.kernels import onednn_linear
+
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",
+        "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+torch.set_num_threads(1)
+weight, bias = torch.randn(256, 64), torch.zeros(256)
+warm, more = int(sys.argv[1]), int(sys.argv[2])
+for rows in range(100, 100 + warm):
+    onednn_linear(torch.randn(rows, 64), weight, bias)
+before = libc.mallinfo2().uordblks
+for rows in range(100 + warm, 100 + warm + more):
+    onednn_linear(torch.randn(rows, 64), weight, bias)
+print(json.dumps((libc.mallinfo2().uordblks - before) / 2**20))
+"""
+
+
+def test_defaults_are_set_and_a_users_value_kept():
+    environ = {"LRU_CACHE_CAPACITY": "7"}
+    cpuenv.set_cpu_environment(environ)
+    assert environ == {
+        "THP_MEM_ALLOC_ENABLE": "1",
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(cpuenv.KERNEL_CACHE),
+        "LRU_CACHE_CAPACITY": "7",
+    }
+
+
+def test_the_command_sets_them_before_torch_loads():
+    env = {k: v for k, v in os.environ.items() if k not in cpuenv.DEFAULTS}
+    code = (
+        "import importlib, os, sys\n"
+        "from attn_mt.cpuenv import DEFAULTS\n"
+        "command = importlib.import_module('attn_mt.cli.app')  # the module, not its Typer app\n"
+        "sys.argv = ['attn-mt', '--help']\n"
+        "try: command.main()\nexcept SystemExit: pass\n"
+        "print({k: os.environ.get(k) for k in DEFAULTS}, 'torch' in sys.modules, file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    shown = done.stderr.strip().splitlines()[-1]
+    assert shown == f"{cpuenv.DEFAULTS} False"
+
+
+def growth_mib(env: dict[str, str], warm: int, more: int) -> float:
+    done = subprocess.run(
+        [sys.executable, "-c", GROWTH, str(warm), str(more)],
+        env=env, capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(
+    not hasattr(ctypes.CDLL(None), "mallinfo2") or not packing_available(),
+    reason="needs glibc's mallinfo2 and oneDNN's linear product in this torch build",
+)
+def test_the_kernel_caches_memory_stops_growing_with_new_shapes():
+    """Past the bound, new shapes replace cached kernels: the heap grows by a small share of
+    what the libraries' own capacity (1,024) lets it grow by over the same shapes."""
+    env = {k: v for k, v in os.environ.items() if k not in cpuenv.DEFAULTS}
+    warm, more = cpuenv.KERNEL_CACHE + 40, 300
+    unbounded = growth_mib(env, warm, more)
+    cpuenv.set_cpu_environment(env)
+    bounded = growth_mib(env, warm, more)
+    assert unbounded > 20  # each kernel kept holds memory: the bound has something to bound
+    assert bounded < 0.2 * unbounded, (bounded, unbounded)
