@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from attn_mt.decode.translator import Translator
 
 
-@app.command(epilog="Example: attn-mt translate -m runs/multi30k -i news.de -o news.en -b 5")
+@app.command(epilog="Example: attn-mt translate -m runs/multi30k_de_en -i news.de -o news.en -b 5")
 def translate(
     model: ModelsOption,
     input_: Annotated[

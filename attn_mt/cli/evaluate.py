@@ -62,7 +62,7 @@ CometModelOption = Annotated[
 ]
 
 
-@app.command(epilog="Example: attn-mt evaluate -m runs/multi30k --split test -b 5")
+@app.command(epilog="Example: attn-mt evaluate -m runs/multi30k_de_en --split test -b 5")
 def evaluate(
     model: ModelsOption,
     split: Annotated[
@@ -155,7 +155,7 @@ def evaluate(
 
 
 @app.command(
-    epilog="Example: attn-mt compare --ref test.en base.hyp runs/dropout03 --src test.de "
+    epilog="Example: attn-mt compare --ref test.en base.hyp runs/multi30k_de_en --src test.de "
     "--metrics bleu,chrf,chrf++"
 )
 def compare(

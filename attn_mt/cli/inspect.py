@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from attn_mt.config import TrainConfig
 
 
-@app.command(epilog="Example: attn-mt score -m runs/multi30k --src test.de --ref test.en")
+@app.command(epilog="Example: attn-mt score -m runs/multi30k_de_en --src test.de --ref test.en")
 def score(
     models: ModelOption,
     src: Annotated[Path, typer.Option("--src", metavar="FILE", help="The source sentences.")],
@@ -91,7 +91,7 @@ def _read_lines(path: Path, option: str) -> list[str]:
         raise UserError(f"{option} {err}") from None
 
 
-@app.command(epilog="Example: attn-mt info runs/multi30k")
+@app.command(epilog="Example: attn-mt info runs/multi30k_de_en")
 def info(
     run: Annotated[Path, typer.Argument(metavar="RUN", help="A run folder or a .pt checkpoint.")],
 ) -> None:
@@ -104,7 +104,8 @@ def info(
         raise UserError(f"{run}: not a run folder (no config.yaml); give a train.out_dir")
     if folder is None and run.suffix != ".pt":
         raise UserError(f"{run}: not a run folder or a .pt checkpoint")
-    from attn_mt.checkpoint import checkpoint_config, load_checkpoint  # torch
+    from attn_mt.checkpoint import checkpoint_config, load_checkpoint, tokenizers_from  # torch
+    from attn_mt.model.transformer import build_model, parameter_count
 
     checkpoints = sorted((folder / "checkpoints").glob("*.pt")) if folder else [run]
     main = next((p for p in checkpoints if p.name == "last.pt"), None) or next(
@@ -116,7 +117,8 @@ def info(
     state = load_checkpoint(main)
     cfg = checkpoint_config(state, main)
     m = cfg.model
-    parameters = sum(t.numel() for t in state["model"].values())
+    src_tok, tgt_tok = tokenizers_from(state, main)
+    parameters = parameter_count(build_model(cfg, src_tok.vocab_size, tgt_tok.vocab_size))
     print(f"{'run' if folder else 'checkpoint'}: {run}")
     print(f"languages: {cfg.data.in_words()}")
     print(

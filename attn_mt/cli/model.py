@@ -27,7 +27,7 @@ from attn_mt.cli.options import (
 from attn_mt.errors import UserError
 
 
-@app.command(epilog="Example: attn-mt average -o avg.pt runs/multi30k/checkpoints/step_*.pt")
+@app.command(epilog="Example: attn-mt average -o avg.pt runs/multi30k_de_en/checkpoints/step_*.pt")
 def average(
     out: Annotated[
         Path, typer.Option("--out", "-o", metavar="FILE", help="The averaged checkpoint to write.")
@@ -52,7 +52,7 @@ def average(
 
 
 @app.command(
-    epilog="Example: attn-mt attention -m runs/multi30k --text 'Ein Hund läuft.' -o attn.png"
+    epilog="Example: attn-mt attention -m runs/multi30k_de_en --text 'Ein Hund läuft.' -o attn.png"
 )
 def attention(
     out: Annotated[
@@ -119,7 +119,9 @@ def attention(
     print(f"wrote {out}", file=sys.stderr)
 
 
-@app.command(epilog="Example: attn-mt export -m runs/multi30k -o model-ct2 --quantization int8")
+@app.command(
+    epilog="Example: attn-mt export -m runs/multi30k_de_en -o model-ct2 --quantization int8"
+)
 def export(
     models: ModelOption,
     out: Annotated[

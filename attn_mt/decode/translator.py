@@ -39,7 +39,7 @@ from attn_mt.decode.packed import quantize as quantize_model
 from attn_mt.decode.request import Request
 from attn_mt.errors import LINE_BREAKS, UserError
 from attn_mt.fileio import resolve_checkpoint
-from attn_mt.model.transformer import Transformer
+from attn_mt.model.transformer import Transformer, parameter_count
 from attn_mt.precision import (
     DTYPES,
     autocast_context,
@@ -79,11 +79,14 @@ class Translator:
         device: torch.device | str = "cpu",
         dtype: torch.dtype | None = None,
         checkpoints: Sequence[Path] = (),
+        parameters: int | None = None,
     ):
         self.device = torch.device(device) if isinstance(device, str) else device
         models = [model] if isinstance(model, Transformer) else list(model)
         self.models = [m.to(self.device).eval() for m in models]
         self.model = self.models[0]  # the one model (an ensemble's first, for attention plots)
+        # `parameter_count` of the model, given by `load` where it packed or quantized the layers
+        self.parameters = parameter_count(self.model) if parameters is None else parameters
         self.config, self.src_tokenizer, self.tgt_tokenizer = config, src_tokenizer, tgt_tokenizer
         self.dtype = dtype  # autocast dtype, None = float32
         self.checkpoints = list(checkpoints)  # the .pt files loaded, if known (evaluate's output)
@@ -230,7 +233,7 @@ class Translator:
         """The model as the server's /info shows it: parameters (an ensemble's first model's),
         device, the linear layers' kind (as --prepack or --quantize made them), decode.*."""
         return {
-            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "parameters": self.parameters,
             "device": str(self.device),
             "linear_layers": linear_layers(self.model),
             "decode": asdict(self.config.decode),
@@ -355,11 +358,12 @@ def load(
         if dtype is None:  # fp32: TF32 as the model trained
             set_tf32(config.train.tf32 and not config.train.deterministic)
     src_tok, tgt_tok = tokenizers_from(states[0], given[0])
+    parameters = parameter_count(models[0])  # before int8 or packed layers hold the weights
     if quantize is not None:
         models = [quantize_model(m, quantize, device) for m in models]
     elif dtype is None and device.type == "cpu" and _packs(prepack, models[0]):
         models = [pack(m) for m in models]
-    return Translator(list(models), config, src_tok, tgt_tok, device, dtype, paths)
+    return Translator(list(models), config, src_tok, tgt_tok, device, dtype, paths, parameters)
 
 
 def _packs(prepack: bool | str, model: Transformer) -> bool:

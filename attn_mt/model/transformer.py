@@ -374,3 +374,11 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> Transformer:
     model.activation_checkpointing = cfg.train.activation_checkpointing
     model.bf16_stream = cfg.train.bf16_stream
     return model
+
+
+def parameter_count(model: nn.Module) -> int:
+    """The model's parameters, each trained tensor once (a tied embedding and output layer are
+    one; `parameters()` yields it once): the count training's first line, `attn-mt info` and
+    the server's /info state. Count before `decode.packed` prepacks or quantizes the linear
+    layers, whose weights then are no parameters."""
+    return sum(p.numel() for p in model.parameters())

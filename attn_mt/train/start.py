@@ -34,7 +34,7 @@ from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import UserError
 from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.loss import SmoothedObjective
-from attn_mt.model.transformer import Transformer, build_model
+from attn_mt.model.transformer import Transformer, build_model, parameter_count
 from attn_mt.runfolder import check_run_start
 from attn_mt.train.runlog import RunLog, peak_gib
 from attn_mt.train.speed import Forward
@@ -204,7 +204,7 @@ def log_start(
     """The start-up lines: the model and device, the data kept, the vocabulary and batching,
     where the weights come from; the hyper-parameters to TensorBoard."""
     cfg, stats, (src_tok, tgt_tok) = state.cfg, corpus.stats, state.tokenizers
-    params = sum(p.numel() for p in {id(p): p for p in state.model.parameters()}.values())
+    params = parameter_count(state.model)
     threads = torch.get_num_threads() if state.device.type == "cpu" else None
     stream = cfg.train.bf16_stream
     notes = {  # said after the precision where they hold

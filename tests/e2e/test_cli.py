@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from helpers.workspace import World
 from typer.testing import CliRunner
 
 from attn_mt.cli import app
+from attn_mt.config import Config
 
 COMMANDS = ["train", "translate", "evaluate", "average", "attention", "export", "data"]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "attn-mt"
@@ -55,6 +57,18 @@ def test_help_lists_every_command(module: bool):
     commands = result.stdout.split("Commands:", 1)[1].split()
     for name in COMMANDS:
         assert name in commands
+
+
+def test_help_examples_name_the_run_folders_the_shipped_configs_make():
+    """`runs/multi30k` in an example was no folder any config makes (`runs/multi30k_de_en`)."""
+    made = {yaml.safe_load(p.read_text())["train"]["out_dir"] for p in REPO.glob("configs/*.yaml")}
+    made.add(Config().train.out_dir)  # `attn-mt train` without a config
+    root = typer.main.get_command(app)
+    epilogs = [
+        c.epilog or "" for c in [*root.commands.values(), *root.commands["data"].commands.values()]
+    ]
+    named = {m for epilog in epilogs for m in re.findall(r"runs/[\w.-]+", epilog)}
+    assert named and named <= made, named - made
 
 
 def test_every_command_has_help_text():

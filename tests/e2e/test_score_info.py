@@ -4,6 +4,7 @@ log-probability, greedy search's output scores its own logprob, info shows the r
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from helpers.toy import toy_pairs, write_lines
 from helpers.workspace import World
 
 import attn_mt as library
+from attn_mt.checkpoint import load_checkpoint, model_from
 from attn_mt.data.batching import source_batch
 from attn_mt.decode.forced import score_ids
 from attn_mt.decode.generate import generate
@@ -84,6 +86,20 @@ def test_info_shows_the_run(world: World, tmp_path: Path) -> None:
     assert f"attn-mt train --resume {world.run}" in out
     one = attn_mt("info", best(world), cwd=tmp_path)
     assert one.returncode == 0 and "parameters" in one.stdout.decode(), one.stderr.decode()
+
+
+def test_one_parameter_count_for_one_model(world: World, tmp_path: Path) -> None:
+    """The training banner, `attn-mt info` and the server's /info (of a model whose linear
+    layers are prepacked, as `serve` loads it) state one count: each tied tensor once."""
+    banner = re.search(r"([\d,]+) parameters", (world.run / "train.log").read_text())
+    shown = re.search(
+        r"; ([\d,]+) parameters", attn_mt("info", world.run, cwd=tmp_path).stdout.decode()
+    )
+    served = library.load(best(world), device="cpu", prepack=True).describe()["parameters"]
+    model, _ = model_from(load_checkpoint(best(world)))
+    assert model.output.weight is model.tgt_embed.embedding.weight  # tied: counted once
+    unique = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    assert banner and shown and banner[1] == shown[1] == f"{served:,}" == f"{unique:,}"
 
 
 @pytest.mark.parametrize(
