@@ -89,14 +89,20 @@ def save_checkpoint(
         ) from None
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint safely: checksums first, then only tensors and plain data, never code."""
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", mapped: bool = False
+) -> dict[str, Any]:
+    """Read a checkpoint safely: checksums first, then only tensors and plain data, never code.
+    `mapped`: what a checkpoint says of itself (config, step, metrics, tokenizers) without
+    reading its tensors, which are memory-mapped (`info` of a last.pt with its optimizer
+    state); the checksums, which would read the whole file, are not verified then."""
     path = resolve_checkpoint(path)
     try:
-        _verify_checksums(path)
+        if not mapped:
+            _verify_checksums(path)
         with warnings.catch_warnings():  # torch warns about pickle protocols of foreign files
             warnings.simplefilter("ignore")
-            state = torch.load(path, map_location=map_location, weights_only=True)
+            state = torch.load(path, map_location=map_location, weights_only=True, mmap=mapped)
     except CheckpointError:
         raise
     except OSError as err:

@@ -6,7 +6,8 @@ leaves a stale lock; the file only names the holder's pid for the message a seco
 prints. A run that fails before its first checkpoint takes away the files it created (and the
 folder, if it made it), so the retry finds the folder as it was. `check_run_start` refuses, from
 what the folder holds alone, a start it could not make; the CLI calls it before torch is
-imported (seconds), so this module imports no torch.
+imported (seconds), so this module imports no torch; `continue_command` names the command that
+continues a run, for the run's last line and `attn-mt info`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shlex
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,3 +200,16 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def continue_command(out_dir: str | Path, stopped_by: str) -> str:
+    """What continues the run in `out_dir` that stopped so: one command whatever config or
+    `--set` started it, since the run folder holds its resolved config."""
+    command = f"attn-mt train --resume {shlex.quote(str(out_dir))}"
+    if stopped_by == "signal":
+        return f"continue it with `{command}`"
+    # The budget it reached must grow, or the resumed run ends at once.
+    budget = {"max_steps": "N", "max_minutes": "M", "max_epochs": "E"}.get(stopped_by)
+    if budget:
+        return f"train it further with `{command} --set train.{stopped_by}={budget}`"
+    return f"train it further with `{command} --set train.KEY=VALUE` (a larger budget)"

@@ -114,7 +114,7 @@ def info(
     if main is None:
         assert folder is not None
         raise UserError(f"{run}: no checkpoints yet (nothing under {folder / 'checkpoints'})")
-    state = load_checkpoint(main)
+    state = load_checkpoint(main, mapped=True)  # last.pt's optimizer state is never read
     cfg = checkpoint_config(state, main)
     m = cfg.model
     src_tok, tgt_tok = tokenizers_from(state, main)
@@ -130,11 +130,10 @@ def info(
     for path in checkpoints:
         print(f"checkpoint: {path.name}  {path.stat().st_size / 1e6:.1f} MB")
     if folder is not None:
-        from attn_mt.train.runlog import continue_command
+        from attn_mt.runfolder import continue_command
 
-        t = cfg.train
-        stopped = "max_steps" if 0 < t.max_steps <= state["step"] else "signal"
-        print(continue_command(t.__class__(**{**vars(t), "out_dir": str(folder)}), stopped))
+        stopped = "max_steps" if 0 < cfg.train.max_steps <= state["step"] else "signal"
+        print(continue_command(folder, stopped))
 
 
 def _best(folder: Path | None, checkpoints: list[Path], t: TrainConfig) -> str:
@@ -154,7 +153,7 @@ def _best(folder: Path | None, checkpoints: list[Path], t: TrainConfig) -> str:
     if not records:
         from attn_mt.checkpoint import load_checkpoint
 
-        state = load_checkpoint(checkpoints[0])
+        state = load_checkpoint(checkpoints[0], mapped=True)
         found = state.get("metrics") or {}
         shown = ", ".join(f"{k} {v:.2f}" for k, v in found.items() if isinstance(v, float))
         return f"{shown} at step {state['step']}" if shown else "no validation yet"

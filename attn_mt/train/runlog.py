@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from attn_mt.config import Config, TrainConfig
 from attn_mt.data.batching import ShardBatches
 from attn_mt.decode.translator import Translator
 from attn_mt.model.loss import perplexity
+from attn_mt.runfolder import continue_command
 from attn_mt.scores import figures_line
 from attn_mt.train.budget import RunClock
 
@@ -353,7 +353,7 @@ def log_finish(
         "-" if best is None else f"{best:.2f}",
         share,
     )
-    log.info("run folder: %s; %s", t.out_dir, continue_command(t, stopped_by))
+    log.info("run folder: %s; %s", t.out_dir, continue_command(t.out_dir, stopped_by))
 
 
 def log_timesheet(sheet: dict[str, float]) -> None:
@@ -369,19 +369,6 @@ def log_timesheet(sheet: dict[str, float]) -> None:
 def span(seconds: float) -> str:
     """Seconds to one decimal under a minute, else as `clock` says them."""
     return f"{seconds:.1f} s" if seconds < 60 else clock(seconds)
-
-
-def continue_command(t: TrainConfig, stopped_by: str) -> str:
-    """What continues a run that stopped so: one command whatever config or `--set` started
-    it, since the run folder holds its resolved config."""
-    command = f"attn-mt train --resume {shlex.quote(t.out_dir)}"
-    if stopped_by == "signal":
-        return f"continue it with `{command}`"
-    # The budget it reached must grow, or the resumed run ends at once.
-    budget = {"max_steps": "N", "max_minutes": "M", "max_epochs": "E"}.get(stopped_by)
-    if budget:
-        return f"train it further with `{command} --set train.{stopped_by}={budget}`"
-    return f"train it further with `{command} --set train.KEY=VALUE` (a larger budget)"
 
 
 def peak_gib(device: torch.device) -> float | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,29 @@ def test_one_parameter_count_for_one_model(world: World, tmp_path: Path) -> None
     assert model.output.weight is model.tgt_embed.embedding.weight  # tied: counted once
     unique = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     assert banner and shown and banner[1] == shown[1] == f"{served:,}" == f"{unique:,}"
+
+
+def test_info_maps_the_checkpoint_and_imports_no_compiler(world: World, tmp_path: Path) -> None:
+    """`info` reads what last.pt says of itself with its tensors (the optimizer state too)
+    memory-mapped, never read, and without torch._dynamo (seconds of start-up)."""
+    child = f"""
+import sys, torch
+seen = []
+load = torch.load
+torch.load = lambda *args, **kwargs: seen.append(kwargs.get("mmap")) or load(*args, **kwargs)
+from attn_mt.cli import main
+sys.argv = ["attn-mt", "info", {str(world.run)!r}]
+try:
+    main()
+except SystemExit as done:
+    assert not done.code, done.code
+print("loads", seen, "torch._dynamo" in sys.modules)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "loads [True] False", result.stdout
 
 
 @pytest.mark.parametrize(
