@@ -7,10 +7,10 @@ these before Python starts). A value the user set is kept.
 - `ONEDNN_PRIMITIVE_CACHE_CAPACITY` and `LRU_CACHE_CAPACITY` (ideep's cache, in front of
   oneDNN's): each keeps a kernel per matrix-product shape, with memory of its own. The token
   counts of length-bucketed batches change at every update, and a validation's search makes
-  hundreds of shapes, so at the libraries' own capacity (1,024 each) a training run held
-  hundreds of MiB more and its heap fragmented around the long-lived entries (figures:
-  docs/performance.md, "Training memory"). KERNEL_CACHE still holds an update's own products
-  (about 50 shapes forward and backward for the default model), which reuse them.
+  hundreds of shapes, so at the libraries' own capacity (1,024 each) a training run's memory
+  grew with every new shape and its heap fragmented around the long-lived entries (figures:
+  docs/performance.md, "Training memory"). KERNEL_CACHE still holds the products of one
+  update of the default model, forward and backward, which reuse them.
 """
 
 from __future__ import annotations
