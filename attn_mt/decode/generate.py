@@ -65,47 +65,6 @@ def indices(values: list[int], device: torch.device) -> torch.Tensor:
     return index.to(device)
 
 
-# Source tokens (rows x their longest, padding included) per encoder call. A translation batch
-# holds sentences of many lengths: one encoder pass over it pads every row to the longest, which
-# can double its matrix products; runs of rows of near-equal length, each padded to its own
-# longest, spend little on padding and keep each product large (docs/performance.md,
-# "Decoding").
-ENCODE_TOKENS = 2048
-
-
-def encode_by_length(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-    """`model.encode(src, src_mask)` (B, S, D) a run of rows of near-equal length at a time, each
-    run padded to its own longest (about ENCODE_TOKENS tokens a run); the positions past a
-    run's longest, which attention never reads (`src_mask`), hold zeros."""
-    lengths = src_mask.view(src.size(0), -1).sum(dim=1)  # (B,) real tokens per row
-    order = lengths.argsort(stable=True)  # shortest first
-    runs = _length_runs(lengths[order].tolist())
-    if len(runs) == 1:
-        return model.encode(src, src_mask)
-    memory: torch.Tensor | None = None
-    for start, end, longest in runs:
-        rows = order[start:end]
-        part = model.encode(src[rows, :longest], src_mask[rows, ..., :longest])  # (R, L, D)
-        if memory is None:
-            memory = part.new_zeros(src.size(0), src.size(1), part.size(2))  # (B, S, D)
-        memory[rows, :longest] = part
-    assert memory is not None  # a batch has rows
-    return memory
-
-
-def _length_runs(lengths: list[int]) -> list[tuple[int, int, int]]:
-    """Ascending `lengths` cut into runs (start, end, longest) of at most ENCODE_TOKENS padded
-    tokens (a row longer than that alone)."""
-    runs, start = [], 0
-    while start < len(lengths):
-        end = start + 1
-        while end < len(lengths) and (end + 1 - start) * lengths[end] <= ENCODE_TOKENS:
-            end += 1
-        runs.append((start, end, lengths[end - 1]))
-        start = end
-    return runs
-
-
 class StepDecoder:
     """Next-token log-probabilities for a batch of prefixes, with or without a KV cache: of one
     model, or the mean over an ensemble's models, each with its own memory and cache.
@@ -125,8 +84,7 @@ class StepDecoder:
         src_mask = padding_mask(src, PAD_ID)  # (B, 1, 1, S)
         self.src_mask = src_mask.repeat_interleave(repeat, dim=0)  # (N, 1, 1, S)
         self.memories = [  # per model (N, S, D)
-            encode_by_length(model, src, src_mask).repeat_interleave(repeat, dim=0)
-            for model in self.models
+            model.encode(src, src_mask).repeat_interleave(repeat, dim=0) for model in self.models
         ]
         self.caches = [model.new_cache() if use_cache else None for model in self.models]
 

@@ -17,17 +17,14 @@ from helpers.models import assert_same, random_model, random_sources, teacher_fo
 import attn_mt
 from attn_mt.data.batching import pad_sequences
 from attn_mt.data.text import read_lines
-from attn_mt.decode import generate as generate_module
 from attn_mt.decode.generate import (
     Hypothesis,
     StepDecoder,
-    encode_by_length,
     generate,
     length_penalty,
     max_output_lengths,
 )
 from attn_mt.decode.search import Beam, Greedy, top_candidates
-from attn_mt.model.attention import padding_mask
 from attn_mt.model.transformer import Transformer
 from attn_mt.model.vocab import EOS_ID, PAD_ID
 from bench.checks import HOST_READS, counted
@@ -72,25 +69,6 @@ def test_cached_equals_uncached(case) -> None:
         uncached = generate(model, src, limits, strategy, alpha=1.0, use_cache=False)
         for row_cached, row_uncached in zip(cached, uncached, strict=True):
             assert_same(row_cached, row_uncached)
-
-
-def test_encoding_in_runs_of_near_equal_length_equals_one_pass(monkeypatch) -> None:
-    """A batch too large for one encoder call is encoded in runs of rows of near-equal length,
-    each padded to its own longest: the memory at every real position is the one pass's, and
-    the search finds the same."""
-    model, src = random_model(0), random_sources(0, count=40)
-    limits = max_output_lengths(src, 1.5, 5)
-    whole = generate(model, src, limits, Beam(3, nbest=3), alpha=1.0)
-    monkeypatch.setattr(generate_module, "ENCODE_TOKENS", 3 * src.size(1))
-    lengths = sorted((src != PAD_ID).sum(dim=1).tolist())
-    assert len(generate_module._length_runs(lengths)) > 3
-    mask = padding_mask(src, PAD_ID)
-    real = src != PAD_ID
-    memory = encode_by_length(model, src, mask)
-    torch.testing.assert_close(memory[real], model.encode(src, mask)[real], rtol=1e-5, atol=1e-6)
-    in_runs = generate(model, src, limits, Beam(3, nbest=3), alpha=1.0)
-    for row_whole, row_runs in zip(whole, in_runs, strict=True):
-        assert_same(row_whole, row_runs)
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
