@@ -195,11 +195,11 @@ def test_output_is_whole_or_untouched(trained_run: Path, tmp_path: Path, monkeyp
     calls = []
     real = attn_mt.Translator.translate_nbest
 
-    def failing(self, *args, **kwargs):
-        calls.append(1)
+    def failing(self, sources, *args, **kwargs):
+        calls.append(len(sources))  # a chunk is what the reader had queued: up to 1,000 lines
         if len(calls) == 2:
             raise RuntimeError("disk on fire")
-        return real(self, *args, **kwargs)
+        return real(self, sources, *args, **kwargs)
 
     monkeypatch.setattr(attn_mt.Translator, "translate_nbest", failing)
     result = invoke("translate", "--model", trained_run, "--input", source, "--output", out,
@@ -208,7 +208,7 @@ def test_output_is_whole_or_untouched(trained_run: Path, tmp_path: Path, monkeyp
     assert out.read_text() == "old\n"
     kept = ["out.txt.partial", "out.txt.partial.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt", *kept]
-    assert len((tmp_path / kept[0]).read_text().splitlines()) == 1000
+    assert len((tmp_path / kept[0]).read_text().splitlines()) == calls[0]  # the first chunk's
     result = invoke("translate", "--model", trained_run, "--input", tmp_path / "missing.txt",
                     "--output", out)  # fmt: skip
     assert isinstance(result.exception, UserError) and "--input" in str(result.exception)
