@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 import attn_mt
 from attn_mt.configfile import config_from_dict
-from attn_mt.decode.sentences import ParagraphTranslator
+from attn_mt.decode.paragraphs import ParagraphTranslator
 
 GERMAN, ENGLISH = "Ein Mann fährt Fahrrad. Eine Frau liest.", "A man rides a bike."
 

@@ -1,7 +1,8 @@
-"""Paragraphs translated as sentences (`decode.sentences`): the split on hand-made de/en/fr/cs
-paragraphs (abbreviations, numbers, quotes), line breaks and words kept whole, a long
-sentence cut in pieces at the model's limit and never cut short, and a paragraph translated
-exactly as its sentences one by one, joined with its own spacing (alignments and scores too).
+"""Paragraphs translated as sentences (`decode.sentences`, `decode.paragraphs`): the split on
+hand-made de/en/fr/cs paragraphs (abbreviations, numbers, quotes), line breaks and words kept
+whole, a long sentence cut in pieces at the model's limit and never cut short, and a paragraph
+translated exactly as its sentences one by one, joined with its own spacing (alignments and
+scores too).
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import pytest
 from helpers.models import random_checkpoint
 
 import attn_mt
+from attn_mt.decode.paragraphs import ParagraphTranslator, split_lines
 from attn_mt.decode.request import Request
-from attn_mt.decode.sentences import ParagraphTranslator, split_lines, split_paragraph
+from attn_mt.decode.sentences import split_paragraph
 from attn_mt.decode.translator import Translator
 from attn_mt.errors import UserError
 
