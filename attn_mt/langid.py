@@ -70,7 +70,7 @@ class LanguageScores:
     """
 
     def __init__(self) -> None:
-        import torch  # its embedding_bag sums a line's table rows, ~20x numpy's gather + sum
+        import torch  # embedding_bag sums a line's table rows, far faster than numpy's gather + sum
         from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
         model = LanguageIdentifier.from_model_file(MODEL_FILE)
@@ -123,7 +123,7 @@ class LanguageScores:
         pairs, counts = np.unique(keys, return_counts=True)  # sorted by line
         line, feature = pairs // feature_count, pairs % feature_count
         # sum_f log(1 + count_f) * log P(f | lang) of each line: a weighted bag of table rows,
-        # on one thread (a batch is small: threads only wait on each other, ~20x slower)
+        # on one thread (a batch is small: more threads only wait on each other)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
