@@ -9,7 +9,7 @@ CHROMIUM ?= chromium
 ARGS   ?=  # more `attn-mt train` options, e.g. ARGS='--set train.max_minutes=3'
 # The suite runs on every core (up to 4 pytest-xdist workers, one torch thread each where
 # cores are few; tests/conftest.py shares them out). TESTFLAGS='-n 0' runs it in one process.
-TESTFLAGS ?= -n auto --maxprocesses 4 --dist worksteal
+TESTFLAGS ?= -n auto --maxprocesses 4 --dist worksteal --durations=15
 
 .PHONY: setup browser train test lint bench clean
 

@@ -26,7 +26,10 @@ Shapes: N rows (tokens), I in_features, O out_features.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
+import platform
 import time
 from collections.abc import Callable
 
@@ -44,6 +47,7 @@ ROUNDS = 5  # interleaved rounds, after one warm-up call of each
 PRODUCTS = ("mkl", "onednn")  # what a run's float32 linear layers multiply through
 PRODUCTS_VARIABLE = "ATTN_MT_FP32_PRODUCTS"  # auto (time both), mkl or onednn
 TIMING_ROWS = 2048  # rows of the timed layers: about half a training batch's tokens
+CHOICES_FILE = "kernel_choices.json"  # in the user cache: timed answers kept per machine
 
 
 @functools.cache
@@ -59,6 +63,47 @@ def packing_available() -> bool:
             return torch.allclose(product, layer(x), atol=1e-5)
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
+
+
+def remembered(question: str, answer: Callable[[], bool]) -> bool:
+    """`answer()` (a timing of kernels), computed once per machine and kept in the user cache's
+    CHOICES_FILE under `question` and `machine()`: decoding asks at every start (a one-line
+    `translate` spent most of a second on it) and gets the same answer each time on one
+    machine. Delete the file to time again. An unreadable file is timed over; an unwritable
+    cache folder costs the timing each time, never an error."""
+    from attn_mt.data.corpora import cache_dir  # the user cache folder ($ATTN_MT_CACHE)
+    from attn_mt.fileio import atomic_write
+
+    path, key = cache_dir() / CHOICES_FILE, f"{question} on {machine()}"
+    try:
+        known = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if isinstance(known.get(key), bool):
+        return known[key]
+    known[key] = value = bool(answer())
+    try:
+        with atomic_write(path) as handle:
+            handle.write(json.dumps(known, indent=1, sort_keys=True).encode())
+    except OSError:
+        pass
+    return value
+
+
+@functools.cache
+def machine() -> str:
+    """What a kernel timing's answer depends on besides its sizes: the CPU (model and feature
+    flags, from /proc/cpuinfo where there is one), the machine type and torch's version."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            wanted = ("model name", "flags", "Features", "CPU part")
+            lines = sorted({ln.strip() for ln in cpuinfo if ln.startswith(wanted)})
+    except OSError:
+        lines = [platform.processor()]
+    cpu = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    return f"{platform.machine()} cpu {cpu}, torch {torch.__version__}"
 
 
 def onednn_wins(mkl: Callable[[], object], onednn: Callable[[], object], calls: int = 1) -> bool:

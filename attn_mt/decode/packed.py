@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attn_mt.errors import UserError
-from attn_mt.kernels import onednn_wins, packing_available
+from attn_mt.kernels import onednn_wins, packing_available, remembered
 from attn_mt.model.attention import MultiHeadAttention
 from attn_mt.model.transformer import FeedForward, Transformer
 
@@ -166,10 +166,17 @@ TIMING_ROWS = 256  # input rows of the timed block, as many as a decoding step's
 
 @functools.cache
 def packing_pays(d_model: int, d_ff: int, threads: int) -> bool:
+    """Whether packing pays for a model of this size on this CPU (`time_packing`), timed once
+    per machine: the answer is kept in the user cache (`kernels.remembered`)."""
+    question = f"packing pays: d_model {d_model}, d_ff {d_ff}, {threads} threads"
+    return remembered(question, lambda: time_packing(d_model, d_ff, threads))
+
+
+def time_packing(d_model: int, d_ff: int, threads: int) -> bool:
     """Whether the prepacked feed-forward block (`PackedFeedForward`) beats `FeedForward` on
     this CPU by a clear margin (`kernels.onednn_wins`, 3 calls a round), timed here on a block
-    of this size (TIMING_ROWS input rows); once per process and size. `threads`: torch's
-    thread count, which the answer depends on (part of the cache key).
+    of this size (TIMING_ROWS input rows). `threads`: torch's thread count, which the answer
+    depends on (the caller's key; the timing runs on the threads torch has).
 
     The block, not one of its products: it is what `pack` swaps in (the activation fused), and
     a single product's gain can sit at the margin, so that the answer flips from one process

@@ -4,6 +4,7 @@ pack."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from helpers.models import assert_same, random_model, random_sources
 from torch import nn
 
 import attn_mt
+from attn_mt import kernels
 from attn_mt.data.text import read_lines
 from attn_mt.decode import packed
 from attn_mt.decode import translator as translator_module
@@ -177,4 +179,58 @@ def test_packing_pays_where_the_packed_product_is_faster(
         return forward(self, x)
 
     monkeypatch.setattr(slowed, "forward", slow_forward)
-    assert packed.packing_pays.__wrapped__(24, 40, torch.get_num_threads()) == (slow == "plain")
+    assert packed.time_packing(24, 40, torch.get_num_threads()) == (slow == "plain")
+
+
+@pytest.fixture
+def timings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[int, int, int]]:
+    """A fresh user cache and a fake timing (packing pays for d_model 24) that records each
+    call; `packing_pays`'s in-process cache emptied before and after."""
+    calls: list[tuple[int, int, int]] = []
+    monkeypatch.setenv("ATTN_MT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(packed, "time_packing", lambda *size: calls.append(size) or size[0] == 24)
+    packed.packing_pays.cache_clear()
+    yield calls
+    packed.packing_pays.cache_clear()
+
+
+def test_packing_is_timed_once_per_machine_and_size(timings, tmp_path: Path) -> None:
+    """The timing's answer is kept in the user cache: a second process (the in-process cache
+    emptied) reads it instead of timing, another size or machine is timed anew, and what the
+    file says is what is answered."""
+    assert packed.packing_pays(24, 40, 2) and not packed.packing_pays(32, 64, 2)
+    packed.packing_pays.cache_clear()
+    assert packed.packing_pays(24, 40, 2) and not packed.packing_pays(32, 64, 2)
+    assert timings == [(24, 40, 2), (32, 64, 2)]
+    path = tmp_path / "cache" / kernels.CHOICES_FILE
+    kept = json.loads(path.read_text())
+    assert len(kept) == 2 and all(kernels.machine() in key for key in kept)
+    path.write_text(json.dumps({key: not answer for key, answer in kept.items()}))
+    packed.packing_pays.cache_clear()
+    assert not packed.packing_pays(24, 40, 2) and packed.packing_pays(32, 64, 2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernels, "machine", lambda: "another machine")
+        packed.packing_pays.cache_clear()
+        assert packed.packing_pays(24, 40, 2)
+    assert timings[2:] == [(24, 40, 2)] and len(json.loads(path.read_text())) == 3
+
+
+@pytest.mark.parametrize("content", ["{not json", "[true]", '{"x": 1}', ""])
+def test_an_unreadable_choices_file_is_timed_over(timings, tmp_path: Path, content: str) -> None:
+    path = tmp_path / "cache" / kernels.CHOICES_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    assert packed.packing_pays(24, 40, 2) and timings == [(24, 40, 2)]
+    kept = {key: answer for key, answer in json.loads(path.read_text()).items() if key != "x"}
+    assert list(kept.values()) == [True]
+
+
+def test_an_unwritable_cache_costs_the_timing_not_an_error(
+    timings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("ATTN_MT_CACHE", str(blocker / "cache"))  # a folder under a file
+    assert packed.packing_pays(24, 40, 2)
+    packed.packing_pays.cache_clear()
+    assert packed.packing_pays(24, 40, 2) and timings == [(24, 40, 2)] * 2
