@@ -42,6 +42,14 @@ _STANDARD = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
 Inputs = Iterable[tuple[str, str | Path | None]]
 
 
+def cache_dir() -> Path:
+    """The user cache folder: $ATTN_MT_CACHE, else $XDG_CACHE_HOME/attn-mt, else ~/.cache."""
+    if os.environ.get("ATTN_MT_CACHE"):
+        return Path(os.environ["ATTN_MT_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "attn-mt"
+
+
 def umask() -> int:
     """The process's umask (read by setting and restoring it)."""
     mask = os.umask(0o022)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attn_mt.errors import UserError
+from attn_mt.fileio import atomic_write, cache_dir
 
 # oneDNN is chosen where its best round takes < 90% of MKL's: a clear win, not timing noise on
 # a shared machine (the measured cases and the answer this margin gives them:
@@ -71,9 +72,6 @@ def remembered(question: str, answer: Callable[[], bool]) -> bool:
     `translate` spent most of a second on it) and gets the same answer each time on one
     machine. Delete the file to time again. An unreadable file is timed over; an unwritable
     cache folder costs the timing each time, never an error."""
-    from attn_mt.data.corpora import cache_dir  # the user cache folder ($ATTN_MT_CACHE)
-    from attn_mt.fileio import atomic_write
-
     path, key = cache_dir() / CHOICES_FILE, f"{question} on {machine()}"
     try:
         known = json.loads(path.read_text(encoding="utf-8"))

@@ -13,7 +13,7 @@ from pathlib import Path
 from attn_mt.configdata import CORPUS_LANGUAGES, DataConfig, TrainCorpus, language_tag
 from attn_mt.data.text import read_lines
 from attn_mt.errors import DataError, named
-from attn_mt.fileio import atomic_write
+from attn_mt.fileio import atomic_write, cache_dir
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 
@@ -42,14 +42,6 @@ MULTI30K_SHA256 = {
 
 # ---------------------------------------------------------------------------------------------
 # Where things live
-
-
-def cache_dir() -> Path:
-    """The user cache folder: $ATTN_MT_CACHE, else $XDG_CACHE_HOME/attn-mt, else ~/.cache."""
-    if os.environ.get("ATTN_MT_CACHE"):
-        return Path(os.environ["ATTN_MT_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "attn-mt"
 
 
 def data_roots() -> list[Path]:
