@@ -68,17 +68,15 @@ def packing_available() -> bool:
 
 def remembered(question: str, answer: Callable[[], bool]) -> bool:
     """`answer()` (a timing of kernels), computed once per machine and kept in the user cache's
-    CHOICES_FILE under `question` and `machine()`: decoding asks at every start (a one-line
-    `translate` spent most of a second on it) and gets the same answer each time on one
-    machine. Delete the file to time again. An unreadable file is timed over; an unwritable
-    cache folder costs the timing each time, never an error."""
+    CHOICES_FILE under `question` and `machine()`: decoding asks at every start, and the
+    answer is the same each time on one machine. Delete the file to time again. An unreadable
+    file is timed over; an unwritable cache folder costs the timing each time, never an error."""
     path, key = cache_dir() / CHOICES_FILE, f"{question} on {machine()}"
     try:
         known = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        known = {}
-    if not isinstance(known, dict):
-        known = {}
+        known = None
+    known = known if isinstance(known, dict) else {}
     if isinstance(known.get(key), bool):
         return known[key]
     known[key] = value = bool(answer())

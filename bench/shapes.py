@@ -23,6 +23,7 @@ import copy
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -50,17 +51,16 @@ def parse_shape(text: str) -> tuple[str, dict[str, int]]:
 
 
 def random_checkpoint(
-    reference: str | Path, shape: dict[str, int], out: Path, seed: int = 0
+    state: dict[str, Any], shape: dict[str, int], out: Path, seed: int = 0
 ) -> Path:
-    """A checkpoint of `reference`'s config, tokenizers and decode settings with the model keys
-    of `shape`, random weights (seeded), <eos> never chosen, every output as long as its
-    source (module docstring). Written to `out`."""
-    state = load_checkpoint(reference)
+    """A checkpoint of the reference checkpoint `state`'s config, tokenizers and decode
+    settings with the model keys of `shape`, random weights (seeded), <eos> never chosen,
+    every output its source's length + 1 (module docstring). Written to `out`."""
     raw = copy.deepcopy(state["config"])
     raw["model"].update(shape)
     raw["decode"].update(max_len_a=1.0, max_len_b=1)
     cfg = config_from_dict(raw)  # the shape checked as a config file is
-    src_tok, tgt_tok = tokenizers_from(state, reference)
+    src_tok, tgt_tok = tokenizers_from(state, "the reference checkpoint")
     torch.manual_seed(seed)
     model = build_model(cfg, src_tok.vocab_size, tgt_tok.vocab_size)
     with torch.no_grad():
@@ -85,11 +85,12 @@ def main() -> None:
     print(f"{cpu_name()}, torch {torch.__version__}, {args.threads} thread(s); "
           f"{len(lines)} sentences, each decoded to its source length (+1)")  # fmt: skip
     times: dict[tuple[str, str, int], float] = {}
+    reference = load_checkpoint(args.model)
     with tempfile.TemporaryDirectory() as tmp:
         lines_file = Path(tmp) / "lines.txt"
         lines_file.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         for name, shape in args.shape:
-            ckpt = random_checkpoint(args.model, shape, Path(tmp) / f"{name}.pt")
+            ckpt = random_checkpoint(reference, shape, Path(tmp) / f"{name}.pt")
             row_args = argparse.Namespace(model=ckpt, threads=args.threads)
             for beam in (1, args.beam):
                 for variant in VARIANTS:

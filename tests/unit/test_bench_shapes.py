@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import attn_mt
+from attn_mt.checkpoint import load_checkpoint
 from attn_mt.data.text import read_lines
 from attn_mt.decode.generate import max_output_lengths
 from attn_mt.model.vocab import EOS_ID
@@ -22,7 +23,7 @@ SHAPE = {"d_model": 32, "heads": 2, "encoder_layers": 2, "decoder_layers": 1, "d
 def test_a_random_shape_decodes_every_sentence_to_its_source_length(
     trained_run: Path, tmp_path: Path, beam: int
 ) -> None:
-    ckpt = random_checkpoint(trained_run, SHAPE, tmp_path / "shape.pt")
+    ckpt = random_checkpoint(load_checkpoint(trained_run), SHAPE, tmp_path / "shape.pt")
     translator = attn_mt.load(ckpt, device="cpu", prepack=False)
     trained = attn_mt.load(trained_run, device="cpu", prepack=False)
     model = translator.config.model
