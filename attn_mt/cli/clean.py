@@ -16,6 +16,7 @@ from attn_mt.errors import UserError
 if TYPE_CHECKING:
     from attn_mt.configdata import DataConfig, TrainCorpus
     from attn_mt.data.cleaning import CleanReport, Scorer
+    from attn_mt.decode.pairscore import PairScore
 
 EXAMPLE_CHARS = 40  # of each side, in the printed table
 
@@ -65,11 +66,14 @@ def clean(
         check_output_file(path, "--out", inputs)
     processes = worker_count(workers)
     start = time.monotonic()
-    reports = clean_corpora(cfg.data, corpora, out, processes, _scorers(cfg.data, corpora, device))
+    scorers, models = _scorers(cfg.data, corpora, device)
+    reports = clean_corpora(cfg.data, corpora, out, processes, scorers)
     seconds = time.monotonic() - start
     for number, report in enumerate(reports, start=1):
         for line in _table(number, report):
             print(line)
+    for model in models:  # the scale of exp(-H), to tune score_min by
+        print(model.summary())
     lines = sum(r.lines for r in reports)
     print(
         f"{lines:,} pairs in {seconds:.1f} s ({lines / max(seconds, 1e-9):,.0f} pairs/s, "
@@ -78,8 +82,11 @@ def clean(
     )
 
 
-def _scorers(data: DataConfig, corpora: list[TrainCorpus], device: str) -> list[Scorer | None]:
-    """Each corpus's `score` rule (its models loaded once for every corpus that shares them)."""
+def _scorers(
+    data: DataConfig, corpora: list[TrainCorpus], device: str
+) -> tuple[list[Scorer | None], list[PairScore]]:
+    """Each corpus's `score` rule (its models loaded once for every corpus that shares them),
+    and the rules loaded."""
     from attn_mt.decode.pairscore import PairScore
 
     loaded: dict[tuple, PairScore] = {}
@@ -94,7 +101,7 @@ def _scorers(data: DataConfig, corpora: list[TrainCorpus], device: str) -> list[
         if settings not in loaded:
             loaded[settings] = PairScore(rules, *langs, device=device)
         scorers.append(loaded[settings].drops)
-    return scorers
+    return scorers, list(loaded.values())
 
 
 def _table(number: int, report: CleanReport) -> list[str]:

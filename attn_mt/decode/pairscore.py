@@ -8,6 +8,11 @@ conditional cross-entropy of Junczys-Dowmunt (2018), as bicleaner-style pipeline
 
 A translation both models find likely scores high; a misaligned pair (another sentence's
 target) is unlikely both ways, and a pair only one model likes is penalized by |H_fwd - H_bwd|.
+
+The scale depends on the models: the same clean pairs score lower under a less trained model,
+so one `score_min` does not suit every model (docs/results.md#the-score-rules-scale). So
+`PairScore` counts the scores it gave in a histogram (bounded memory) and `clean` prints their
+quantiles: the `score_min` that would have dropped 1%, 5%, ... of the pairs scored.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from attn_mt.configdata import FilterConfig
 from attn_mt.decode.forced import score_lines
 from attn_mt.decode.translator import load
 from attn_mt.errors import UserError
+
+BINS = 1000  # of the score histogram, on [0, 1]: quantiles to 0.001
+QUANTILES = (0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 
 
 class PairScore:
@@ -34,6 +42,8 @@ class PairScore:
             if rules.score_backward
             else None
         )
+        self.histogram = np.zeros(BINS, dtype=np.int64)  # the scores given so far, by bin
+        self.dropped = 0  # pairs `drops` dropped
 
     def scores(self, src: Sequence[str], tgt: Sequence[str]) -> np.ndarray:
         """(N,) exp(-H) of each pair."""
@@ -41,11 +51,35 @@ class PairScore:
         if self.backward is not None:
             backward = self.backward.cross_entropy(tgt, src)
             entropy = np.abs(entropy - backward) + (entropy + backward) / 2
-        return np.exp(-entropy)
+        scores = np.exp(-entropy)
+        self.histogram += np.bincount(
+            np.minimum((scores * BINS).astype(np.int64), BINS - 1), minlength=BINS
+        )
+        return scores
+
+    def quantiles(self, shares: Sequence[float] = QUANTILES) -> list[tuple[float, float]]:
+        """(share, threshold): the least score_min (to 1 / BINS) under which at least `share`
+        of the pairs scored so far fall; [] before any."""
+        total = int(self.histogram.sum())
+        if not total:
+            return []
+        below = np.cumsum(self.histogram)  # below[i]: scores under (i + 1) / BINS
+        return [(s, (int(np.searchsorted(below, s * total)) + 1) / BINS) for s in shares]
+
+    def summary(self) -> str:
+        """One line: the pairs scored, the score_min for each share, the share score_min drops."""
+        total = int(self.histogram.sum())
+        where = ", ".join(f"{100 * s:g}% under {t:.3f}" for s, t in self.quantiles())
+        return (
+            f"score: {total:,} pairs scored: {where}; score_min {self.minimum:g} dropped "
+            f"{100 * self.dropped / max(total, 1):.1f}% of them"
+        )
 
     def drops(self, src: Sequence[str], tgt: Sequence[str]) -> np.ndarray:
         """(N,) bool: the pairs that score under `score_min`."""
-        return self.scores(src, tgt) < self.minimum
+        drops = self.scores(src, tgt) < self.minimum
+        self.dropped += int(drops.sum())
+        return drops
 
 
 class _Direction:

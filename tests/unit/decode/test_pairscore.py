@@ -99,3 +99,38 @@ def test_a_model_of_the_wrong_direction_is_refused(models, toy_data, tmp_path):
         result, "data.filters.score_backward:", "translates xx -> yy; this corpus needs yy -> xx"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_the_quantiles_printed_are_those_of_the_scores_given(models, toy_data, tmp_path):
+    """`clean` prints, per score rule, the score_min that would drop each share of the pairs it
+    scored (to 1 / BINS) and the share its score_min dropped: read from the scores themselves."""
+    from attn_mt.decode.pairscore import BINS, QUANTILES
+
+    forward, _ = models
+    src, tgt = toy_pairs(80, seed=6)
+    scorer = PairScore(FilterConfig(score=str(forward)), "xx", "yy", device="cpu")
+    assert scorer.quantiles() == []
+    scores = scorer.scores(src, tgt)
+    scorer.minimum = minimum = float(np.median(scores))  # half of them dropped
+    drops = np.concatenate([scorer.drops(src[:30], tgt[:30]), scorer.drops(src[30:], tgt[30:])])
+    assert drops.tolist() == (scores < minimum).tolist()  # the same pairs: twice in the histogram
+    for share, threshold in scorer.quantiles():
+        assert (scores < threshold).mean() >= share > (scores < threshold - 1 / BINS).mean()
+    assert [share for share, _ in scorer.quantiles()] == list(QUANTILES)
+    line = scorer.summary()
+    assert line.startswith("score: 160 pairs scored: 1% under ")
+    assert line.endswith(f"score_min {minimum:g} dropped {100 * drops.sum() / 160:.1f}% of them")
+    # and the clean command prints that line
+    files = {side: write_lines(tmp_path / f"train.{side}", lines) for side, lines in
+             (("src", src), ("tgt", tgt))}  # fmt: skip
+    raw = toy_config_dict(toy_data, tmp_path / "run")
+    raw["data"]["train"] = {"src": str(files["src"]), "tgt": str(files["tgt"])}
+    raw["data"]["filters"] = {"score": str(forward), "score_min": minimum}
+    config = write_yaml(tmp_path / "score.yaml", raw)
+    command = ["clean", "-c", config, "--out", tmp_path / "out", "--device", "cpu"]
+    result = run_cli(command, None, {})
+    assert result.returncode == 0, result.stderr.decode()
+    printed = [x for x in result.stdout.decode().splitlines() if x.startswith("score: ")]
+    quantiles = line.split("scored: ")[1].split(";")[0]  # as of the same scores, each twice
+    dropped = f"score_min {minimum:g} dropped {100 * drops.sum() / 80:.1f}% of them"
+    assert printed == [f"score: 80 pairs scored: {quantiles}; {dropped}"]
