@@ -8,6 +8,10 @@
     python scripts/noise_corpus.py --score DIR/labels.txt CLEANED/dropped.tsv [--markdown]
         per rule of `attn-mt clean`, the share of each kind it dropped (clean: the share of
         clean pairs lost), then one JSON line of the figures
+    python scripts/noise_corpus.py --thresholds DIR/labels.txt FWD [BWD] [--markdown]
+        per score_min, the share of each kind the `score` rule alone would drop, from
+        `attn-mt score --normalize` of the noised corpus (FWD) and of its reverse (BWD: the
+        dual cross-entropy), one score a line in corpus order
     python scripts/noise_corpus.py --test-variants DIR
         test_2016_flickr as people type it: DIR/{plain,upper,title,nopunct}.{de,en}, both
         sides changed alike (data.augment's own functions), to score with `attn-mt evaluate`
@@ -221,17 +225,47 @@ def score(labels_path: Path, dropped_path: Path) -> dict[str, dict[str, float]]:
     }
 
 
-def table(figures: dict[str, dict[str, float]], markdown: bool) -> str:
-    """The figures as rows of rules and columns of kinds."""
+SCORE_MINS = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1)
+
+
+def thresholds(labels_path: Path, *scored: Path) -> dict[str, dict[str, float]]:
+    """Per score_min, the percent of each kind's lines whose exp(-H) falls under it; H from the
+    mean log-probabilities `attn-mt score --normalize` wrote (the first column), dual with a
+    second file (the score rule's own formula)."""
+    import numpy as np
+
+    from attn_mt.decode.pairscore import pair_scores
+
+    labels = np.array(labels_path.read_text(encoding="utf-8").splitlines())
+    entropies = []
+    for path in scored:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if len(lines) != len(labels):
+            sys.exit(f"{path}: {len(lines):,} scores for {len(labels):,} labels")
+        entropies.append(-np.array([float(line.split("\t")[0]) for line in lines]))
+    scores = pair_scores(*entropies)
+    return {
+        f"< {cut:g}": {
+            kind: 100 * float((scores[labels == kind] < cut).mean())
+            if (labels == kind).any()
+            else 0.0
+            for kind in ["clean", *KINDS]
+        }
+        for cut in SCORE_MINS
+    }
+
+
+def table(figures: dict[str, dict[str, float]], markdown: bool, first: str = "rule") -> str:
+    """The figures as rows of rules (or thresholds) and columns of kinds."""
     kinds = ["clean", *KINDS]
     if markdown:
-        rows = ["| rule | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+        rows = [f"| {first} | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
         rows += [
             f"| {rule} | " + " | ".join(f"{shares[k]:.1f}%" for k in kinds) + " |"
             for rule, shares in figures.items()
         ]
         return "\n".join(rows)
-    rows = [f"{'rule':<12}" + "".join(f"{k:>12}" for k in kinds)]
+    rows = [f"{first:<12}" + "".join(f"{k:>12}" for k in kinds)]
     rows += [
         f"{rule:<12}" + "".join(f"{shares[k]:>11.1f}%" for k in kinds)
         for rule, shares in figures.items()
@@ -252,6 +286,13 @@ def main() -> None:
     parser.add_argument(
         "--score", nargs=2, type=Path, metavar=("LABELS", "DROPPED"), help="score a clean run"
     )
+    parser.add_argument(
+        "--thresholds",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="LABELS FWD [BWD]: the score rule's catch per score_min",
+    )
     parser.add_argument("--markdown", action="store_true", help="--score: a markdown table")
     parser.add_argument(
         "--test-variants", type=Path, metavar="DIR", help="write the test split's variants"
@@ -259,6 +300,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.test_variants:
         test_variants(args.test_variants, args.src_lang, args.tgt_lang)
+    elif args.thresholds:
+        if len(args.thresholds) not in (2, 3):
+            parser.error("--thresholds: give LABELS FWD [BWD]")
+        figures = thresholds(*args.thresholds)
+        print(table(figures, args.markdown, first="score"))
     elif args.score:
         figures = score(*args.score)
         print(table(figures, args.markdown))

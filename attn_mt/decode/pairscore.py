@@ -30,6 +30,13 @@ BINS = 1000  # of the score histogram, on [0, 1]: quantiles to 0.001
 QUANTILES = (0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 
 
+def pair_scores(forward: np.ndarray, backward: np.ndarray | None = None) -> np.ndarray:
+    """exp(-H) from the cross-entropies per token H_fwd (and H_bwd): the module's formula."""
+    if backward is not None:
+        forward = np.abs(forward - backward) + (forward + backward) / 2
+    return np.exp(-forward)
+
+
 class PairScore:
     """exp(-H) of pairs under a config's `score` model (and `score_backward`)."""
 
@@ -47,11 +54,8 @@ class PairScore:
 
     def scores(self, src: Sequence[str], tgt: Sequence[str]) -> np.ndarray:
         """(N,) exp(-H) of each pair."""
-        entropy = self.forward.cross_entropy(src, tgt)
-        if self.backward is not None:
-            backward = self.backward.cross_entropy(tgt, src)
-            entropy = np.abs(entropy - backward) + (entropy + backward) / 2
-        scores = np.exp(-entropy)
+        backward = None if self.backward is None else self.backward.cross_entropy(tgt, src)
+        scores = pair_scores(self.forward.cross_entropy(src, tgt), backward)
         self.histogram += np.bincount(
             np.minimum((scores * BINS).astype(np.int64), BINS - 1), minlength=BINS
         )

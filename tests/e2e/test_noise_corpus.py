@@ -57,3 +57,29 @@ def test_score_counts_each_rules_catch_per_kind(script, tmp_path):
     assert figures["dedup"]["repeat"] == 50 and figures["copy"]["copy"] == 100
     assert figures["ratio"]["clean"] == 25 and figures["all"]["clean"] == 25
     assert figures["all"]["repeat"] == 50 and list(figures) == ["dedup", "copy", "ratio", "all"]
+
+
+def test_thresholds_give_each_kinds_share_under_each_score_min(script, tmp_path):
+    """The score rule's catch per score_min, from `attn-mt score --normalize` lines (the mean
+    log-probability first): exp(-H) alone, and the dual H with a second file."""
+    import math
+
+    labels = tmp_path / "labels.txt"
+    labels.write_text("clean\nclean\nmisaligned\nclean\nmisaligned\n")
+    forward = tmp_path / "fwd.txt"  # exp(-H): 0.5, 0.04, 0.01, 0.06, 0.025
+    forward.write_text(
+        "".join(f"{math.log(p):.6f}\t-1 -2\n" for p in (0.5, 0.04, 0.01, 0.06, 0.025))
+    )
+    figures = script.thresholds(labels, forward)
+    assert figures["< 0.05"]["clean"] == pytest.approx(100 / 3)
+    assert figures["< 0.05"]["misaligned"] == 100 and figures["< 0.02"]["misaligned"] == 50
+    assert figures["< 0.1"]["clean"] == pytest.approx(200 / 3) and figures["< 0.01"]["clean"] == 0
+    # dual: |H_f - H_b| + (H_f + H_b) / 2; an equal backward file leaves the scores as they were
+    assert script.thresholds(labels, forward, forward) == figures
+    backward = tmp_path / "bwd.txt"  # the first pair only one way likely: H_f 0.69, H_b 4.6
+    backward.write_text(f"{math.log(0.01):.6f}\n" + forward.read_text().split("\n", 1)[1])
+    assert script.thresholds(labels, forward, backward)["< 0.01"]["clean"] == pytest.approx(100 / 3)
+    short = tmp_path / "short.txt"
+    short.write_text("-1.0\n")
+    with pytest.raises(SystemExit, match="1 scores for 5 labels"):
+        script.thresholds(labels, short)
