@@ -146,8 +146,9 @@ def test_cli_terms_prefix_alignment_nbest_from_file_to_file(translator, trained_
     source = write_lines(tmp_path / "in.txt", lines)
     out = tmp_path / "out.txt"
     options = ["--prefix", "--constraints", "--alignment", "--nbest", "2", "--avoid", avoid]
-    done = invoke("translate", "--model", trained_run, "--device", "cpu", "--input", source,
-                  "--output", out, *options)  # fmt: skip
+    with pytest.warns(UserWarning, match="--constraints: a line without a TAB is a source alone"):
+        done = invoke("translate", "--model", trained_run, "--device", "cpu", "--input", source,
+                      "--output", out, *options)  # SOURCES[1] alone: warned  # fmt: skip
     assert done.exit_code == 0, done.output
     expected = translator.translate_nbest(
         [SOURCES[0], "", SOURCES[1], SOURCES[2]],
