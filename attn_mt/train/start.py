@@ -229,6 +229,13 @@ def log_start(
     )
     for line in corpus.describe():  # each training corpus: what its rules dropped, its share
         log.info("data: %s", line)
+    if cfg.data.augment.any():  # changed in the shards, the same way every epoch
+        shares = dataclasses.asdict(cfg.data.augment)
+        log.info(
+            "data: pairs changed as data.augment says (drawn from train.seed %d): %s",
+            cfg.train.seed,
+            ", ".join(f"{key} {100 * share:g}%" for key, share in shares.items() if share),
+        )
     log.info(
         "vocabulary: %s SentencePiece %s, %d / %d pieces; %s",
         "joint" if src_tok is tgt_tok else "separate",

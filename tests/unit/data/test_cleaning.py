@@ -157,3 +157,7 @@ def test_training_on_filtered_augmented_shards_resumes_exactly(toy_data, tmp_pat
     log = (tmp_path / "straight" / "train.log").read_text()
     dropped = re.search(r"data: (\d+) training pairs kept, dropped ([\d,]+) max_chars;", log)
     assert dropped and int(dropped[1]) + int(dropped[2].replace(",", "")) == 3000, log
+    assert (
+        "data: pairs changed as data.augment says (drawn from train.seed 1): uppercase 20%, "
+        "titlecase 10%, no_final_punct 30%, typos 20%\n" in log
+    ), log
