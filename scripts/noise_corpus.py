@@ -293,7 +293,9 @@ def main() -> None:
         metavar="FILE",
         help="LABELS FWD [BWD]: the score rule's catch per score_min",
     )
-    parser.add_argument("--markdown", action="store_true", help="--score: a markdown table")
+    parser.add_argument(
+        "--markdown", action="store_true", help="--score, --thresholds: a markdown table"
+    )
     parser.add_argument(
         "--test-variants", type=Path, metavar="DIR", help="write the test split's variants"
     )

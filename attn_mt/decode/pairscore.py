@@ -11,7 +11,7 @@ target) is unlikely both ways, and a pair only one model likes is penalized by |
 
 The scale depends on the models: the same clean pairs score lower under a less trained model,
 so one `score_min` does not suit every model (docs/results.md#the-score-rules-scale). So
-`PairScore` counts the scores it gave in a histogram (bounded memory) and `clean` prints their
+`PairScore` counts the scores it judged in a histogram (bounded memory) and `clean` prints their
 quantiles: the `score_min` that would have dropped 1%, 5%, ... of the pairs scored.
 """
 
@@ -49,21 +49,17 @@ class PairScore:
             if rules.score_backward
             else None
         )
-        self.histogram = np.zeros(BINS, dtype=np.int64)  # the scores given so far, by bin
+        self.histogram = np.zeros(BINS, dtype=np.int64)  # the scores `drops` judged, by bin
         self.dropped = 0  # pairs `drops` dropped
 
     def scores(self, src: Sequence[str], tgt: Sequence[str]) -> np.ndarray:
         """(N,) exp(-H) of each pair."""
         backward = None if self.backward is None else self.backward.cross_entropy(tgt, src)
-        scores = pair_scores(self.forward.cross_entropy(src, tgt), backward)
-        self.histogram += np.bincount(
-            np.minimum((scores * BINS).astype(np.int64), BINS - 1), minlength=BINS
-        )
-        return scores
+        return pair_scores(self.forward.cross_entropy(src, tgt), backward)
 
     def quantiles(self, shares: Sequence[float] = QUANTILES) -> list[tuple[float, float]]:
         """(share, threshold): the least score_min (to 1 / BINS) under which at least `share`
-        of the pairs scored so far fall; [] before any."""
+        of the pairs `drops` judged fall; [] before any."""
         total = int(self.histogram.sum())
         if not total:
             return []
@@ -80,8 +76,13 @@ class PairScore:
         )
 
     def drops(self, src: Sequence[str], tgt: Sequence[str]) -> np.ndarray:
-        """(N,) bool: the pairs that score under `score_min`."""
-        drops = self.scores(src, tgt) < self.minimum
+        """(N,) bool: the pairs that score under `score_min`; their scores counted for
+        `quantiles` and `summary`."""
+        scores = self.scores(src, tgt)
+        self.histogram += np.bincount(
+            np.minimum((scores * BINS).astype(np.int64), BINS - 1), minlength=BINS
+        )
+        drops = scores < self.minimum
         self.dropped += int(drops.sum())
         return drops
 

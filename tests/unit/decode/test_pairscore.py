@@ -110,16 +110,19 @@ def test_the_quantiles_printed_are_those_of_the_scores_given(models, toy_data, t
     src, tgt = toy_pairs(80, seed=6)
     scorer = PairScore(FilterConfig(score=str(forward)), "xx", "yy", device="cpu")
     assert scorer.quantiles() == []
-    scores = scorer.scores(src, tgt)
+    scores = scorer.scores(src, tgt)  # a query: not counted
+    assert scorer.quantiles() == []
     scorer.minimum = minimum = float(np.median(scores))  # half of them dropped
     drops = np.concatenate([scorer.drops(src[:30], tgt[:30]), scorer.drops(src[30:], tgt[30:])])
-    assert drops.tolist() == (scores < minimum).tolist()  # the same pairs: twice in the histogram
+    assert drops.tolist() == (scores < minimum).tolist()
+    assert scorer.drops(src, tgt).tolist() == drops.tolist()  # each pair twice in the histogram
     for share, threshold in scorer.quantiles():
         assert (scores < threshold).mean() >= share > (scores < threshold - 1 / BINS).mean()
     assert [share for share, _ in scorer.quantiles()] == list(QUANTILES)
     line = scorer.summary()
     assert line.startswith("score: 160 pairs scored: 1% under ")
-    assert line.endswith(f"score_min {minimum:g} dropped {100 * drops.sum() / 160:.1f}% of them")
+    share = 100 * 2 * drops.sum() / 160
+    assert line.endswith(f"score_min {minimum:g} dropped {share:.1f}% of them")
     # and the clean command prints that line
     files = {side: write_lines(tmp_path / f"train.{side}", lines) for side, lines in
              (("src", src), ("tgt", tgt))}  # fmt: skip
@@ -131,6 +134,6 @@ def test_the_quantiles_printed_are_those_of_the_scores_given(models, toy_data, t
     result = run_cli(command, None, {})
     assert result.returncode == 0, result.stderr.decode()
     printed = [x for x in result.stdout.decode().splitlines() if x.startswith("score: ")]
-    quantiles = line.split("scored: ")[1].split(";")[0]  # as of the same scores, each twice
+    quantiles = line.split("scored: ")[1].split(";")[0]  # the same scores, each twice
     dropped = f"score_min {minimum:g} dropped {100 * drops.sum() / 80:.1f}% of them"
     assert printed == [f"score: 80 pairs scored: {quantiles}; {dropped}"]
