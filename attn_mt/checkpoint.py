@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from attn_mt.config import Config
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
+from attn_mt.config.schema import Config
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import CheckpointError, ConfigError
 from attn_mt.fileio import atomic_write, os_reason, resolve_checkpoint

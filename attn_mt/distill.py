@@ -23,7 +23,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import IO, Any
 
-from attn_mt.configdata import DataConfig, TrainCorpus
+from attn_mt.config.data import DataConfig, TrainCorpus
 from attn_mt.data.corpora import pair_name, train_corpora
 from attn_mt.data.text import iter_lines
 from attn_mt.errors import DataError, UserError, named

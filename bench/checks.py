@@ -22,8 +22,8 @@ from unittest import mock
 
 import torch
 
-from attn_mt.config import TrainConfig
-from attn_mt.configfile import load_config
+from attn_mt.config.file import load_config
+from attn_mt.config.schema import TrainConfig
 from attn_mt.data.batching import Batch
 from attn_mt.decode.generate import StepDecoder, generate, max_output_lengths
 from attn_mt.decode.search import Beam, Greedy

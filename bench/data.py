@@ -145,7 +145,7 @@ def batch_speed(config: Path, cache: Path) -> dict[str, float]:
     os.environ["ATTN_MT_CACHE"] = str(cache)
     import torch
 
-    from attn_mt.configfile import load_config
+    from attn_mt.config.file import load_config
     from attn_mt.data.batching import ShardBatches
     from attn_mt.data.prepare import prepare_shards
     from attn_mt.model.transformer import build_model

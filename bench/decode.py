@@ -44,8 +44,8 @@ import torch
 import attn_mt
 from attn_mt.data.corpora import split_files
 from attn_mt.data.text import read_lines
-from attn_mt.decode.export_ct2 import export_ctranslate2
 from attn_mt.errors import UserError
+from attn_mt.export.ct2 import export_ctranslate2
 from attn_mt.precision import resolve_precision
 from attn_mt.scores import score
 from bench.common import ROOT, cpu_name

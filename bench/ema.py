@@ -21,7 +21,7 @@ import statistics
 
 import torch
 
-from attn_mt.configfile import load_config
+from attn_mt.config.file import load_config
 from attn_mt.data.batching import Batch
 from attn_mt.model.transformer import build_model
 from attn_mt.model.vocab import EOS_ID

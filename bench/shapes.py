@@ -29,7 +29,7 @@ import torch
 
 import attn_mt
 from attn_mt.checkpoint import load_checkpoint, save_checkpoint, tokenizers_from
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
 from attn_mt.model.transformer import build_model
 from attn_mt.model.vocab import EOS_ID
 from bench.common import cpu_name

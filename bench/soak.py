@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from attn_mt.configfile import config_from_dict, load_config
+from attn_mt.config.file import config_from_dict, load_config
 from attn_mt.precision import resolve_device
 from attn_mt.train.loop import Trainer
 from attn_mt.train.start import make_optimizer

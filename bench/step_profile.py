@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attn_mt.config import Config
+from attn_mt.config.schema import Config
 from attn_mt.data.batching import Batch, length_batches
 from attn_mt.model import loss as model_loss
 from attn_mt.model.transformer import build_model

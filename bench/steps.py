@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from attn_mt.config import TrainConfig
+from attn_mt.config.schema import TrainConfig
 from attn_mt.data.batching import Batch
 from attn_mt.model.loss import SmoothedObjective, label_smoothed_loss
 from attn_mt.model.transformer import Transformer

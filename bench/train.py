@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from attn_mt import distributed
-from attn_mt.config import Config
+from attn_mt.config.schema import Config
 from attn_mt.data.batching import Batch, collate, length_batches
 from attn_mt.data.corpus import training_data
 from attn_mt.kernels import packing_available, route_through_onednn

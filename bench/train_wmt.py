@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attn_mt.config import Config
+from attn_mt.config.schema import Config
 from attn_mt.data.batching import Batch
 from attn_mt.model.transformer import Transformer, build_model
 from attn_mt.precision import DTYPES

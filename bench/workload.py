@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from attn_mt.config import Config
-from attn_mt.configfile import config_from_dict, load_config
+from attn_mt.config.file import config_from_dict, load_config
+from attn_mt.config.schema import Config
 from attn_mt.data.batching import Batch, collate, length_batches
 from attn_mt.model.vocab import EOS_ID
 from attn_mt.train.speed import vary_batch_shape

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attn_mt.config import config_keys  # noqa: E402
+from attn_mt.config.schema import config_keys  # noqa: E402
 
 CONFIG_DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 START, END = "<!-- config-keys:start -->", "<!-- config-keys:end -->"

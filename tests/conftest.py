@@ -16,8 +16,8 @@ import torch
 import yaml
 from helpers.toy import script_validation, toy_config_dict, toy_pairs, write_lines
 
-from attn_mt.config import Config
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
+from attn_mt.config.schema import Config
 
 # The fixtures of the end-to-end command-line tests (a toy corpus and a finished run).
 pytest_plugins = ("helpers.clirun", "helpers.serving")

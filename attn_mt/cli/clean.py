@@ -14,7 +14,7 @@ from attn_mt.cli.options import ConfigSetOption, DeviceOption
 from attn_mt.errors import UserError
 
 if TYPE_CHECKING:
-    from attn_mt.configdata import DataConfig, TrainCorpus
+    from attn_mt.config.data import DataConfig, TrainCorpus
     from attn_mt.data.cleaning import CleanReport, Scorer
     from attn_mt.decode.pairscore import PairScore
 
@@ -44,7 +44,7 @@ def clean(
 ) -> None:
     """Apply data.filters to the training corpora: write the pairs kept, each dropped pair with
     the rule that dropped it (dropped.tsv) and the counts (report.json); print a table."""
-    from attn_mt.configfile import load_config
+    from attn_mt.config.file import load_config
 
     if config is None or out is None:
         raise UserError("clean: give --config FILE and --out DIR")

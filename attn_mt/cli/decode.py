@@ -193,7 +193,7 @@ def translate(
         translator = load_translator(model, str(place), precision, quantize, prepack, decode)
         translator.language_prefix(tgt_lang)  # a missing or unknown language: before any input
         if split_sentences:
-            from attn_mt.decode.paragraphs import ParagraphTranslator
+            from attn_mt.documents.paragraphs import ParagraphTranslator
 
             translator = ParagraphTranslator.splitting(translator)
         request = Request(

@@ -24,8 +24,8 @@ from attn_mt.errors import UserError, named
 
 if TYPE_CHECKING:
     from attn_mt.cli.job import LineFields
-    from attn_mt.config import Config
-    from attn_mt.configdata import TrainCorpus
+    from attn_mt.config.data import TrainCorpus
+    from attn_mt.config.schema import Config
     from attn_mt.decode.request import Request
     from attn_mt.decode.translator import Translator
     from attn_mt.distill import DistilledFolder, DistillOptions
@@ -88,7 +88,7 @@ def distill(
     on the teacher's translations (sequence-level knowledge distillation).
 
     Stopped at any moment, the same command continues the translation (or the training)."""
-    from attn_mt.configfile import load_config
+    from attn_mt.config.file import load_config
     from attn_mt.distill import DistilledFolder, DistillOptions, student_corpora, student_pair
     from attn_mt.fileio import resolve_checkpoint
     from attn_mt.world import world_from_env
@@ -170,7 +170,7 @@ def _check_run_folder(cfg: Config, folder: DistilledFolder) -> bool:
 def _student_config(cfg: Config, folder: DistilledFolder) -> dict[str, Any]:
     """The student config training on the distilled corpus (its validation and test as they
     are), as `distilled/student.yaml` will hold it; checked now, before any translation."""
-    from attn_mt.configfile import config_from_dict
+    from attn_mt.config.file import config_from_dict
 
     raw = cfg.to_dict()
     src, tgt = folder.corpus

@@ -22,7 +22,7 @@ from attn_mt.cli.options import (
 from attn_mt.errors import UserError
 
 if TYPE_CHECKING:
-    from attn_mt.config import TrainConfig
+    from attn_mt.config.schema import TrainConfig
 
 
 @app.command(epilog="Example: attn-mt score -m runs/multi30k_de_en --src test.de --ref test.en")

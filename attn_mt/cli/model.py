@@ -178,12 +178,12 @@ def export(
         raise UserError(f"--quantization {quantization}: applies to --format ct2 only")
     decode = decode_settings(set_, beam, length_penalty)
     if format_ is ExportFormat.hf:
-        from attn_mt.decode.export_hf import export_hf  # torch
+        from attn_mt.export.hf import export_hf  # torch
 
         parity = export_hf(model, out, force=force, decode=decode, license=license_)
         print(f"parity with attn-mt: {parity}", file=sys.stderr)
     else:
-        from attn_mt.decode.export_ct2 import export_ctranslate2  # torch
+        from attn_mt.export.ct2 import export_ctranslate2  # torch
 
         export_ctranslate2(
             model, out, quantization=quantization, force=force, decode=decode, license=license_

@@ -181,7 +181,7 @@ def decode_settings(
 ) -> dict:
     """The `decode=` overrides of `attn_mt.load` from `--set decode.KEY=VALUE` items (parsed
     as a config file's `--set`), then `--beam` and `--length-penalty`."""
-    from attn_mt.configfile import apply_override
+    from attn_mt.config.file import apply_override
     from attn_mt.errors import UserError
 
     raw: dict = {}

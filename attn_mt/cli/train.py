@@ -52,7 +52,7 @@ def train(
     """Train a model: SentencePiece, Transformer, validation BLEU, checkpoints, TensorBoard."""
     # The arguments, the config and the run folder are checked before torch is imported
     # (seconds): a mistake is reported at once.
-    from attn_mt.configfile import load_config
+    from attn_mt.config.file import load_config
 
     if init_from is not None and resume:
         raise UserError("--init-from starts a new run and --resume continues one; give only one")
@@ -88,22 +88,14 @@ def train(
             f"`attn-mt train --resume {run}` (with --set train.max_steps=N to go further); "
             "to start a new one from it, copy it and change train.out_dir"
         )
-    from attn_mt.runfolder import check_run_start, is_locked
     from attn_mt.world import world_from_env
 
-    # Rank 0 holds the folder (the others would see it being written); a folder a running
-    # train holds is left to the lock, whose message names that process.
     main_process = world_from_env().is_main  # malformed torchrun variables: one line, here
-    if main_process and not is_locked(cfg.train.out_dir):
-        check_run_start(cfg.train.out_dir, resume)
-    from attn_mt.precision import set_cuda_environment
-
-    set_cuda_environment(cfg.train.deterministic)  # read once, when CUDA starts: set it first
     from attn_mt.cli import progress
-    from attn_mt.train.loop import train as run_training
+    from attn_mt.train.run import start_run
 
     with progress.training(enabled=main_process) as display:
-        result = run_training(cfg, resume=resume, device=device, monitor=display)
+        result = start_run(cfg, resume=resume, device=device, monitor=display)
     if result.stop_signal is not None:  # the shell convention: 128 + the signal number
         raise typer.Exit(128 + signal.Signals[result.stop_signal].value)
 
@@ -120,7 +112,7 @@ def prepare(
     ] = 0,
 ) -> None:
     """Encode the training corpora once into token shards (train does it too when needed)."""
-    from attn_mt.configfile import load_config
+    from attn_mt.config.file import load_config
 
     if config is None:
         raise UserError("prepare: give --config FILE, the config whose training data to prepare")
@@ -158,7 +150,7 @@ def data_info(
     set_: ConfigSetOption = None,
 ) -> None:
     """Show where named corpora are looked for and which files are present."""
-    from attn_mt.configfile import load_config
+    from attn_mt.config.file import load_config
     from attn_mt.data.corpora import corpus_info
 
     if set_ and config is None:

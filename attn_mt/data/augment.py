@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from attn_mt.configdata import AugmentConfig
+from attn_mt.config.data import AugmentConfig
 
 # Sentence-final punctuation that `no_final_punct` removes (with closing quotes and brackets).
 FINAL_PUNCT = ".!?;:…。！？；：؟।"

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attn_mt.config import Config
+from attn_mt.config.schema import Config
 from attn_mt.data.shards import Shards, TokenView, mix_weights
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.distributed import World

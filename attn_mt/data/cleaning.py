@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from attn_mt.configdata import DataConfig, TrainCorpus
+from attn_mt.config.data import DataConfig, TrainCorpus
 from attn_mt.data.filters import CODE, RULES, TEXT_RULES, PairFilter, SeenHashes, pair_hashes
 from attn_mt.data.pool import chunks, ordered_map
 from attn_mt.data.text import FilterStats, iter_parallel

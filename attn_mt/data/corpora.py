@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from attn_mt.configdata import CORPUS_LANGUAGES, DataConfig, TrainCorpus, language_tag
+from attn_mt.config.data import CORPUS_LANGUAGES, DataConfig, TrainCorpus, language_tag
 from attn_mt.data.text import read_lines
 from attn_mt.errors import DataError, named
 from attn_mt.fileio import atomic_write, cache_dir

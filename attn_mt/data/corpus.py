@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from attn_mt import distributed
-from attn_mt.config import Config
-from attn_mt.configdata import language_tag
+from attn_mt.config.data import language_tag
+from attn_mt.config.schema import Config
 from attn_mt.data.corpora import split_files, valid_directions
 from attn_mt.data.prepare import shards_for_run
 from attn_mt.data.shards import Shards, TokenView, corpus_lines, mix_weights

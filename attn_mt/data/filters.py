@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from attn_mt.configdata import FilterConfig
+from attn_mt.config.data import FilterConfig
 from attn_mt.langid import language_scores
 
 log = logging.getLogger("attn_mt")

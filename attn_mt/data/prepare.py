@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from attn_mt import distributed
-from attn_mt.config import Config
-from attn_mt.configdata import DataConfig, TrainCorpus, language_tag
+from attn_mt.config.data import DataConfig, TrainCorpus, language_tag
+from attn_mt.config.schema import Config
 from attn_mt.data.augment import Augmenter
 from attn_mt.data.cleaning import judge_corpora
 from attn_mt.data.corpora import cache_dir, source_tags, train_corpora

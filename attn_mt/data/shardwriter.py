@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from attn_mt.config import Config
-from attn_mt.configdata import TrainCorpus
+from attn_mt.config.data import TrainCorpus
+from attn_mt.config.schema import Config
 from attn_mt.data.augment import Augmenter
 from attn_mt.data.cleaning import dropped_counts
 from attn_mt.data.pool import chunks, ordered_map

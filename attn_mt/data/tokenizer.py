@@ -23,7 +23,7 @@ from typing import Any
 
 import sentencepiece as spm
 
-from attn_mt.config import TokenizerConfig
+from attn_mt.config.schema import TokenizerConfig
 from attn_mt.errors import ConfigError, UserError
 from attn_mt.fileio import atomic_write, os_reason, writable_dir
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID

@@ -1,1 +1,1 @@
-"""Inference: `load` -> Translator, search, the packed and int8 layers, and export."""
+"""Inference: `load` -> Translator, the request, the search and its steering, packed layers."""

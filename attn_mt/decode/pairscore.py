@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attn_mt.configdata import FilterConfig
+from attn_mt.config.data import FilterConfig
 from attn_mt.decode.forced import score_lines
 from attn_mt.decode.translator import load
 from attn_mt.errors import UserError

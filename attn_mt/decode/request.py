@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from attn_mt.config import DecodeConfig
+from attn_mt.config.schema import DecodeConfig
 from attn_mt.decode.controls import Controls
 from attn_mt.decode.generate import Strategy
 from attn_mt.decode.search import Beam, Draw, Greedy, Sampling

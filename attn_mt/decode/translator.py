@@ -20,9 +20,9 @@ from attn_mt.checkpoint import (
     model_from,
     tokenizers_from,
 )
-from attn_mt.config import Config
-from attn_mt.configdata import language_tag
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.data import language_tag
+from attn_mt.config.file import config_from_dict
+from attn_mt.config.schema import Config
 from attn_mt.data.batching import length_batches, source_batch
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decode.alignment import (

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from attn_mt.config import Config, ModelConfig
+from attn_mt.config.schema import Config, ModelConfig
 from attn_mt.model.attention import MultiHeadAttention, causal_mask
 from attn_mt.model.kv_cache import KVCache
 from attn_mt.model.positions import POSITIONS, Positions

@@ -1,8 +1,8 @@
 """What the server does with its models, apart from HTTP: translate paragraphs and HTML pages
 through the batcher (split into sentences, joined back), draw the cross-attention of one
 sentence, describe the models. Everything goes through the public `Translator` and the
-library's own splitting (`decode.sentences`, `decode.paragraphs`, `decode.markup`), so a reply
-holds exactly what `attn-mt translate --split-sentences` writes.
+library's own splitting (`documents.sentences`, `documents.paragraphs`, `documents.markup`),
+so a reply holds exactly what `attn-mt translate --split-sentences` writes.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import asyncio
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from attn_mt.decode.markup import Page
-from attn_mt.decode.paragraphs import ParagraphTranslation, split_lines
 from attn_mt.decode.request import Request
+from attn_mt.documents.markup import Page
+from attn_mt.documents.paragraphs import ParagraphTranslation, split_lines
 from attn_mt.errors import UserError
 from attn_mt.serve.batcher import Batcher, Call, Job
 from attn_mt.serve.routing import Route, Router
@@ -106,7 +106,7 @@ class Service:
     async def translate_html(
         self, pages: list[str], request: Request, disconnected: Any = None, asked=None
     ) -> list[list[ParagraphTranslation]]:
-        """The n-best of each HTML page (`decode.markup`): its blocks' text translated as
+        """The n-best of each HTML page (`documents.markup`): its blocks' text translated as
         paragraphs, the markup kept, inline tags placed by the word alignment."""
         documents = [Page(page) for page in pages]
         texts = [text for document in documents for text in document.texts]

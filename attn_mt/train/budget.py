@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from attn_mt import distributed
-from attn_mt.config import TrainConfig
+from attn_mt.config.schema import TrainConfig
 from attn_mt.fileio import Terminated
 from attn_mt.train.state import TrainProgress
 

@@ -28,8 +28,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed
 from attn_mt.checkpoint import tokenizers_from
-from attn_mt.config import Config, TrainConfig
-from attn_mt.configfile import save_config
+from attn_mt.config.file import save_config
+from attn_mt.config.schema import Config, TrainConfig
 from attn_mt.data.batching import Batch
 from attn_mt.data.corpus import training_data, valid_subset
 from attn_mt.model.loss import SmoothedObjective

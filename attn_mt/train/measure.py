@@ -15,7 +15,7 @@ from functools import partial
 import torch
 
 from attn_mt import distributed
-from attn_mt.config import TrainConfig
+from attn_mt.config.schema import TrainConfig
 from attn_mt.data.batching import collate, length_batches
 from attn_mt.data.corpus import Corpus
 from attn_mt.decode.translator import Translator

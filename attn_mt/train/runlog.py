@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from attn_mt.config import Config, TrainConfig
+from attn_mt.config.schema import Config, TrainConfig
 from attn_mt.data.batching import ShardBatches
 from attn_mt.decode.translator import Translator
 from attn_mt.model.loss import perplexity

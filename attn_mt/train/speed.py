@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed
-from attn_mt.config import Config
+from attn_mt.config.schema import Config
 from attn_mt.data.batching import Batch
 from attn_mt.kernels import choose_products, route_through_onednn
 from attn_mt.model.loss import SmoothedObjective

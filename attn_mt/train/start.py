@@ -26,7 +26,7 @@ from attn_mt.checkpoint import (
     load_weights,
     translation_weights,
 )
-from attn_mt.config import Config, TrainConfig
+from attn_mt.config.schema import Config, TrainConfig
 from attn_mt.data.batching import Batch, ShardBatches, collate
 from attn_mt.data.corpus import Corpus, stage
 from attn_mt.data.shards import Shards

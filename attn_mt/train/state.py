@@ -40,7 +40,7 @@ from torch import nn
 
 from attn_mt import distributed
 from attn_mt.checkpoint import WriteAbandoned, make_checkpoint, save_checkpoint, translation_weights
-from attn_mt.config import Config
+from attn_mt.config.schema import Config
 from attn_mt.data.batching import ShardBatches
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import UserError

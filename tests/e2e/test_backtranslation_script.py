@@ -11,7 +11,7 @@ from pathlib import Path
 
 from helpers import REPO
 
-from attn_mt.configfile import load_config
+from attn_mt.config.file import load_config
 
 SCRIPT = REPO / "scripts" / "backtranslation.sh"
 HALF = 14500  # the script's split point
@@ -21,7 +21,7 @@ HALF = 14500  # the script's split point
 STUB = """\
 import sys
 from pathlib import Path
-from attn_mt.configfile import load_config
+from attn_mt.config.file import load_config
 args = sys.argv[1:]
 with open("calls.txt", "a") as log:
     log.write(" ".join(args) + "\\n")

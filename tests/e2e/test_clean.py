@@ -15,7 +15,7 @@ from helpers.clirun import assert_user_error, snapshot, write_yaml
 from helpers.toy import write_lines
 from helpers.workspace import run_cli
 
-from attn_mt.configfile import load_config
+from attn_mt.config.file import load_config
 from attn_mt.data.prepare import prepare_shards
 
 CLEAN = [

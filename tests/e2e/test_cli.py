@@ -19,7 +19,7 @@ from helpers.workspace import World
 from typer.testing import CliRunner
 
 from attn_mt.cli import app
-from attn_mt.config import Config
+from attn_mt.config.schema import Config
 
 COMMANDS = ["train", "translate", "evaluate", "average", "attention", "export", "data"]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "attn-mt"
@@ -259,7 +259,7 @@ print(sorted(m for m in ("torch", "matplotlib") if m in sys.modules), file=sys.s
 
 
 def test_home_folder_in_run_paths_is_expanded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    from attn_mt.configfile import load_config
+    from attn_mt.config.file import load_config
 
     monkeypatch.setenv("HOME", str(tmp_path))
     overrides = ["train.out_dir=~/runs/a", "train.init_from=~/runs/b"]

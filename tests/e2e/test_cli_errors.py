@@ -25,7 +25,7 @@ from helpers.workspace import Stdin, World, run_cli, tiny_config
 import attn_mt
 from attn_mt import load
 from attn_mt.checkpoint import save_checkpoint
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
 from attn_mt.data.tokenizer import train_tokenizer
 from attn_mt.decode.generate import Hypothesis
 from attn_mt.decode.translator import Translator

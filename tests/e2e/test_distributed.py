@@ -34,7 +34,7 @@ from helpers.workspace import run_cli
 
 import attn_mt
 from attn_mt.checkpoint import load_checkpoint
-from attn_mt.configfile import config_from_dict, load_config
+from attn_mt.config.file import config_from_dict, load_config
 from attn_mt.data.prepare import plan, prepare_shards
 from attn_mt.data.shards import MANIFEST
 from attn_mt.data.text import read_lines

@@ -15,7 +15,7 @@ import torch
 
 import attn_mt
 from attn_mt.checkpoint import save_checkpoint, tokenizers_from
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
 from attn_mt.data.text import read_lines
 from attn_mt.data.tokenizer import train_tokenizer
 from attn_mt.model.transformer import build_model

@@ -26,10 +26,10 @@ from typer.testing import CliRunner
 
 import attn_mt
 from attn_mt.cli import app
-from attn_mt.decode.export_ct2 import longest_output
-from attn_mt.decode.export_hf import export_hf, model_permutation
-from attn_mt.decode.hf_parity import LOGPROB_TOLERANCE
 from attn_mt.errors import UserError
+from attn_mt.export.ct2 import longest_output
+from attn_mt.export.hf import export_hf, model_permutation
+from attn_mt.export.hf_parity import LOGPROB_TOLERANCE
 from attn_mt.model.positions import sinusoidal_table
 from attn_mt.model.vocab import EOS_ID
 

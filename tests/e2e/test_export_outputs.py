@@ -21,7 +21,7 @@ def folder(world: World) -> Path:
 
 
 def export_hf(world: World, out: Path, *extra: str):
-    from attn_mt.decode import hf_parity
+    from attn_mt.export import hf_parity
 
     args = ["export", "--format", "hf", "--model", world.run, "--out", out, "--beam", "1"]
     with pytest.MonkeyPatch.context() as patch:

@@ -57,7 +57,7 @@ WORK = (
     "attn_mt.train.loop.Trainer.run",
     "attn_mt.decode.translator.Translator.translate_nbest",
     "attn_mt.checkpoint.average_checkpoints",
-    "attn_mt.decode.export_ct2.AttnMTConverter.convert",
+    "attn_mt.export.ct2.AttnMTConverter.convert",
 )
 
 

@@ -18,7 +18,7 @@ from helpers.multilingual import multilingual_files, multilingual_raw, toy_langu
 from helpers.toy import invoke, run, toy_config_dict, toy_pairs, write_lines
 
 import attn_mt
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
 from attn_mt.data.prepare import plan
 from attn_mt.errors import UserError
 from attn_mt.model.vocab import EOS_ID
@@ -238,7 +238,7 @@ def test_ctranslate2_export_translates_with_the_source_tag(multi_run: Path, tmp_
     ctranslate2 = pytest.importorskip("ctranslate2")
     import sentencepiece as spm
 
-    from attn_mt.decode.export_ct2 import export_ctranslate2
+    from attn_mt.export.ct2 import export_ctranslate2
 
     folder = export_ctranslate2(multi_run, tmp_path / "ct2", decode={"beam": 1})
     readme = (folder / "README.txt").read_text()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
 from attn_mt.model import loss as model_loss
 from attn_mt.precision import INDUCTOR_OPTIONS, has_inductor_setting
 from attn_mt.train.loop import UpdateStep

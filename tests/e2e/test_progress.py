@@ -104,7 +104,7 @@ def test_evaluate_shows_progress_on_a_terminal_only(trained_run: Path, tmp_path:
 def test_remaining_time_counts_the_run_to_its_end() -> None:
     """The ETA is of the run, not of its updates: start-up, the validations still due and
     the final one count; max_minutes keeps back the final validation's time."""
-    from attn_mt.config import TrainConfig
+    from attn_mt.config.schema import TrainConfig
     from attn_mt.train.budget import RunClock
     from attn_mt.train.runlog import clock
 

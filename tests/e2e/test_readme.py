@@ -12,7 +12,7 @@ import pytest
 from helpers import REPO
 
 from attn_mt.cli import app
-from attn_mt.config import config_keys
+from attn_mt.config.schema import config_keys
 
 sys.path.insert(0, str(REPO / "scripts"))
 

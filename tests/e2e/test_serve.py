@@ -190,7 +190,7 @@ PAGE = (
 
 
 def test_html_pages_keep_their_markup(served: Server) -> None:
-    from attn_mt.decode.markup import Page
+    from attn_mt.documents.markup import Page
 
     page = PAGE.format(*SENTENCES)
     blocks = Page(page).texts

@@ -21,8 +21,8 @@ from helpers.workspace import World
 from typer.testing import CliRunner
 
 import attn_mt
-from attn_mt.configfile import config_from_dict
-from attn_mt.decode.paragraphs import ParagraphTranslator
+from attn_mt.config.file import config_from_dict
+from attn_mt.documents.paragraphs import ParagraphTranslator
 
 GERMAN, ENGLISH = "Ein Mann fährt Fahrrad. Eine Frau liest.", "A man rides a bike."
 

@@ -19,7 +19,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed
-from attn_mt.configfile import load_config
+from attn_mt.config.file import load_config
 from attn_mt.train import speed
 from attn_mt.train.loop import Trainer
 

@@ -22,7 +22,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed
-from attn_mt.configfile import load_config
+from attn_mt.config.file import load_config
 from attn_mt.data.batching import Batch
 from attn_mt.decode.translator import Translator
 from attn_mt.train import measure as measure_module

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attn_mt.checkpoint import FORMAT, save_checkpoint
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
 from attn_mt.data.batching import pad_sequences
 from attn_mt.data.tokenizer import train_tokenizer
 from attn_mt.decode.generate import Hypothesis

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from attn_mt import distributed
-from attn_mt.configfile import load_config
+from attn_mt.config.file import load_config
 from attn_mt.data import shardwriter
 from attn_mt.data.batching import ShardBatches
 from attn_mt.data.prepare import shards_for_run

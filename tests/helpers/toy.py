@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from attn_mt.config import Config
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
+from attn_mt.config.schema import Config
 from attn_mt.data.batching import epoch_order
 from attn_mt.train.loop import Trainer, TrainResult
 from attn_mt.train.runlog import Validation

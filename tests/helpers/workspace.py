@@ -77,7 +77,7 @@ def tiny_config(corpus: dict[str, Path], out: Path) -> dict[str, Any]:
 def build_world() -> World:
     """The world, in a new folder outside pytest's temporary folders (their mode 0700 would shut
     NOBODY out); the caller removes `world.root`."""
-    from attn_mt.configfile import config_from_dict
+    from attn_mt.config.file import config_from_dict
     from attn_mt.train.loop import train
 
     root = Path(tempfile.mkdtemp(prefix="attn-mt-hostile-"))
@@ -187,7 +187,7 @@ class Workspace:
     def prepared_copy(self) -> Path:
         """The world's cache copied to ./cache (ATTN_MT_CACHE for this case), and in it the tiny
         run's prepared folder (to damage; the world's own stays as it is)."""
-        from attn_mt.configfile import config_from_dict
+        from attn_mt.config.file import config_from_dict
         from attn_mt.data.prepare import plan
 
         cache = Path(shutil.copytree(self.world.cache, self.dir / "cache"))

@@ -21,9 +21,9 @@ from attn_mt.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from attn_mt.config import Config
-from attn_mt.decode.export_ct2 import export_ctranslate2
+from attn_mt.config.schema import Config
 from attn_mt.errors import CheckpointError
+from attn_mt.export.ct2 import export_ctranslate2
 from attn_mt.train.loop import Trainer
 
 REAL_TORCH_SAVE = torch.save

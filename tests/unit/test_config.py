@@ -13,10 +13,10 @@ import yaml
 from helpers import REPO
 from helpers.toy import toy_config_dict
 
-from attn_mt.config import Config, config_keys
-from attn_mt.configdata import TrainCorpus
-from attn_mt.configfile import apply_override, config_from_dict, load_config, save_config
-from attn_mt.configkeys import base_type
+from attn_mt.config.data import TrainCorpus
+from attn_mt.config.file import apply_override, config_from_dict, load_config, save_config
+from attn_mt.config.keys import base_type
+from attn_mt.config.schema import Config, config_keys
 from attn_mt.errors import ConfigError
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -271,7 +271,7 @@ def test_toy_config_round_trips_with_every_key(toy_raw, tmp_path: Path):
 
 def test_every_key_has_a_meaning():
     for key, _type, _default, meaning in config_keys():
-        assert meaning, f"{key} has no doc in its field metadata (config.py)"
+        assert meaning, f"{key} has no doc in its field metadata (config/schema.py)"
 
 
 def float_keys(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

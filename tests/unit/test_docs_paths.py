@@ -120,9 +120,9 @@ def test_every_named_module_attribute_and_file_exists() -> None:
 def test_the_checks_tell_a_stale_name_from_a_real_one() -> None:
     assert dotted_name_exists("attn_mt.train.loop")
     assert dotted_name_exists("attn_mt.load")
-    assert dotted_name_exists("attn_mt.config.Config")
+    assert dotted_name_exists("attn_mt.config.schema.Config")
     assert not dotted_name_exists("attn_mt.prepare")
-    assert not dotted_name_exists("attn_mt.config.NoSuchThing")
+    assert not dotted_name_exists("attn_mt.config.schema.NoSuchThing")
     here = PACKAGE / "train" / "loop.py"
     assert py_path_exists("attn_mt/train/loop.py", [], here)
     assert py_path_exists("train/loop.py", [], here)

@@ -18,22 +18,21 @@ LAYERS = [
     "errors",
     "world",  # who this process is, without torch
     "cpuenv",  # the environment torch's CPU libraries read once, without torch
-    "configkeys",  # how a config key is declared and checked
-    "configdata",  # the config schema's data section
     "comet",  # COMET as a sacreBLEU metric (optional: unbabel-comet)
     "scores",  # sacreBLEU's metrics, named before they load: the config names them
-    "config",
     "fileio",
+    "config",  # the schema, how keys are declared and checked, reading a file
     "runfolder",  # one training process per run folder, checked before torch loads
     "precision",
     "kernels",  # the MKL-vs-oneDNN timing rule
     "langid",  # py3langid: the off-target rate
-    "configfile",
     "distributed",
     "model",
     "data",
     "checkpoint",
     "decode",
+    "documents",  # sentences, paragraphs, markup
+    "export",  # CTranslate2 and transformers exports, the Marian import
     "viz",
     "evaluate",
     "compare",  # systems against a baseline: sacreBLEU's paired tests

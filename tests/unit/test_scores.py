@@ -10,8 +10,8 @@ import pytest
 import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from attn_mt.config import TrainConfig
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
+from attn_mt.config.schema import TrainConfig
 from attn_mt.errors import ConfigError, UserError
 from attn_mt.scores import METRICS, check_metrics, parse_metrics, score
 

@@ -20,8 +20,8 @@ from helpers.toy import (
     write_lines,
 )
 
-from attn_mt.configdata import AugmentConfig
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.data import AugmentConfig
+from attn_mt.config.file import config_from_dict
 from attn_mt.data.augment import Augmenter
 from attn_mt.data.cleaning import judge_corpora
 from attn_mt.data.corpora import train_corpora

@@ -16,9 +16,9 @@ import torch
 from helpers import REPO
 from helpers.toy import epoch_lists
 
-from attn_mt.config import TokenizerConfig
-from attn_mt.configdata import DataConfig
-from attn_mt.configfile import load_config
+from attn_mt.config.data import DataConfig
+from attn_mt.config.file import load_config
+from attn_mt.config.schema import TokenizerConfig
 from attn_mt.data import corpora
 from attn_mt.data.batching import collate, length_batches, padding_fraction
 from attn_mt.data.corpora import MULTI30K_URL, corpus_file, fetch_corpus, split_files

@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from attn_mt.configdata import FilterConfig
+from attn_mt.config.data import FilterConfig
 from attn_mt.data.filters import RULES, PairFilter, SeenHashes, pair_hashes
 from attn_mt.langid import language_scores
 

@@ -11,8 +11,8 @@ import pytest
 from helpers.multilingual import multilingual_files, multilingual_raw, toy_raw
 from helpers.toy import write_lines
 
-from attn_mt.configdata import TrainCorpus
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.data import TrainCorpus
+from attn_mt.config.file import config_from_dict
 from attn_mt.data.batching import ShardBatches
 from attn_mt.data.prepare import language_sample, prepare_shards
 from attn_mt.data.shards import Shards, TokenView, temperature_weights

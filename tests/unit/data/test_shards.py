@@ -18,9 +18,9 @@ import yaml
 from helpers import REPO
 from helpers.toy import epoch_lists, toy_config_dict, toy_pairs, write_lines
 
-from attn_mt.config import Config
-from attn_mt.configdata import TrainCorpus
-from attn_mt.configfile import config_from_dict, load_config
+from attn_mt.config.data import TrainCorpus
+from attn_mt.config.file import config_from_dict, load_config
+from attn_mt.config.schema import Config
 from attn_mt.data import pool, shardwriter
 from attn_mt.data import prepare as prepare_module
 from attn_mt.data.batching import ShardBatches, collate, length_batches

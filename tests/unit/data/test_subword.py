@@ -18,8 +18,8 @@ from helpers.toy import (
     toy_config_dict,
 )
 
-from attn_mt.config import Config
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
+from attn_mt.config.schema import Config
 from attn_mt.data.batching import ShardBatches
 from attn_mt.data.corpus import training_data
 from attn_mt.data.prepare import plan, prepare_shards

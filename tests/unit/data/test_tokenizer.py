@@ -9,7 +9,7 @@ import pytest
 import sentencepiece as spm
 from helpers.toy import toy_pairs
 
-from attn_mt.config import TokenizerConfig
+from attn_mt.config.schema import TokenizerConfig
 from attn_mt.data.tokenizer import BATCH_DECODE, Tokenizer, build_tokenizers, train_tokenizer
 from attn_mt.errors import ConfigError
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID

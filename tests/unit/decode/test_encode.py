@@ -28,7 +28,7 @@ MAX_INPUT = 12  # decode.max_input_len of the translator here
 LINE, OTHER = "qb qc qd", "qz qf qg qh"
 PACKAGE = Path(attn_mt.__file__).parent
 # The one module besides the translator that calls the source tokenizer on lines, and why.
-TOKENIZER_CHECKS = {"decode/hf_parity.py": "compares the exported tokenizer with ours"}
+TOKENIZER_CHECKS = {"export/hf_parity.py": "compares the exported tokenizer with ours"}
 
 
 @pytest.fixture(scope="module")

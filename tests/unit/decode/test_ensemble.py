@@ -14,7 +14,7 @@ from helpers.models import random_model, random_sources, teacher_forced_logprob
 from helpers.toy import script_validation, toy_config_dict
 
 import attn_mt
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
 from attn_mt.decode.generate import Hypothesis, StepDecoder, generate, max_output_lengths
 from attn_mt.decode.search import Beam, Draw, Greedy, Sampling
 from attn_mt.errors import UserError

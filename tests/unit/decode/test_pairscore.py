@@ -16,8 +16,8 @@ from helpers.toy import toy_config_dict, toy_pairs, write_lines
 from helpers.workspace import run_cli
 
 from attn_mt.checkpoint import save_checkpoint
-from attn_mt.configdata import FilterConfig
-from attn_mt.configfile import load_config
+from attn_mt.config.data import FilterConfig
+from attn_mt.config.file import load_config
 from attn_mt.data.prepare import prepare_shards
 from attn_mt.decode.forced import score_lines
 from attn_mt.decode.pairscore import PairScore

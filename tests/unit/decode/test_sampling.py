@@ -13,7 +13,7 @@ import torch
 from helpers.models import random_model, random_sources
 from helpers.toy import toy_config_dict
 
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
 from attn_mt.decode.generate import Hypothesis, generate, max_output_lengths
 from attn_mt.decode.search import Draw, Greedy, Sampling
 from attn_mt.decode.translator import Translator

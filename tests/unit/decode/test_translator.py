@@ -10,7 +10,7 @@ import torch
 from helpers.toy import toy_config_dict
 
 from attn_mt.checkpoint import load_checkpoint, save_checkpoint
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
 from attn_mt.decode import translator
 from attn_mt.precision import set_tf32
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
 from attn_mt.errors import UserError
 from attn_mt.model import transformer
 from attn_mt.model.attention import causal_mask

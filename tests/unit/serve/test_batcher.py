@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from attn_mt.config import DecodeConfig
+from attn_mt.config.schema import DecodeConfig
 from attn_mt.decode.request import Request
 from attn_mt.decode.search import Sampling
 from attn_mt.serve.batcher import Batcher, Job

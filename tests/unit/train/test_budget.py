@@ -19,7 +19,7 @@ from unittest import mock
 import pytest
 from helpers.toy import make_config
 
-from attn_mt.config import Config, TrainConfig
+from attn_mt.config.schema import Config, TrainConfig
 from attn_mt.decode.translator import Translator
 from attn_mt.train.budget import RunClock, learning_rate
 from attn_mt.train.loop import Trainer

@@ -18,8 +18,8 @@ import yaml
 from helpers.toy import toy_config_dict
 
 from attn_mt import distributed
-from attn_mt.config import Config
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
+from attn_mt.config.schema import Config
 from attn_mt.model import loss as loss_module
 from attn_mt.train import loop, speed
 

@@ -21,8 +21,8 @@ from helpers.toy import (
 
 import attn_mt
 from attn_mt.checkpoint import average_checkpoints
-from attn_mt.config import Config
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
+from attn_mt.config.schema import Config
 from attn_mt.errors import ConfigError
 from attn_mt.train.loop import Trainer
 from attn_mt.train.state import WeightEMA

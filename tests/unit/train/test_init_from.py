@@ -15,8 +15,8 @@ from helpers.clirun import assert_user_error, attn_mt, config_dict, write_yaml
 from helpers.toy import assert_identical, load_raw, script_validation, toy_config_dict
 
 from attn_mt.checkpoint import translation_weights
-from attn_mt.config import Config
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
+from attn_mt.config.schema import Config
 from attn_mt.errors import CheckpointError, UserError
 from attn_mt.train.loop import Trainer
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from helpers.multilingual import multilingual_files, multilingual_raw
 
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
 from attn_mt.train.budget import Allowance
 from attn_mt.train.loop import Trainer
 from attn_mt.train.measure import chunks, validate_directions

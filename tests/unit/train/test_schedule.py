@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from attn_mt.config import TrainConfig
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
+from attn_mt.config.schema import TrainConfig
 from attn_mt.errors import ConfigError
 from attn_mt.train.budget import learning_rate
 

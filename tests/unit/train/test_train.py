@@ -31,8 +31,8 @@ import attn_mt.train.state as state_module
 import attn_mt.train.validate as validate_module
 from attn_mt import distributed
 from attn_mt.checkpoint import FORMAT, load_checkpoint, model_from, save_checkpoint
-from attn_mt.config import Config
-from attn_mt.configfile import config_from_dict
+from attn_mt.config.file import config_from_dict
+from attn_mt.config.schema import Config
 from attn_mt.data.corpora import split_files
 from attn_mt.data.text import read_parallel
 from attn_mt.errors import UserError

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from attn_mt.decode.generate import max_output_lengths
-from attn_mt.decode.hf_parity import random_sources
 from attn_mt.decode.translator import Translator
+from attn_mt.export.hf_parity import random_sources
 from attn_mt.model.vocab import EOS_ID
 
 # The share of the sample's greedy outputs that must be identical. A wrong mapping of a weight

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from attn_mt.decode.request import Request
-from attn_mt.decode.sentences import (
+from attn_mt.decode.translator import Translation, Translator
+from attn_mt.documents.sentences import (
     BREAKS,
     WORD,
     Paragraph,
     split_paragraph,
     steered_paragraph,
 )
-from attn_mt.decode.translator import Translation, Translator
 from attn_mt.errors import UserError
 
 T = TypeVar("T")

@@ -26,9 +26,9 @@ from attn_mt.checkpoint import load_checkpoint, tokenizers_from
 from attn_mt.cli import app
 from attn_mt.data.batching import collate
 from attn_mt.data.text import read_lines
-from attn_mt.decode.export_ct2 import DECODE_OPTIONS, QUANTIZATIONS, export_ctranslate2
 from attn_mt.decode.generate import max_output_lengths
 from attn_mt.errors import UserError
+from attn_mt.export.ct2 import DECODE_OPTIONS, QUANTIZATIONS, export_ctranslate2
 from attn_mt.model.vocab import EOS_ID, PAD_ID
 from attn_mt.scores import score
 
@@ -155,7 +155,7 @@ def test_a_folder_that_disagrees_with_attn_mt_is_refused(
     def swapped(spec, norm) -> None:
         spec.gamma, spec.beta = norm.bias.detach().numpy(), norm.weight.detach().numpy()
 
-    monkeypatch.setattr("attn_mt.decode.export_ct2._set_layer_norm", swapped)
+    monkeypatch.setattr("attn_mt.export.ct2._set_layer_norm", swapped)
     with pytest.raises(UserError, match=r"disagrees with attn-mt \(greedy \d/12 outputs identical"):
         export_ctranslate2(trained_run, tmp_path / "ct2")
     assert list(tmp_path.iterdir()) == []
@@ -269,7 +269,7 @@ def test_bad_quantization_and_missing_package(trained_run: Path, tmp_path: Path,
     )  # fmt: skip
     assert isinstance(result.exception, UserError) and "int8_float16" in str(result.exception)
     assert not (tmp_path / "ct2").exists()
-    monkeypatch.setattr("attn_mt.decode.export_ct2.ctranslate2", None)
+    monkeypatch.setattr("attn_mt.export.ct2.ctranslate2", None)
     with pytest.raises(UserError, match=r"pip install 'attn-mt\[ct2\]'"):
         export_ctranslate2(trained_run, tmp_path / "ct2")
 

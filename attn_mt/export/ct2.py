@@ -35,13 +35,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from attn_mt.config import Config, DecodeConfig
+from attn_mt.config.schema import Config, DecodeConfig
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decode.ct2_parity import check_agreement
 from attn_mt.decode.generate import max_output_lengths
-from attn_mt.decode.hf_parity import PARITY_SOURCES
 from attn_mt.decode.translator import load
 from attn_mt.errors import UserError
+from attn_mt.export.ct2_parity import check_agreement
+from attn_mt.export.hf_parity import PARITY_SOURCES
 from attn_mt.fileio import (
     check_output_dir,
     remove_stale_temps,

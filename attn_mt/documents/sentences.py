@@ -6,7 +6,7 @@ inside a word ("Hello.World") is none. A sentence longer than the model reads
 (decode.max_input_len source pieces, less a language tag) is cut in pieces between words (after
 a comma, semicolon or colon in the piece's second half, where there is one), a word longer than
 that between characters: never cut silently. A line with terms or a prefix stays whole
-(`steered_paragraph`), as the steering applies to the whole line. `decode/paragraphs.py`
+(`steered_paragraph`), as the steering applies to the whole line. `documents/paragraphs.py`
 translates the segments and joins them.
 """
 

@@ -1,7 +1,7 @@
 """How a config key is declared and checked: `key(default, doc, bounds...)` keeps a key's
 meaning and its own range in the dataclass field's metadata (fairseq's `field(metadata=...)`
 pattern), `check_keys` checks a tree of such dataclasses in one loop, and `reject` words every
-error the same way. The schema itself is `attn_mt.config`.
+error the same way. The schema itself is `attn_mt.config.schema`.
 """
 
 from __future__ import annotations

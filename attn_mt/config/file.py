@@ -1,9 +1,9 @@
 """Config files: YAML -> a checked `Config`, `--set` overrides, and the resolved `config.yaml`.
 
-The schema (keys, defaults, meanings, ranges) is `attn_mt.config`; this module reads plain data
-into it. An unknown key names its full path and the closest valid key; a value of the wrong
-type names the key, the value and the type expected; relative data paths resolve against the
-config file's folder.
+The schema (keys, defaults, meanings, ranges) is `attn_mt.config.schema`; this module reads
+plain data into it. An unknown key names its full path and the closest valid key; a value of
+the wrong type names the key, the value and the type expected; relative data paths resolve
+against the config file's folder.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from attn_mt.config import Config, TrainConfig
-from attn_mt.configkeys import base_type, mapping_shape, reject, shown, type_name
+from attn_mt.config.keys import base_type, mapping_shape, reject, shown, type_name
+from attn_mt.config.schema import Config, TrainConfig
 from attn_mt.errors import ConfigError
 from attn_mt.fileio import os_reason
 

@@ -1,7 +1,7 @@
 """The config schema: a tree of dataclasses, each key with its meaning and constraints.
 
 The dataclasses below are the single source of truth for config keys: the loader
-(`attn_mt.configfile`), the `--set` overrides, the resolved `config.yaml` in a run folder and
+(`attn_mt.config.file`), the `--set` overrides, the resolved `config.yaml` in a run folder and
 the docs' key table all come from them. Each key is declared with `key(default, doc, ...)`:
 its meaning and its own range live in the field's metadata (fairseq's `field(metadata=...)`
 pattern), checked by one loop, `check_keys`; only the rules between keys are written by hand,
@@ -15,8 +15,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from attn_mt.configdata import DataConfig
-from attn_mt.configkeys import check_keys, group, key, mapping_shape, reject, type_name
+from attn_mt.config.data import DataConfig
+from attn_mt.config.keys import check_keys, group, key, mapping_shape, reject, type_name
 from attn_mt.errors import ConfigError
 from attn_mt.scores import DEFAULT_METRICS, METRICS, STRING_METRICS
 

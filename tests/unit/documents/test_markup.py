@@ -1,4 +1,4 @@
-"""HTML translated with its markup kept (`decode.markup`): on every page, the tags, comments
+"""HTML translated with its markup kept (`documents.markup`): on every page, the tags, comments
 and declarations come out as given and in the same order, no text node is left untranslated
 (a stand-in translation upper-cases each word), scripts, styles, code and `translate="no"`
 stay as they are, entities the page wrote stay entities, and inline tags go around the output
@@ -12,8 +12,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from attn_mt.decode.markup import Page
 from attn_mt.decode.translator import Translation
+from attn_mt.documents.markup import Page
 
 PAGES = {
     "nested inline tags": '<p>one <a href="/x?a=1&amp;b=2" title="t">two <em>three</em></a> '

@@ -1,7 +1,7 @@
 """The config schema's `data` section: which text a run trains on, as files or a named corpus,
 for one direction or many (`data.pairs`, languages on each file entry), the rules that clean it
 (`data.filters`, also per corpus) and the noise added for robustness (`data.augment`).
-`attn_mt.config` holds the rest of the schema; the conventions (`key`, `group`, `validate()`)
+`attn_mt.config.schema` holds the rest of the schema; the conventions (`key`, `group`, `validate()`)
 are explained there.
 """
 
@@ -11,7 +11,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from attn_mt.configkeys import group, key, reject
+from attn_mt.config.keys import group, key, reject
 from attn_mt.errors import ConfigError
 
 NAMED_CORPORA = ("multi30k",)

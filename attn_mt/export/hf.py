@@ -33,9 +33,11 @@ import torch
 from torch import nn
 
 from attn_mt.checkpoint import resolve_checkpoint
-from attn_mt.config import Config
+from attn_mt.config.schema import Config
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decode.export_ct2 import (
+from attn_mt.decode.translator import Translator, load
+from attn_mt.errors import UserError
+from attn_mt.export.ct2 import (
     SINUSOIDAL_ROWS,
     check_exportable,
     check_license,
@@ -43,10 +45,8 @@ from attn_mt.decode.export_ct2 import (
     longest_output,
     staged_folder,
 )
-from attn_mt.decode.hf_card import model_card
-from attn_mt.decode.hf_parity import PARITY_SOURCES, Parity, check_parity
-from attn_mt.decode.translator import Translator, load
-from attn_mt.errors import UserError
+from attn_mt.export.hf_card import model_card
+from attn_mt.export.hf_parity import PARITY_SOURCES, Parity, check_parity
 from attn_mt.model.attention import MultiHeadAttention
 from attn_mt.model.transformer import FeedForward, Transformer, feed_forward_dropout
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID

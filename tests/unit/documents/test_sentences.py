@@ -1,4 +1,4 @@
-"""Paragraphs translated as sentences (`decode.sentences`, `decode.paragraphs`): the split on
+"""Paragraphs translated as sentences (`documents.sentences`, `documents.paragraphs`): the split on
 hand-made de/en/fr/cs paragraphs (abbreviations, numbers, quotes), line breaks and words kept
 whole, a long sentence cut in pieces at the model's limit and never cut short, and a paragraph
 translated exactly as its sentences one by one, joined with its own spacing (alignments and
@@ -11,10 +11,10 @@ import pytest
 from helpers.models import random_checkpoint
 
 import attn_mt
-from attn_mt.decode.paragraphs import ParagraphTranslator, split_lines
 from attn_mt.decode.request import Request
-from attn_mt.decode.sentences import split_paragraph
 from attn_mt.decode.translator import Translator
+from attn_mt.documents.paragraphs import ParagraphTranslator, split_lines
+from attn_mt.documents.sentences import split_paragraph
 from attn_mt.errors import UserError
 
 MAX_INPUT = 12  # decode.max_input_len of the translator here
