@@ -52,8 +52,10 @@ class ValidCorpus:
 @dataclass
 class FilterConfig:
     """The rules that drop noisy pairs (`attn-mt clean` shows what each one drops). Every rule
-    is off by default; docs/bigger-corpora.md gives the settings for a web corpus. A pair is
-    counted under the first rule that drops it, in the order of the keys below (dedup last)."""
+    is off by default; docs/bigger-corpora.md gives the settings for a web corpus. A rule's
+    switch is the key named as it, its settings the keys `RULE_*`; each rule is a class of
+    `attn_mt.data.rules`, and a pair is counted under the first rule that drops it, in the
+    order of the keys below."""
 
     max_chars: int = key(0, "drop pairs with a side over N characters (0 = off)", off=0, ge=1)
     ratio: float = key(
@@ -107,11 +109,19 @@ class FilterConfig:
         lt=1,
     )
 
+    def switches(self) -> dict[str, bool]:
+        """Whether each rule is on, by its switch: true, a number other than 0, a model named
+        (a key `RULE_*` is a setting of the rule RULE, not a switch)."""
+        names = [f.name for f in dataclasses.fields(self)]
+        return {
+            name: getattr(self, name) not in (None, False, 0)
+            for name in names
+            if not any(name.startswith(f"{rule}_") for rule in names)
+        }
+
     def any(self) -> bool:
         """Whether any rule is on."""
-        switches = (self.max_chars, self.ratio, self.markup, self.long_words, self.digits)
-        others = (self.copy, self.script, self.langid, self.dedup, self.score is not None)
-        return any(switches) or any(others)
+        return any(self.switches().values())
 
     def validate(self, where: str) -> None:
         """A backward model goes with a forward one."""

@@ -2,9 +2,11 @@
 `prepare` keeps before it trains SentencePiece and encodes, and what `attn-mt clean` writes.
 
 The corpora are read once, as a stream, in chunks; each worker judges a chunk with the corpus's
-`PairFilter` and gives back a rule code per pair (and the hashes of the pairs it kept); this
-process, which sees the chunks in order, drops the repeats (`SeenHashes`: 8 bytes a pair kept).
-Memory stays bounded by the chunks in flight and those hashes, whatever the corpus size.
+`PairFilter` and gives back a rule code per pair (and the scores of the pairs it kept by the
+rules that accept in order: dedup's hashes); this process, which sees the chunks in order, drops
+the repeats (`SeenHashes`: 8 bytes a pair kept) and, in `attn-mt clean`, what a model scores
+under `score_min`. Memory stays bounded by the chunks in flight and those hashes, whatever the
+corpus size.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from typing import IO, Any
 import numpy as np
 
 from attn_mt.config.data import DataConfig, TrainCorpus
-from attn_mt.data.filters import CODE, RULES, TEXT_RULES, PairFilter, SeenHashes, pair_hashes
+from attn_mt.data.filters import PairFilter, rule_code, rule_names
 from attn_mt.data.pool import chunks, ordered_map
+from attn_mt.data.rules import ChunkRule, Score
 from attn_mt.data.text import FilterStats, iter_parallel
 from attn_mt.errors import ConfigError
 from attn_mt.fileio import atomic_write
@@ -35,7 +38,7 @@ Scorer = Callable[[list[str], list[str]], np.ndarray]
 
 @dataclass
 class Judged:
-    """A chunk of one corpus, with the rule code of each pair (0 = kept; see `RULES`)."""
+    """A chunk of one corpus, with the rule code of each pair (0 = kept; see `rule_names`)."""
 
     corpus: int  # its index in data.train
     lines: list[int]  # 0-based line numbers in the corpus files
@@ -60,16 +63,14 @@ def _init_judges(judges: list[PairFilter | None]) -> None:
     _JUDGES[:] = judges
 
 
-def judge_chunk(task: tuple[int, list[str], list[str]]) -> tuple[np.ndarray, np.ndarray]:
-    """A worker's part: (rule codes, hashes of the pairs kept, when the corpus drops repeats)."""
+def judge_chunk(task: tuple[int, list[str], list[str]]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A worker's part: (rule codes, the scores of the pairs kept by each rule that accepts in
+    order)."""
     corpus, src, tgt = task
     judge = _JUDGES[corpus]
     assert judge is not None  # only corpora with filters are sent
     codes = judge.judge(src, tgt)
-    if not judge.config.dedup:
-        return codes, np.zeros(0, dtype=np.uint64)
-    kept = np.flatnonzero(codes == 0)
-    return codes, pair_hashes([src[i] for i in kept], [tgt[i] for i in kept])
+    return codes, judge.in_order_scores(src, tgt, codes)
 
 
 def judged(
@@ -79,8 +80,8 @@ def judged(
     scorers: Sequence[Scorer | None] = (),
 ) -> Iterator[Judged]:
     """Every chunk of the corpora that have a filter, judged on `workers` processes, in order;
-    a pair equal to one kept before in its corpus gets the code of `dedup`, then one that a
-    corpus's scorer (`score`, which runs a model: in this process) drops the code of `score`."""
+    then, in this process, the rules that accept in order (a pair equal to one kept before in
+    its corpus gets the code of `dedup`), then a corpus's scorer (`score` runs a model)."""
     waiting: collections.deque[tuple[int, list[int], list[str], list[str]]] = collections.deque()
 
     def tasks() -> Iterator[tuple[int, list[str], list[str]]]:
@@ -94,17 +95,22 @@ def judged(
                     waiting.append((index, lines, src, tgt))
                     yield index, src, tgt
 
-    seen, seen_corpus = SeenHashes(), -1
-    for codes, hashes in ordered_map(judge_chunk, tasks(), workers, _init_judges, (judges,)):
+    in_order: list[ChunkRule] = []
+    in_order_corpus = -1
+    for codes, scores in ordered_map(judge_chunk, tasks(), workers, _init_judges, (judges,)):
         index, lines, src, tgt = waiting.popleft()
-        if index != seen_corpus:  # repeats are looked for within a corpus
-            seen, seen_corpus = SeenHashes(), index
-        if len(hashes):
-            codes[np.flatnonzero(codes == 0)[~seen.add_new(hashes)]] = CODE["dedup"]
+        if index != in_order_corpus:  # repeats are looked for within a corpus
+            judge = judges[index]
+            assert judge is not None
+            in_order, in_order_corpus = judge.in_order_rules(), index
+        kept = np.flatnonzero(codes == 0)  # by the workers: the pairs `scores` are of
+        for rule, scored in zip(in_order, scores, strict=True):
+            left = codes[kept] == 0
+            codes[kept[left][~rule.accept(scored[left])]] = rule_code(rule.name)
         scorer = scorers[index] if scorers else None
-        if scorer is not None and (kept := np.flatnonzero(codes == 0).tolist()):
-            drops = scorer([src[i] for i in kept], [tgt[i] for i in kept])
-            codes[np.asarray(kept)[drops]] = CODE["score"]
+        if scorer is not None and (rows := np.flatnonzero(codes == 0).tolist()):
+            drops = scorer([src[i] for i in rows], [tgt[i] for i in rows])
+            codes[np.asarray(rows)[drops]] = rule_code(Score.name)
         yield Judged(index, lines, src, tgt, codes)
 
 
@@ -113,7 +119,7 @@ def judge_corpora(
 ) -> list[np.ndarray | None]:
     """For `prepare`: each corpus's rule code per line, None for a corpus with no rule on."""
     for i, corpus in enumerate(corpora):
-        if cfg.filters_of(corpus).score is not None:
+        if Score.is_on(cfg.filters_of(corpus)):
             where = "data.filters" if corpus.filters is None else f"data.train[{i}].filters"
             raise ConfigError(
                 f"{where}.score: runs a model, in `attn-mt clean` only; clean the corpus there "
@@ -134,9 +140,10 @@ def dropped_counts(codes: np.ndarray | None) -> FilterStats:
     """The pairs each rule dropped, from a corpus's codes (`kept` left 0: encoding counts it)."""
     stats = FilterStats()
     if codes is not None:
-        for code, count in enumerate(np.bincount(codes, minlength=len(RULES) + 1)):
+        names = rule_names()
+        for code, count in enumerate(np.bincount(codes, minlength=len(names) + 1)):
             if code:
-                stats.drop(RULES[code - 1], int(count))
+                stats.drop(names[code - 1], int(count))
     return stats
 
 
@@ -191,7 +198,7 @@ def clean_corpora(
     reports = []
     for corpus, judge, files in zip(corpora, judges, kept_files(cfg, corpora, out), strict=True):
         assert judge is not None
-        on = [rule for rule in TEXT_RULES if rule == "empty" or _is_on(judge, rule)]
+        on = [rule.name for rule in judge.rules]
         reports.append(
             CleanReport(str(corpus.src), str(corpus.tgt), files, dropped=dict.fromkeys(on, 0))
         )
@@ -206,11 +213,6 @@ def clean_corpora(
         report = {"corpora": [r.record() for r in reports]}
         handle.write((json.dumps(report, indent=1) + "\n").encode("utf-8"))
     return reports
-
-
-def _is_on(judge: PairFilter, rule: str) -> bool:
-    """Whether `rule` is on in the judge's config (a switch, or a threshold other than 0)."""
-    return bool(getattr(judge.config, rule))
 
 
 @contextlib.contextmanager
@@ -233,9 +235,9 @@ def _write_chunk(
         handle.write(
             "".join(line + "\n" for line, k in zip(side, keep, strict=True) if k).encode("utf-8")
         )
-    rows = []
+    rows, names = [], rule_names()
     for i in np.flatnonzero(~keep):
-        rule = RULES[chunk.codes[i] - 1]
+        rule = names[chunk.codes[i] - 1]
         line, src, tgt = chunk.lines[i] + 1, chunk.src[i], chunk.tgt[i]
         report.dropped[rule] += 1
         report.examples.setdefault(rule, (line, src, tgt))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from attn_mt.data.filters import RULES
+from attn_mt.data.filters import rule_names
 from attn_mt.errors import DataError, named
 from attn_mt.fileio import os_reason
 
@@ -93,7 +93,7 @@ def read_parallel(src: str | Path, tgt: str | Path) -> tuple[list[str], list[str
 @dataclass
 class FilterStats:
     """What cleaning removed from a training corpus: the pairs kept, and the pairs dropped by
-    each rule (`RULES`: data.filters' rules on the text, then data.max_len and
+    each rule (`rule_names`: data.filters' rules on the text, then data.max_len and
     data.max_len_ratio on the tokens), each pair counted under the first rule that dropped it."""
 
     kept: int = 0
@@ -113,7 +113,7 @@ class FilterStats:
         """Count `count` pairs dropped by `rule`."""
         if count:
             self.dropped[rule] = self.dropped.get(rule, 0) + count
-            self.dropped = {r: self.dropped[r] for r in RULES if r in self.dropped}
+            self.dropped = {r: self.dropped[r] for r in rule_names() if r in self.dropped}
 
     def add(self, other: FilterStats) -> None:
         """Count `other`'s pairs too."""

@@ -1,17 +1,29 @@
 """The rules of data.filters on hand-made pairs: what each drops, and what it must keep (short
 lines, Czech diacritics, Cyrillic, Greek, Arabic digits, Chinese and Japanese); the order of the
-rules; the hashes dedup keeps; py3langid's scores computed a chunk at a time."""
+rules; the registry, the one place a rule is added (its keys, its order, its code, its counts in
+`attn-mt clean`'s files and the manifest); the hashes dedup keeps; py3langid's scores computed a
+chunk at a time."""
 
 # ruff: noqa: E501  (a table of sentence pairs reads best one pair a line)
 from __future__ import annotations
 
+import dataclasses
+import gzip
+import json
 import random
 
 import numpy as np
 import pytest
+from helpers.toy import write_lines
 
 from attn_mt.config.data import FilterConfig
-from attn_mt.data.filters import RULES, PairFilter, SeenHashes, pair_hashes
+from attn_mt.config.file import config_from_dict
+from attn_mt.data import filters
+from attn_mt.data.cleaning import clean_corpora, dropped_counts, judge_corpora
+from attn_mt.data.corpora import train_corpora
+from attn_mt.data.dedup import SeenHashes, pair_hashes
+from attn_mt.data.filters import FILTERS, PairFilter, rule_names
+from attn_mt.data.rules import ChunkRule, PairRule, Rule, Score
 from attn_mt.langid import language_scores
 
 LONG_DE = "Ein Mann schneidet einen Kuchen auf einer rosafarbenen Unterlage in der Küche auf."
@@ -65,7 +77,7 @@ CASES = [
 def test_each_rule_drops_noise_and_keeps_translations(rules, langs, src, tgt, dropped_by):
     judge = PairFilter(FilterConfig(**rules), *langs.split("-"))
     code = int(judge.judge([src], [tgt])[0])
-    assert (RULES[code - 1] if code else None) == dropped_by
+    assert (rule_names()[code - 1] if code else None) == dropped_by
 
 
 def test_a_pair_counts_under_the_first_rule_and_a_chunk_is_judged_pair_by_pair():
@@ -75,7 +87,7 @@ def test_a_pair_counts_under_the_first_rule_and_a_chunk_is_judged_pair_by_pair()
     src = [german, german, "<p>Ein Hund.</p>", "Eine Frau liest ein Buch im Park."]
     tgt = [german, "A man rides his bike.", "<p>A dog.</p>", "A woman reads a book in the park."]
     codes = judge.judge(src, tgt)  # the copy is also in the wrong language: copy comes first
-    assert [RULES[c - 1] if c else None for c in codes] == ["copy", "ratio", "markup", None]
+    assert [rule_names()[c - 1] if c else None for c in codes] == ["copy", "ratio", "markup", None]
 
 
 def test_every_rule_keeps_clean_pairs_when_on():
@@ -110,6 +122,105 @@ def test_unknown_languages_are_not_judged(caplog):
     assert judge.judge(["Ein Hund rennt über die Wiese."], ["Un chien court."]).tolist() == [0]
     assert "no script known for xx" in caplog.text
     assert "py3langid does not know yy" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry
+
+
+def test_each_filters_key_belongs_to_one_registered_rule_in_its_order():
+    """A key of data.filters is a rule's switch (named as the rule) or one of its settings
+    (`RULE_*`); the switches come in the registry's order, the order the docs list them in."""
+    names = [rule.name for rule in FILTERS]
+    for field in dataclasses.fields(FilterConfig):
+        owners = [n for n in names if field.name == n or field.name.startswith(f"{n}_")]
+        assert len(owners) == 1, (field.name, owners)
+    switches = list(FilterConfig().switches())
+    assert switches == [n for n in names if n != "empty"]
+    assert rule_names() == (*names, "max_len", "max_len_ratio")
+
+
+SWITCHED_ON = {"bool": True, "int": 5, "float": 2.0, "str | None": "model.pt"}
+
+
+@pytest.mark.parametrize("switch", list(FilterConfig().switches()))
+def test_a_switch_turns_on_its_rule_and_no_other(switch):
+    field = next(f for f in dataclasses.fields(FilterConfig) if f.name == switch)
+    config = FilterConfig(**{switch: SWITCHED_ON[str(field.type)]})
+    assert config.switches() == {name: name == switch for name in config.switches()}
+    assert config.any() and not FilterConfig().any()
+    assert [rule.name for rule in PairFilter(config, "de", "en").rules] == ["empty", switch]
+
+
+def test_the_registry_is_in_the_order_the_rules_run():
+    """Pair by pair, then a chunk at a time on the workers, then the rules that accept in the
+    order of the corpus (dedup), then the model's (score): the order the codes are given in."""
+
+    def stage(rule: type[Rule]) -> int:
+        if issubclass(rule, PairRule):
+            return 0
+        if issubclass(rule, ChunkRule):
+            return 2 if rule.in_order else 1
+        return 3
+
+    stages = [stage(rule) for rule in FILTERS]
+    assert stages == sorted(stages) and FILTERS[-1] is Score and stages.count(3) == 1
+
+
+class Shouting(PairRule):
+    """A rule only the test below registers (always on): a source written in capitals."""
+
+    name = "shouting"
+
+    @classmethod
+    def is_on(cls, config: FilterConfig) -> bool:
+        return True
+
+    def score(self, src: str, tgt: str) -> bool:
+        return src.isupper()
+
+    def accept(self, score: bool) -> bool:
+        return not score
+
+
+def test_a_rule_added_to_the_registry_is_run_reported_and_ordered(tmp_path, monkeypatch):
+    """One class in `FILTERS` is all: `clean` runs it in its place (after markup, before copy,
+    on the worker processes), counts it in report.json, dropped.tsv and the manifest's order."""
+    monkeypatch.setattr(filters, "FILTERS", (*FILTERS[:4], Shouting, *FILTERS[4:]))
+    assert rule_names()[3:6] == ("markup", "shouting", "long_words")
+    pairs = [
+        ("Ein Hund rennt.", "A dog runs."),
+        ("EIN HUND RENNT.", "A dog runs."),  # shouting
+        ("<B>EIN HUND.</B>", "<b>A dog.</b>"),  # markup comes first
+        ("EINE KATZE SCHLÄFT.", "EINE KATZE SCHLÄFT."),  # shouting comes before copy
+        ("Eine Katze schläft.", "Eine Katze schläft."),  # copy
+        ("EIN HUND RENNT.", "A dog runs."),  # shouting again: dedup looks at the pairs kept
+        ("Ein Hund rennt.", "A dog runs."),  # dedup
+    ]
+    src = write_lines(tmp_path / "corpus.de", [s for s, _ in pairs])
+    tgt = write_lines(tmp_path / "corpus.en", [t for _, t in pairs])
+    files = {"src": str(src), "tgt": str(tgt)}
+    rules = {"markup": True, "copy": True, "dedup": True}
+    data = {"src_lang": "de", "tgt_lang": "en", "train": files, "valid": files, "filters": rules}
+    cfg = config_from_dict({"data": data})
+    corpora = train_corpora(cfg.data)
+    out = tmp_path / "out"
+    out.mkdir()
+    clean_corpora(cfg.data, corpora, out, workers=2)
+    report = json.loads((out / "report.json").read_text())["corpora"][0]
+    assert report["dropped"] == {"empty": 0, "markup": 1, "shouting": 3, "copy": 1, "dedup": 1}
+    rows = [line.split("\t")[1:3] for line in (out / "dropped.tsv").read_text().splitlines()]
+    assert rows == [["2", "shouting"], ["3", "markup"], ["4", "shouting"], ["5", "copy"],
+                    ["6", "shouting"], ["7", "dedup"]]  # fmt: skip
+    assert gzip.decompress((out / "train.1.de.gz").read_bytes()).decode() == "Ein Hund rennt.\n"
+    (codes,) = judge_corpora(cfg.data, corpora, workers=1)  # prepare's pass
+    assert list(dropped_counts(codes).dropped.items()) == [
+        ("markup", 1), ("shouting", 3), ("copy", 1), ("dedup", 1),
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Repeated pairs
 
 
 def test_seen_hashes_are_a_set():
