@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 import attn_mt
+from attn_mt.data.ids import target_ids
 from attn_mt.decode.alignment import (
     Alignment,
     alignment_error_rate,
@@ -75,7 +76,7 @@ def readings_aer(translator: attn_mt.Translator, gold: list[GoldPair]) -> list[d
     `--alignment` reads (`cross_attention` at decode.alignment_layer, shift 0)."""
     lead = len(translator.language_prefix(None))
     sources = translator.encode([p.source for p in gold], None)
-    targets = translator.tgt_tokenizer.encode([p.target for p in gold])
+    targets = target_ids(translator.tgt_tokenizer, [p.target for p in gold])
     words = [
         (
             source_words(translator.src_tokenizer, p.source, s[lead:]),

@@ -1,6 +1,6 @@
 """What a training run reads: the prepared training shards (memory-mapped) and the validation
-split (in memory, encoded), prepared once for every process of the run; the start-up stages a
-run announces in its log (`stage`).
+split (in memory, its ids those the search reads: `attn_mt.data.ids`), prepared once for every
+process of the run; the start-up stages a run announces in its log (`stage`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from attn_mt import distributed
-from attn_mt.config.data import language_tag
 from attn_mt.config.schema import Config
 from attn_mt.data.corpora import split_files, valid_directions
+from attn_mt.data.ids import input_limit, language_prefix, source_ids, target_ids
 from attn_mt.data.prepare import shards_for_run
 from attn_mt.data.shards import Shards, TokenView, corpus_lines, mix_weights
 from attn_mt.data.text import FilterStats, read_parallel
@@ -105,18 +105,21 @@ def training_data(
         shards = shards_for_run(cfg, tokenizers, world)
     src_tok, tgt_tok = tokenizers or shards.tokenizers()
     weights = mix_weights(shards, cfg.data.weights(), cfg.data.temperature)
+    # The ids the validation search reads too (`Translator.encode`): the run's model has the
+    # positions of its config, bounded for learned ones only. The search warns of a line cut.
+    positions = cfg.model.max_positions if cfg.model.positions == "learned" else None
+    limit = input_limit(cfg.decode.max_input_len, positions)
     pairs = {}
     for pair, (valid_src, valid_ref) in texts.items():
         tgt_lang = pair.partition("-")[2] or None
-        tags = [language_tag(str(tgt_lang))] if cfg.data.language_tags() else []
-        prefix = [src_tok.sp.piece_to_id(tag) for tag in tags]
+        prefix = language_prefix(cfg.data, src_tok, tgt_lang)
         pairs[pair] = Corpus(
             shards=shards,
             weights=weights,
             valid_src=valid_src,
             valid_ref=valid_ref,
-            valid_src_ids=[prefix + ids for ids in src_tok.encode(valid_src)],
-            valid_tgt_ids=tgt_tok.encode(valid_ref),
+            valid_src_ids=source_ids(src_tok, valid_src, prefix, limit, warn=False),
+            valid_tgt_ids=target_ids(tgt_tok, valid_ref),
             valid_tgt_lang=tgt_lang,
         )
     corpus = pairs[""] if "" in pairs else joined(pairs)

@@ -25,6 +25,7 @@ from attn_mt.config.data import TrainCorpus
 from attn_mt.config.schema import Config
 from attn_mt.data.augment import Augmenter
 from attn_mt.data.cleaning import dropped_counts
+from attn_mt.data.ids import tag_ids
 from attn_mt.data.pool import chunks, ordered_map
 from attn_mt.data.shards import FORMAT, MANIFEST, SHARD_FILES, sha256_file
 from attn_mt.data.text import FilterStats, clean_pairs, iter_parallel
@@ -71,8 +72,9 @@ def encode_chunk(
     """Encode and clean one chunk of a corpus: (corpus, src tokens, tgt tokens, lengths, stats).
 
     The pairs are first changed as data.augment says (drawn by their line numbers); the tags
-    (target language, corpus) are put before each kept source sentence; cleaning looks at the
-    sentences alone.
+    (target language, corpus) are put before each kept source sentence by id (`tag_ids`, the
+    rule translation follows); cleaning looks at the sentences alone. The text is encoded as
+    read, neither stripped nor cut: data.max_len drops an over-long pair.
     """
     corpus, tags, lines, src_lines, tgt_lines = task
     w = _WORKER
@@ -84,7 +86,7 @@ def encode_chunk(
         src_lines, tgt_lines = [s for s, _ in changed], [t for _, t in changed]
     src_ids, tgt_ids = w["src"].encode(src_lines), w["tgt"].encode(tgt_lines)
     keep, stats = clean_pairs(src_ids, tgt_ids, w["max_len"], w["ratio"])
-    prefix = [w["src"].sp.piece_to_id(tag) for tag in tags]
+    prefix = tag_ids(w["src"], tags)  # by id, as translation puts the target-language tag
     src_kept = [prefix + src_ids[i] for i in keep]
     tgt_kept = [tgt_ids[i] for i in keep]
     lengths = np.array([[len(s), len(t)] for s, t in zip(src_kept, tgt_kept, strict=True)])
@@ -120,8 +122,9 @@ def write_shards(
 ) -> None:
     """Encode every corpus into a temp folder, then rename it to `target.folder`."""
     src_tok, tgt_tok = tokenizers
-    for tag in cfg.data.tags():
-        if src_tok.sp.piece_to_id(tag) == src_tok.sp.unk_id():
+    tags = cfg.data.tags()
+    for tag, piece in zip(tags, tag_ids(src_tok, tags), strict=True):
+        if piece == src_tok.sp.unk_id():
             raise DataError(
                 f"data.train: tag {tag} is not a piece of the source tokenizer (a resumed run's "
                 "tokenizer was trained without it); start a new run to add tags"

@@ -1,7 +1,7 @@
 """What one line's output must hold, checked: terms that must appear (lexical constraints), a
-forced output prefix and words that must not appear, segmented by the target SentencePiece into
-`Controls`, with a one-line error naming the first bad line. The steered beam search
-(`steered.py`) then keeps them.
+forced output prefix and words that must not appear, segmented as every target line is
+(`attn_mt.data.ids.target_ids`) into `Controls`, with a one-line error naming the first bad
+line. The steered beam search (`steered.py`) then keeps them.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from attn_mt.data.ids import target_ids
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import LINE_BREAKS, UserError
 
@@ -42,11 +43,11 @@ def line_controls(
     first_line: int = 1,
 ) -> list[Controls | None]:
     """The Controls of each of `lines` lines (None: plain search), terms and prefixes segmented
-    by the target SentencePiece; a UserError names the first bad line."""
+    as target lines (`target_ids`); a UserError names the first bad line."""
     for name, given in (("constraints", constraints), ("prefixes", prefixes)):
         if given is not None and (isinstance(given, str) or len(given) != lines):
             raise UserError(f"{name}: give one entry per line ({lines}), [] or None for none")
-    avoid_ids = tokenizer.encode([_checked(a, "avoided word") for a in avoid])
+    avoid_ids = target_ids(tokenizer, [_checked(a, "avoided word") for a in avoid])
     if any(not ids for ids in avoid_ids):
         raise UserError("avoid: an avoided word is empty")
     result: list[Controls | None] = []
@@ -58,8 +59,9 @@ def line_controls(
         if not (terms or prefix or avoid_ids):
             result.append(None)
             continue
-        term_ids = tokenizer.encode(terms)
-        controls = Controls(term_ids, tokenizer.encode([prefix])[0] if prefix else [], avoid_ids)
+        term_ids = target_ids(tokenizer, terms)
+        prefix_ids = target_ids(tokenizer, [prefix])[0] if prefix else []
+        controls = Controls(term_ids, prefix_ids, avoid_ids)
         for what, text, ids in [
             *(("a term", t, i) for t, i in zip(terms, term_ids, strict=True)),
             *([("the prefix", prefix, controls.prefix)] if prefix else []),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from attn_mt.data.batching import length_batches, source_batch
+from attn_mt.data.ids import target_ids
 from attn_mt.decode.translator import Translator
 from attn_mt.errors import UserError
 from attn_mt.model.transformer import Transformer
@@ -74,11 +75,12 @@ def score_lines(
 ) -> list[PairScore]:
     """Score every (source, reference) pair with the translator's (first) model; the sources
     read as `translate` reads them (`Translator.encode`: a multilingual model's tag for
-    `tgt_lang`, over-long lines cut), the references whole."""
+    `tgt_lang`, over-long lines cut), the references as validation reads them (`target_ids`:
+    stripped, whole)."""
     if len(sources) != len(references):
         raise UserError(f"score: {len(sources)} source lines but {len(references)} reference lines")
     src = translator.encode(sources, tgt_lang)
-    tgt = translator.tgt_tokenizer.encode([line.strip() for line in references])
+    tgt = target_ids(translator.tgt_tokenizer, references)
     limit = translator.max_output_len
     for number, ids in enumerate(tgt, start=1):
         if limit is not None and len(ids) + 1 > limit:

@@ -1,13 +1,15 @@
 """`Translator.encode`, the one way an input line becomes source ids: stripped, a multilingual
 model's tag first, cut to decode.max_input_len less the tag with one warning per line cut. Every
 entry point reads its sources through it (translate, evaluate, score, the attention map, the
-server), and no other module segments a line with the source tokenizer."""
+server); the rule itself is `data.ids`, and no other module segments a line with a tokenizer
+but those named in SEGMENTERS."""
 
 from __future__ import annotations
 
 import ast
 import asyncio
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,8 +29,12 @@ from attn_mt.viz import attention_maps
 MAX_INPUT = 12  # decode.max_input_len of the translator here
 LINE, OTHER = "qb qc qd", "qz qf qg qh"
 PACKAGE = Path(attn_mt.__file__).parent
-# The one module besides the translator that calls the source tokenizer on lines, and why.
-TOKENIZER_CHECKS = {"export/hf_parity.py": "compares the exported tokenizer with ours"}
+# The modules besides data/ids.py (the ids of a line) that segment text with a tokenizer, and why.
+SEGMENTERS = {
+    "data/shardwriter.py": "training text as read, neither stripped nor cut (data.max_len drops)",
+    "decode/alignment.py": "a line's words one by one, to merge its pieces into words",
+    "export/hf_parity.py": "compares the exported tokenizer with ours",
+}
 
 
 @pytest.fixture(scope="module")
@@ -120,18 +126,38 @@ def test_the_server_reads_through_encode(translator: Translator, reads_other) ->
     assert attention["source"] == translator.src_tokenizer.pieces([*reads_other, EOS_ID])
 
 
-def test_no_module_but_the_translator_segments_lines_with_the_source_tokenizer() -> None:
-    """`x.src_tokenizer.encode(...)` appears in decode/translator.py (`Translator.encode`) and
-    in the tokenizer checks named in TOKENIZER_CHECKS only."""
-    found = set()
+def calls(name_of_call: Callable[[ast.Call], str | None]) -> dict[str, set[str]]:
+    """Per module of the package, the calls `name_of_call(call)` names (None: not counted)."""
+    found: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "encode"
-                and isinstance(node.func.value, ast.Attribute)
-                and node.func.value.attr == "src_tokenizer"
-            ):
-                found.add(path.relative_to(PACKAGE).as_posix())
-    assert found == {"decode/translator.py", *TOKENIZER_CHECKS}
+            if isinstance(node, ast.Call) and (name := name_of_call(node)):
+                found.setdefault(path.relative_to(PACKAGE).as_posix(), set()).add(name)
+    return found
+
+
+def test_no_module_but_the_ids_rule_segments_lines_with_a_tokenizer() -> None:
+    """`x.encode(...)` of one of our tokenizers (a name or attribute ending in `tokenizer` or
+    `tok`, a worker's `w["src"]`) appears in data/ids.py and the modules of SEGMENTERS only."""
+
+    def tokenizer_encode(call: ast.Call) -> str | None:
+        func = call.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "encode"):
+            return None
+        receiver = ast.unparse(func.value)
+        ours = receiver.endswith(("tokenizer", "tok")) or receiver in ("w['src']", "w['tgt']")
+        return receiver if ours else None
+
+    assert calls(tokenizer_encode).keys() == {"data/ids.py", *SEGMENTERS}
+
+
+def test_source_ids_are_built_by_translation_and_validation_only() -> None:
+    """The one source-ids function, `data.ids.source_ids`, is called by `Translator.encode`
+    (every entry point's way in) and by validation (`training_data`), nowhere else."""
+
+    def source_ids(call: ast.Call) -> str | None:
+        func = call.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        return name if name == "source_ids" else None
+
+    assert calls(source_ids).keys() == {"decode/translator.py", "data/corpus.py"}

@@ -11,7 +11,7 @@ from helpers.toy import toy_config_dict
 
 from attn_mt.checkpoint import load_checkpoint, save_checkpoint
 from attn_mt.config.file import config_from_dict
-from attn_mt.decode import translator
+from attn_mt.decode import load
 from attn_mt.precision import set_tf32
 
 CUDA = torch.device("cuda", 0)
@@ -21,7 +21,7 @@ CUDA = torch.device("cuda", 0)
 def checkpoints(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     """Two updates of the toy model, saved as trained (train.tf32 true, the default), with
     train.tf32 false and with train.deterministic true."""
-    from attn_mt.train.loop import train
+    from attn_mt.train.setup import train
 
     out = tmp_path_factory.mktemp("tf32") / "run"
     train(config_from_dict(toy_config_dict(toy_data, out, max_steps=2)))
@@ -41,7 +41,7 @@ def tf32_left(monkeypatch: pytest.MonkeyPatch):
     (nothing goes on CUDA)."""
     saved = tf32()
     set_tf32(False)
-    monkeypatch.setattr(translator, "Translator", lambda *args: args)
+    monkeypatch.setattr(load, "Translator", lambda *args: args)
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
@@ -57,11 +57,11 @@ def tf32() -> tuple[bool, bool]:
 def test_fp32_translation_on_cuda_uses_tf32_as_training_did(
     checkpoints, tf32_left, checkpoint, expected
 ):
-    translator.load(checkpoints[checkpoint], device=CUDA, precision="fp32")
+    load.load(checkpoints[checkpoint], device=CUDA, precision="fp32")
     assert tf32() == expected
 
 
 @pytest.mark.parametrize(("device", "precision"), [(CUDA, "bf16"), (torch.device("cpu"), "fp32")])
 def test_tf32_is_left_alone_off_cuda_or_with_autocast(checkpoints, tf32_left, device, precision):
-    translator.load(checkpoints["default"], device=device, precision=precision)
+    load.load(checkpoints["default"], device=device, precision=precision)
     assert tf32() == (False, False)
