@@ -5,7 +5,8 @@
 writes it. `export_ctranslate2` wraps it for `attn-mt export`: it checks the arguments, writes
 into a staging folder beside `--out` the weights, the SentencePiece models (`source.model`,
 `target.model`), the search settings as `translate_batch` keywords (`decode.json`) and a
-README.txt, and moves it into place only when its greedy outputs agree with ours (`ct2_parity`).
+README.txt, and moves it into place only when its greedy outputs agree with ours (`ct2_parity`);
+the checks and the staging are those of every export (`common.py`).
 
 The mapping, module by module (D model width):
     Embedder               embeddings (x sqrt(D): `scale_embeddings`) + position_encodings
@@ -22,12 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import re
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -37,22 +32,24 @@ from torch import nn
 
 from attn_mt.config.schema import Config, DecodeConfig
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decode.generate import max_output_lengths
-from attn_mt.decode.translator import load
+from attn_mt.decode.load import load
 from attn_mt.errors import UserError
+from attn_mt.export.common import (
+    SINUSOIDAL_ROWS,
+    check_exportable,
+    check_license,
+    check_out_dir,
+    license_note,
+    longest_output,
+    staged_folder,
+)
 from attn_mt.export.ct2_parity import check_agreement
 from attn_mt.export.hf_parity import PARITY_SOURCES
-from attn_mt.fileio import (
-    check_output_dir,
-    remove_stale_temps,
-    resolve_checkpoint,
-    sigterm_unwinds,
-    temp_prefix,
-    umask,
-)
 from attn_mt.model.attention import MultiHeadAttention
-from attn_mt.model.transformer import Embedder, FeedForward, Transformer
+from attn_mt.model.layers import Embedder, FeedForward
+from attn_mt.model.transformer import Transformer
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID
+from attn_mt.paths import resolve_checkpoint
 
 try:
     import ctranslate2
@@ -73,7 +70,6 @@ SUPPORTED = {
     "activation": ("relu", "gelu"),
     "positions": ("sinusoidal", "learned"),
 }
-SINUSOIDAL_ROWS = 1024  # our table grows on demand; CTranslate2 needs a fixed one
 PAD_PIECE = "<blank>"  # CTranslate2's converters name the padding piece so
 # `translate_batch` options that make CTranslate2 search as ours: never generate <bos> or
 # <pad>, and allow an empty output (<eos> first). The engine takes them per call, not per model.
@@ -94,7 +90,7 @@ class AttnMTConverter(Converter):
         translator = load(self.path, device="cpu", prepack=False, decode=decode)  # weights read
         self.translator, self.model, self.config = translator, translator.model, translator.config
         self.src_tokenizer, self.tgt_tokenizer = translator.src_tokenizer, translator.tgt_tokenizer
-        check_exportable(self.config)
+        check_exportable(self.config, SUPPORTED, "CTranslate2")
 
     @torch.no_grad()
     def _load(self) -> transformer_spec.TransformerSpec:
@@ -135,20 +131,6 @@ class AttnMTConverter(Converter):
         return spec
 
 
-def check_exportable(
-    config: Config, supported: dict[str, tuple] = SUPPORTED, engine: str = "CTranslate2"
-) -> None:
-    """Refuse, naming the config key, a model `engine` cannot express (`supported`: the
-    model.* values it can)."""
-    for key, values in supported.items():
-        value = getattr(config.model, key)
-        if value not in values:
-            raise UserError(
-                f"model.{key}: {value!r} cannot be exported to {engine}, which supports "
-                f"model.{key} {' or '.join(map(repr, values))} only"
-            )
-
-
 def decode_options(decode: DecodeConfig, max_output_len: int | None) -> dict:
     """`translate_batch` keywords that search as attn-mt does with `decode`.
 
@@ -162,13 +144,6 @@ def decode_options(decode: DecodeConfig, max_output_len: int | None) -> dict:
         "max_decoding_length": max(longest_output(decode, max_output_len) - 1, 1),
         **DECODE_OPTIONS,
     }
-
-
-def longest_output(decode: DecodeConfig, max_output_len: int | None) -> int:
-    """Our output limit, <eos> included, for the longest source (decode.max_input_len tokens
-    and <eos>): the one limit an engine that takes one per call gets."""
-    longest = torch.full((1, decode.max_input_len + 1), EOS_ID)  # (1, S): any non-pad ids
-    return int(max_output_lengths(longest, decode.max_len_a, decode.max_len_b, max_output_len))
 
 
 def export_ctranslate2(
@@ -217,73 +192,6 @@ def export_ctranslate2(
             f"{readme}\nChecked at export on random sources: {agreement}.\n"
         )
     return out
-
-
-@contextmanager
-def staged_folder(out: Path) -> Iterator[Path]:
-    """A staging folder beside `out`, moved into place whole when the block succeeds: a failed
-    export leaves neither a half-written folder nor a damaged earlier one.
-
-    A link `out` is followed: the folder it names is replaced, the link kept. The staging
-    folder is named for this process (`fileio.temp_prefix`): a SIGTERM removes it, and one
-    that a SIGKILL left is removed by the next export to `out`.
-    """
-    out = Path(os.path.realpath(out))
-    created = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # deepest first
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out)
-    done = False
-    with sigterm_unwinds():
-        staging = Path(tempfile.mkdtemp(prefix=temp_prefix(out), suffix=".staging", dir=out.parent))
-        try:
-            staging.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide the model from the team
-            yield staging
-            for path in staging.rglob("*"):  # some writers (safetensors) make their files 0600
-                if path.is_file():
-                    path.chmod(0o666 & ~umask())
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(staging, out)
-            done = True
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-            for folder in created if not done else ():  # a refused export leaves no empty parents
-                with suppress(OSError):
-                    folder.rmdir()
-
-
-LICENSE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]*")
-
-
-def check_license(license: str) -> None:
-    """An SPDX identifier (`MIT`, `Apache-2.0`, `cc-by-4.0`) or `unknown`: one word, as the
-    card's YAML front matter takes it."""
-    if not LICENSE_PATTERN.fullmatch(license):
-        raise UserError(
-            f"--license {license!r}: not an SPDX license identifier (e.g. MIT, Apache-2.0, "
-            "cc-by-4.0), or unknown"
-        )
-
-
-def license_note(license: str) -> str:
-    """What the exported folder says of its license."""
-    if license == "unknown":
-        return (
-            "No license was given at export (`attn-mt export --license SPDX-ID`): ask the "
-            "model's owner before using it. The training data's own licenses apply as well."
-        )
-    return (
-        f"`{license}` (SPDX), as given at export. The training data's own licenses apply as well."
-    )
-
-
-def check_out_dir(out: Path, checkpoint: Path, force: bool) -> None:
-    """`out` may be new or empty; a non-empty folder only with --force, never the run itself."""
-    check_output_dir(out)
-    if checkpoint.resolve().is_relative_to(out.resolve()):
-        raise UserError(f"--out {out}: holds the checkpoint being exported; choose another folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise UserError(f"--out {out}: folder exists and is not empty; add --force to replace it")
 
 
 # ---------------------------------------------------------------------------------------------

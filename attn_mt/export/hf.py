@@ -35,9 +35,10 @@ from torch import nn
 from attn_mt.checkpoint import resolve_checkpoint
 from attn_mt.config.schema import Config
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decode.translator import Translator, load
+from attn_mt.decode.load import load
+from attn_mt.decode.translator import Translator
 from attn_mt.errors import UserError
-from attn_mt.export.ct2 import (
+from attn_mt.export.common import (
     SINUSOIDAL_ROWS,
     check_exportable,
     check_license,
@@ -48,7 +49,8 @@ from attn_mt.export.ct2 import (
 from attn_mt.export.hf_card import model_card
 from attn_mt.export.hf_parity import PARITY_SOURCES, Parity, check_parity
 from attn_mt.model.attention import MultiHeadAttention
-from attn_mt.model.transformer import FeedForward, Transformer, feed_forward_dropout
+from attn_mt.model.layers import FeedForward
+from attn_mt.model.transformer import Transformer, feed_forward_dropout
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
 
 log = logging.getLogger("attn_mt")

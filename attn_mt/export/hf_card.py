@@ -13,7 +13,7 @@ import yaml
 
 from attn_mt.config.data import DataConfig
 from attn_mt.decode.translator import Translator
-from attn_mt.export.ct2 import license_note
+from attn_mt.export.common import license_note
 from attn_mt.export.hf_parity import Parity
 from attn_mt.scores import score
 

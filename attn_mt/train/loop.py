@@ -1,8 +1,10 @@
-"""The training loop: `Trainer` sets a run up, runs its updates (`UpdateStep`), validates and
-saves at intervals (`validate.Validator`) and finishes when a stopping rule fires (torchtune's
-recipe shape). Beside it: the run's start (`start.py`), state and checkpoints (`state.py`),
-budget and stopping rules (`budget.py`), logs (`runlog.py`), validation (`validate.py`), what
-the updates run through (`speed.py`); the loss is the model's (`model/loss.py`).
+"""The training loop: `Trainer` runs a run that `setup.py` built: its updates (`UpdateStep`),
+validations and saves at intervals (`validate.Validator`), until a stopping rule fires
+(torchtune's recipe shape: `setup`, then `train`). Beside it: the run's set-up (`setup.py`),
+state and checkpoints (`state.py`), the learning rate (`schedule.py`), the run's time
+(`clock.py`), the stopping rules (`stopping.py`), skipped updates (`skips.py`), logs
+(`runlog.py`, `loglines.py`), validation (`validate.py`), what the updates run through
+(`speed.py`); the loss is the model's (`model/loss.py`).
 
 Exact resume rests on three facts: the batch source's position is a function of (seed, epoch,
 index), the learning rate a function of the step (and with a time-driven schedule of the
@@ -15,9 +17,7 @@ max_minutes bounds the whole run, and a time-driven schedule anneals exactly as 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,36 +27,22 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from attn_mt import distributed
-from attn_mt.checkpoint import tokenizers_from
-from attn_mt.config.file import save_config
-from attn_mt.config.schema import Config, TrainConfig
+from attn_mt.config.schema import TrainConfig
 from attn_mt.data.batching import Batch
-from attn_mt.data.corpus import training_data, valid_subset
+from attn_mt.data.corpus import Corpus
 from attn_mt.model.loss import SmoothedObjective
-from attn_mt.precision import DTYPES, configure_kernels, resolve_device, resolve_precision
-from attn_mt.runfolder import lock_run_folder
+from attn_mt.precision import DTYPES
 from attn_mt.train import speed
-from attn_mt.train.budget import (
-    RankAgreement,
-    RunClock,
-    StopSignals,
-    chosen_lr,
-    learning_rates,
-    stop_rules,
-)
-from attn_mt.train.runlog import Monitor, QuietMonitor, RunLog, TrainWindow, window_line
-from attn_mt.train.start import (
-    build_state,
-    log_start,
-    out_of_memory_hint,
-    probe_largest_batch,
-    starting_point,
-)
-from attn_mt.train.state import SkipRule, TrainProgress, Update, WeightEMA
+from attn_mt.train.clock import RunClock
+from attn_mt.train.loglines import TrainWindow, log_start, window_line
+from attn_mt.train.memory import out_of_memory_hint, probe_largest_batch
+from attn_mt.train.runlog import Monitor, RunLog
+from attn_mt.train.schedule import chosen_lr, learning_rates
+from attn_mt.train.skips import SkipRule, Update
+from attn_mt.train.state import TrainProgress, TrainState, WeightEMA
+from attn_mt.train.stopping import RankAgreement, StopSignals, stop_rules
 from attn_mt.train.validate import Validator
 from attn_mt.world import World
-
-log = logging.getLogger("attn_mt")
 
 
 @dataclass
@@ -71,77 +57,38 @@ class TrainResult:
     stop_signal: str | None = None  # SIGINT or SIGTERM when stopped_by is "signal"
 
 
-def train(
-    cfg: Config, resume: bool = False, device: str = "auto", monitor: Monitor | None = None
-) -> TrainResult:
-    """Train a model as `cfg` describes, in this process or as one rank under torchrun;
-    rank 0 holds the run folder's lock for the whole run, `monitor` follows it as it goes."""
-    with distributed.process_group(resolve_device(device)) as (world, torch_device):
-        lock = lock_run_folder(cfg.train.out_dir) if world.is_main else contextlib.nullcontext()
-        with lock:
-            return Trainer(cfg, world, torch_device, resume, monitor).run()
-
-
 class Trainer:
-    """One training run: `setup` (called by `__init__`) prepares everything and holds nothing
-    that needs releasing; `run` opens the run's log, trains with `update` until a stopping rule
-    fires, and has the validator validate and save once more (`Validator.finish`)."""
+    """One training run, its parts built by `setup.setup`: `run` opens the run's log, begins
+    (the parts that need it: the start-up lines, the largest batch tried on a GPU, compiled or
+    eager, the run's clock, the validator), trains with `update` until a stopping rule fires,
+    and has the validator validate and save once more (`Validator.finish`)."""
 
     def __init__(
         self,
-        cfg: Config,
-        world: World = World(),
-        device: torch.device = torch.device("cpu"),
-        resume: bool = False,
-        monitor: Monitor | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        state: TrainState,
+        corpus: Corpus,
+        valid_total: int,
+        precision: str,
+        step: UpdateStep,
+        signals: StopSignals,
+        skips: SkipRule,
+        agreement: RankAgreement,
+        monitor: Monitor,
+        began: float,
+        now: Callable[[], float],
+        resumed: bool,
     ):
-        self.cfg, self.world, self.device = cfg, world, device
-        self.now = clock  # seconds; tests pass a fake one
-        self.monitor = monitor or QuietMonitor()
-        self.out = Path(cfg.train.out_dir)
-        self.began = self.now()  # the run's time counts its start-up
-        self.setup(resume)
-
-    def setup(self, resume: bool) -> None:
-        """Check the run folder, read the data, build the model, optimizer and batch source,
-        and on resume restore them from last.pt."""
-        world = self.world
-        cfg, last, init = starting_point(self.cfg, resume, world)
-        self.cfg, self.resumed = cfg, last is not None
-        log.info("run folder: %s (%s)", cfg.train.out_dir, "resumed" if last else "a new run")
-        self.precision = resolve_precision(cfg.train.precision, self.device)
-        self.dtype = DTYPES[self.precision]
-        configure_kernels(cfg.train.deterministic, cfg.train.tf32)
-        if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
-        torch.manual_seed(cfg.train.seed)
-        checkpoint = last or (init[1] if init else None)  # its SentencePiece models are kept
-        tokenizers = tokenizers_from(checkpoint) if checkpoint else None
-        self.src_tok, self.tgt_tok, corpus = training_data(cfg, tokenizers, world)
-        self.valid_total = len(corpus.valid_src)
-        self.corpus = valid_subset(corpus, cfg.train.valid_max_sentences, cfg.train.seed)
-        self.state = state = build_state(
-            cfg, (self.src_tok, self.tgt_tok), self.corpus.shards, self.precision, self.device,
-            world, init,
-        )  # fmt: skip
-        if last:
-            state.restore(last)
+        self.state, self.cfg, self.world, self.device = state, state.cfg, state.world, state.device
+        self.corpus, self.valid_total = corpus, valid_total  # validated on: a subset of the total
+        self.precision, self.dtype = precision, DTYPES[precision]
+        self.step, self.objective = step, step.objective
+        self.signals, self.skips, self.agreement = signals, skips, agreement
+        self.monitor, self.resumed = monitor, resumed
+        self.began, self.now = began, now  # the run's time counts its set-up; tests fake `now`
+        self.out = Path(self.cfg.train.out_dir)
+        self.src_tok, self.tgt_tok = state.tokenizers
         self.model, self.ema, self.optimizer = state.model, state.ema, state.optimizer
         self.scaler, self.source = state.scaler, state.source
-        speed.choose_kernels(self.model, cfg, self.progress, self.device, self.dtype, world)
-        if world.is_main:  # created only once the config, data and last.pt are known to be good
-            state.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, self.out / "config.yaml")
-        self.objective = SmoothedObjective(self.model, cfg.train.label_smoothing)
-        t = cfg.train
-        self.step = UpdateStep(
-            self.objective, self.optimizer, self.scaler, self.ema, t.clip_norm, world, self.dtype
-        )
-        self.signals = StopSignals(abandon=state.writer.abandon)
-        last_pt = state.ckpt_dir / "last.pt"
-        self.skips = SkipRule(t.max_nonfinite, self.scaler, last_pt, settle=state.writer.wait)
-        self.agreement = RankAgreement(world, self.device)  # under torchrun: the ranks' stops
         self.window, self.taken = TrainWindow(), True  # the updates read since the last log
         self.line: tuple[str, dict[str, float]] = ("", {})  # the last read update's figures
 
@@ -212,7 +159,7 @@ class Trainer:
 
     def _stop_reason(self) -> str:
         """Which stopping rule fires before the next update ('' if none); agreed by all ranks
-        (`budget.RankAgreement`: folded into the last update's all-reduce, or one of its own)."""
+        (`stopping.RankAgreement`: folded into the last update's all-reduce, or one of its own)."""
         rules = self._stop_rules()
         if self.world.distributed:
             rules = self.agreement.settle(rules, self.clock.schedule_seconds(self.cfg.train))

@@ -23,7 +23,7 @@ from attn_mt.langid import off_target_rate
 from attn_mt.model.loss import SmoothedObjective, perplexity
 from attn_mt.precision import autocast_context
 from attn_mt.scores import STRING_METRICS, score
-from attn_mt.train.budget import Allowance
+from attn_mt.train.clock import Allowance
 from attn_mt.train.runlog import Validation
 from attn_mt.world import World
 

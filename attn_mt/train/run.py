@@ -1,7 +1,9 @@
 """`start_run`: the one way a training run starts, for `attn-mt train`, `attn-mt distill` and a
 notebook alike. What can be checked without torch is checked first (the run folder: a run not
 overwritten, something to resume), so a mistake is one line within a second; then the CUDA
-environment is set (read once, when CUDA starts) and the run trains (`train.loop.train`).
+environment is set (read once, when CUDA starts) and the run is set up and trains
+(`setup.train`, where the rest of the set-up reads on in order). This module imports no torch:
+the CLI imports it before a mistake is known.
 """
 
 from __future__ import annotations
@@ -30,6 +32,6 @@ def start_run(
     from attn_mt.precision import set_cuda_environment  # torch, from here on
 
     set_cuda_environment(cfg.train.deterministic)
-    from attn_mt.train.loop import train
+    from attn_mt.train.setup import train
 
     return train(cfg, resume=resume, device=device, monitor=monitor)

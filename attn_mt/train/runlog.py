@@ -1,9 +1,7 @@
 """What a training run writes as it goes: the human log (train.log), TensorBoard events and
 metrics.jsonl (`RunLog`, which opens them all together and closes them together; on ranks other
-than 0 it writes nothing), their lines (the training line that train.log and the live display
-share, over a `TrainWindow` of updates; the closing lines with the command that continues the
-run), and the `Monitor` a front end follows the run through (the CLI draws it on a terminal;
-this module never writes control characters).
+than 0 it writes nothing), and the `Monitor` a front end follows the run through (the CLI draws
+it on a terminal). The lines themselves are `loglines.py`'s.
 """
 
 from __future__ import annotations
@@ -11,24 +9,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-
-from attn_mt.config.schema import Config, TrainConfig
-from attn_mt.data.batching import ShardBatches
+from attn_mt.config.schema import Config
 from attn_mt.decode.translator import Translator
-from attn_mt.model.loss import perplexity
-from attn_mt.runfolder import continue_command
 from attn_mt.scores import figures_line
-from attn_mt.train.budget import RunClock
 
 log = logging.getLogger("attn_mt")
-
-GIB = 2**30
 
 
 @dataclass
@@ -245,134 +234,3 @@ class QuietMonitor:
 
     def validating(self, phase: str, done: int, total: int) -> None:
         """Shows nothing."""
-
-
-@dataclass
-class TrainWindow:
-    """Running sums of the training figures between two log lines."""
-
-    loss: float = 0.0  # summed label-smoothed loss
-    nll: float = 0.0  # summed negative log-likelihood
-    tokens: int = 0  # target tokens
-    grad_norm: float = 0.0  # summed gradient norms
-    updates: int = 0
-    start: float = field(default_factory=time.monotonic)
-
-    def add(self, loss: float, nll: float, tokens: int, grad_norm: float) -> None:
-        """Count one update's figures."""
-        self.loss += loss
-        self.nll += nll
-        self.tokens += tokens
-        self.grad_norm += grad_norm
-        self.updates += 1
-
-    def pause(self, seconds: float) -> None:
-        """Leave `seconds` (a validation) out of the tokens/s."""
-        self.start += seconds
-
-    def metrics(self, lr: float, epoch: int) -> dict[str, float]:
-        """Per-token loss and perplexity, mean gradient norm and throughput of the window."""
-        tokens = max(self.tokens, 1)
-        return {
-            "loss": self.loss / tokens,
-            "ppl": perplexity(self.nll, self.tokens),
-            "lr": lr,
-            "grad_norm": self.grad_norm / max(self.updates, 1),
-            "tokens_per_sec": self.tokens / max(time.monotonic() - self.start, 1e-9),
-            "epoch": epoch,
-        }
-
-
-def train_line(
-    step: int, metrics: dict[str, float], t: TrainConfig, run: RunClock, epochs: float
-) -> str:
-    """The training line: train.log's every log_every steps and the live display's after
-    every update (one format, so their labels agree). Its times count the whole run."""
-    total = f"/{t.max_steps}" if t.max_steps > 0 else ""
-    eta = run.remaining(t, step, epochs)
-    return (
-        f"step {step}{total}  elapsed {clock(run.elapsed())}  ETA {clock(eta)}  "
-        f"epoch {metrics['epoch']}  loss {metrics['loss']:.3f}  ppl {metrics['ppl']:.2f}  "
-        f"lr {metrics['lr']:.2e}  grad {metrics['grad_norm']:.2f}  "
-        f"{metrics['tokens_per_sec']:,.0f} tgt tok/s"
-        + (f"  mem {metrics['peak_mem_gib']:.1f} GiB" if "peak_mem_gib" in metrics else "")
-    )
-
-
-def clock(seconds: float | None) -> str:
-    """h:mm:ss (m:ss under an hour); '?' for None."""
-    if seconds is None:
-        return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def window_line(
-    step: int,
-    window: TrainWindow,
-    lr: float,
-    t: TrainConfig,
-    run: RunClock,
-    source: ShardBatches,
-    device: torch.device,
-) -> tuple[str, dict[str, float]]:
-    """The training line of the updates in `window`, and its figures (on a GPU with the peak
-    memory so far)."""
-    metrics = window.metrics(lr, source.epoch)
-    if (peak := peak_gib(device)) is not None:
-        metrics["peak_mem_gib"] = peak
-    return train_line(step, metrics, t, run, source.epochs_run), metrics
-
-
-def valid_share(shown: int, total: int, why: str = "") -> str:
-    """' (on N of M validation sentences[, why])' when validating on a subset, else ''."""
-    why = f", {why}" if why else ""
-    return f" (on {shown} of {total} validation sentences{why})" if shown < total else ""
-
-
-def log_finish(
-    stopped_by: str,
-    stop_signal: str | None,
-    step: int,
-    t: TrainConfig,
-    best: float | None,
-    share: str,
-) -> None:
-    """The closing lines: how the run stopped, at which step, with which best score, where the
-    run is and the command that continues it."""
-    if stopped_by == "signal":
-        log.info("stopped by %s at step %d; last.pt written", stop_signal, step)
-    if stopped_by == "early stopping":
-        log.info("early stopping: no better %s in %d validations", t.select_metric, t.patience)
-    log.info(
-        "finished at step %d (%s); best valid %s %s%s",
-        step,
-        stopped_by,
-        t.select_metric,
-        "-" if best is None else f"{best:.2f}",
-        share,
-    )
-    log.info("run folder: %s; %s", t.out_dir, continue_command(t.out_dir, stopped_by))
-
-
-def log_timesheet(sheet: dict[str, float]) -> None:
-    """Where this process's time went (`RunClock.timesheet`): each part and its share."""
-    total = sum(sheet.values())
-    parts = ", ".join(
-        f"{name} {span(seconds)} ({100 * seconds / max(total, 1e-9):.1f}%)"
-        for name, seconds in sheet.items()
-    )
-    log.info("time in this process %s: %s", span(total), parts)
-
-
-def span(seconds: float) -> str:
-    """Seconds to one decimal under a minute, else as `clock` says them."""
-    return f"{seconds:.1f} s" if seconds < 60 else clock(seconds)
-
-
-def peak_gib(device: torch.device) -> float | None:
-    """The most GPU memory allocated so far, in GiB (None off the GPU)."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.max_memory_allocated(device) / GIB

@@ -1,8 +1,7 @@
 """The training state and its checkpoints: where training stands (`TrainProgress`), what last.pt
 holds beyond a translation checkpoint and how it is read back (`TrainState`), the weight EMA
-(`WeightEMA`), checkpoints written in the background (`CheckpointWriter`), and updates skipped
-for a NaN/inf loss or gradient, too many of which in a row end the run (`SkipRule`,
-`TrainingDiverged`).
+(`WeightEMA`), and checkpoints written in the background (`CheckpointWriter`). Updates skipped
+for a NaN/inf are `skips.py`'s.
 
 last.pt is `checkpoint.make_checkpoint`'s dict plus `train_state`:
     progress   `TrainProgress` as a dict (step, best score, early-stop count, elapsed time, ...)
@@ -27,10 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
-import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -41,16 +38,10 @@ from torch import nn
 from attn_mt import distributed
 from attn_mt.checkpoint import WriteAbandoned, make_checkpoint, save_checkpoint, translation_weights
 from attn_mt.config.schema import Config
-from attn_mt.data.batching import ShardBatches
+from attn_mt.data.epochs import ShardBatches
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import UserError
 from attn_mt.model.transformer import Transformer
-
-log = logging.getLogger("attn_mt")
-
-# fp16: below this loss scale the gradients overflow whatever the scale, and the run has
-# diverged (fairseq's --min-loss-scale). From GradScaler's 2^16 it takes ~30 overflows in a row.
-MIN_LOSS_SCALE = 1e-4
 
 # A damaged train_state fails with one of these while it is read back.
 _DAMAGE = (KeyError, TypeError, ValueError, IndexError, RuntimeError)
@@ -71,7 +62,7 @@ class TrainProgress:
     bad_evals: int = 0  # validations in a row without a better score
     elapsed: float = 0.0  # seconds the run has taken (max_minutes' clock)
     validation_seconds: float = 0.0  # how long the latest validation took
-    pace: float = 0.0  # seconds an update took lately (`budget.RunClock.pace`)
+    pace: float = 0.0  # seconds an update took lately (`clock.RunClock.pace`)
     last_valid_step: int = -1
     skipped: int = 0  # updates skipped for a NaN/inf loss or gradient (fp16 overflows included)
     kept_checkpoints: list[str] = field(default_factory=list)  # step_N.pt names, oldest first
@@ -227,7 +218,7 @@ class TrainState:
         with the oldest beyond train.keep_checkpoints deleted.
 
         Called on every rank (it gathers their RNG states); only rank 0 writes, in the
-        background (`saver.CheckpointWriter`: the state is copied now, `writer.wait()` waits).
+        background (`CheckpointWriter`: the state is copied now, `writer.wait()` waits).
         """
         # Each rank's generators: dropout draws differ between ranks, whose batch shapes differ.
         cuda = self.device.type == "cuda"
@@ -292,88 +283,3 @@ class TrainState:
         if "products" in progress:  # its name in last.pt files written before it was renamed
             progress["matmul_backend"] = progress.pop("products")
         self.progress = TrainProgress(**progress)
-
-
-class TrainingDiverged(UserError):
-    """The loss stayed NaN/inf for `train.max_nonfinite` updates in a row, or fp16's loss scale
-    fell below MIN_LOSS_SCALE."""
-
-    @classmethod
-    def after(cls, what: str, step: int, last: Path, advice: str) -> TrainingDiverged:
-        """The error once `what` happened at `step`."""
-        kept = (
-            f"the last good checkpoint is kept: {last}"
-            if last.is_file()
-            else "no checkpoint had been written yet"
-        )
-        return cls(f"{what} at step {step}; {advice} ({kept})")
-
-
-@dataclass
-class Update:
-    """What one optimizer update did, summed over all processes."""
-
-    loss: float  # summed label-smoothed loss
-    nll: float  # summed negative log-likelihood
-    tokens: int  # target tokens
-    grad_norm: float
-    finite: bool  # False: NaN/inf in the loss or a gradient, the update was skipped
-
-
-@dataclass
-class SkipRule:
-    """Counts skipped updates in a row and ends the run when there are too many.
-
-    A NaN/inf loss or gradient leaves the weights, the optimizer, the step count, the learning
-    rate and the EMA as they were (fairseq does not count such a step). Under fp16 an overflowed
-    gradient is GradScaler's normal way to find its scale, so it is counted apart: the run ends
-    only when the scale falls below MIN_LOSS_SCALE.
-    """
-
-    max_nonfinite: int  # train.max_nonfinite
-    scaler: torch.amp.GradScaler | None
-    last: Path  # last.pt, named in the error
-    # Waits for the checkpoint write in flight (CheckpointWriter.wait), so that the error names
-    # last.pt when a save before the divergence is still landing in the background.
-    settle: Callable[[], None]
-    nonfinite: int = 0  # updates in a row skipped for a NaN/inf loss
-    overflows: int = field(default=0)  # fp16 updates in a row skipped for overflowed gradients
-
-    def accept(self, update: Update, step: int) -> bool:
-        """False for a skipped update; raises TrainingDiverged when too many came in a row."""
-        if update.finite:
-            self.nonfinite = self.overflows = 0
-            return True
-        if self.scaler is not None and math.isfinite(update.loss + update.nll):
-            self.overflows += 1
-            scale = self.scaler.get_scale()  # already halved by GradScaler.update
-            log.info(
-                "step %d: fp16 gradients overflowed; update skipped, loss scale %g", step, scale
-            )
-            if scale < MIN_LOSS_SCALE:
-                raise self._diverged(
-                    f"fp16 gradients overflowed for {self.overflows} updates in a row and the "
-                    f"loss scale fell to {scale:g} (below {MIN_LOSS_SCALE:g})",
-                    step,
-                    "train with precision bf16 or fp32, or lower train.lr",
-                )
-            return False
-        self.nonfinite += 1
-        log.warning(
-            "step %d: non-finite loss or gradient; update skipped (%d in a row)",
-            step,
-            self.nonfinite,
-        )
-        if self.nonfinite >= max(self.max_nonfinite, 1):
-            raise self._diverged(
-                f"the loss was NaN/inf for {self.nonfinite} updates in a row",
-                step,
-                "lower train.lr or check the data",
-            )
-        return False
-
-    def _diverged(self, what: str, step: int, advice: str) -> TrainingDiverged:
-        """The error, once the checkpoint write in flight has landed (so it names last.pt
-        when a save from before the divergence was still being written)."""
-        self.settle()
-        return TrainingDiverged.after(what, step, self.last, advice)

@@ -18,17 +18,12 @@ import torch
 from attn_mt import distributed
 from attn_mt.data.corpus import Corpus
 from attn_mt.decode.translator import Translator
-from attn_mt.train.budget import RunClock, StopSignals
+from attn_mt.train.clock import RunClock
+from attn_mt.train.loglines import log_finish, log_timesheet, valid_share
 from attn_mt.train.measure import Interrupted, LossSums, validate, validate_directions
-from attn_mt.train.runlog import (
-    Monitor,
-    RunLog,
-    Validation,
-    log_finish,
-    log_timesheet,
-    valid_share,
-)
+from attn_mt.train.runlog import Monitor, RunLog, Validation
 from attn_mt.train.state import TrainState, fork_rng
+from attn_mt.train.stopping import StopSignals
 
 log = logging.getLogger("attn_mt")
 

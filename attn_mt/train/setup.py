@@ -1,9 +1,18 @@
-"""A run's start: what it starts from (`starting_point`: on resume its last.pt, once it is known
-to fit the config, else the checkpoint train.init_from names), the state it builds
-(`build_state`: the model, EMA, optimizer, loss scaler and batches), the lines it starts its
-log with (`log_start`), and on a GPU its largest batch tried once (`probe_largest_batch`):
-batches come in a random order, so without the probe the largest could come hours into a run
-and end it with a traceback; running out of memory is one line naming the key to change.
+"""A training run's set-up, read top to bottom (torchtune's recipe `setup`): each part is built
+where its inputs exist, then the loop (`loop.Trainer`) runs them. `run.start_run` comes first,
+without torch: the run folder checked, CUDA's environment set. Then, here:
+- `train`: the process group (this process alone, or one rank under torchrun) and the run
+  folder's lock, which rank 0 holds for the whole run; the run set up and run;
+- `setup`: what the run starts from (`starting_point`: on resume its last.pt, once it is known
+  to fit the config, else the checkpoint train.init_from names); the precision, the kernels'
+  settings, the threads and the seed; the data, with that checkpoint's SentencePiece models,
+  and the validation pairs; the training state (`build_state`: the model, its EMA, the
+  optimizer, the loss scaler and the batches), which last.pt then restores on resume; what a
+  CPU's float32 products run through; checkpoints/ and config.yaml, made only once all that is
+  known to be good; the update (`loop.UpdateStep`), the signals that stop the run, the rule for
+  skipped updates and, under torchrun, the ranks' agreement on the stop.
+What needs the run's log open, `Trainer.run` does as it begins: the start-up lines, the largest
+batch tried on a GPU, compiled or eager, the run's clock and the validator.
 """
 
 from __future__ import annotations
@@ -11,11 +20,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from attn_mt import distributed
@@ -24,21 +33,28 @@ from attn_mt.checkpoint import (
     config_differences,
     load_checkpoint,
     load_weights,
+    tokenizers_from,
     translation_weights,
 )
+from attn_mt.config.file import save_config
 from attn_mt.config.schema import Config, TrainConfig
-from attn_mt.data.batching import Batch, ShardBatches, collate
-from attn_mt.data.corpus import Corpus, stage
+from attn_mt.data.corpus import stage, training_data, valid_subset
+from attn_mt.data.epochs import ShardBatches
 from attn_mt.data.shards import Shards
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import UserError
-from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.loss import SmoothedObjective
-from attn_mt.model.transformer import Transformer, build_model, parameter_count
-from attn_mt.runfolder import check_run_start
-from attn_mt.train.runlog import RunLog, peak_gib
-from attn_mt.train.speed import Forward
-from attn_mt.train.state import TrainState, WeightEMA, fork_rng
+from attn_mt.model.transformer import build_model
+from attn_mt.paths import resolve_checkpoint
+from attn_mt.precision import DTYPES, configure_kernels, resolve_device, resolve_precision
+from attn_mt.runfolder import check_run_start, lock_run_folder
+from attn_mt.train import speed
+from attn_mt.train.loop import Trainer, TrainResult, UpdateStep
+from attn_mt.train.runlog import Monitor, QuietMonitor
+from attn_mt.train.skips import SkipRule
+from attn_mt.train.state import TrainState, WeightEMA
+from attn_mt.train.stopping import RankAgreement, StopSignals
+from attn_mt.world import World
 
 log = logging.getLogger("attn_mt")
 
@@ -55,6 +71,67 @@ INIT_FREE_KEYS = (
     "model.fused_attention",
     SAMPLING_KEY,
 )
+
+
+def train(
+    cfg: Config, resume: bool = False, device: str = "auto", monitor: Monitor | None = None
+) -> TrainResult:
+    """Train a model as `cfg` describes, in this process or as one rank under torchrun;
+    rank 0 holds the run folder's lock for the whole run, `monitor` follows it as it goes."""
+    with distributed.process_group(resolve_device(device)) as (world, torch_device):
+        lock = lock_run_folder(cfg.train.out_dir) if world.is_main else contextlib.nullcontext()
+        with lock:
+            return setup(cfg, world, torch_device, resume, monitor).run()
+
+
+def setup(
+    cfg: Config,
+    world: World = World(),
+    device: torch.device = torch.device("cpu"),
+    resume: bool = False,
+    monitor: Monitor | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Trainer:
+    """The run `cfg` describes (with `resume`, the one in its out_dir) set up on `device`, ready
+    to `run`; it holds nothing that needs releasing (the run's log opens when it runs).
+    `clock` gives the run's seconds (tests pass a fake one)."""
+    began = clock()  # the run's time counts its set-up
+    cfg, last, init = starting_point(cfg, resume, world)
+    log.info("run folder: %s (%s)", cfg.train.out_dir, "resumed" if last else "a new run")
+    t = cfg.train
+    precision = resolve_precision(t.precision, device)
+    dtype = DTYPES[precision]
+    configure_kernels(t.deterministic, t.tf32)
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    torch.manual_seed(t.seed)
+
+    checkpoint = last or (init[1] if init else None)  # its SentencePiece models are kept
+    tokenizers = tokenizers_from(checkpoint) if checkpoint else None
+    src_tok, tgt_tok, corpus = training_data(cfg, tokenizers, world)
+    valid_total = len(corpus.valid_src)
+    corpus = valid_subset(corpus, t.valid_max_sentences, t.seed)
+
+    state = build_state(cfg, (src_tok, tgt_tok), corpus.shards, precision, device, world, init)
+    if last:
+        state.restore(last)
+    speed.choose_kernels(state.model, cfg, state.progress, device, dtype, world)
+    if world.is_main:  # created only once the config, data and last.pt are known to be good
+        state.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, Path(t.out_dir) / "config.yaml")
+
+    objective = SmoothedObjective(state.model, t.label_smoothing)
+    step = UpdateStep(
+        objective, state.optimizer, state.scaler, state.ema, t.clip_norm, world, dtype
+    )
+    signals = StopSignals(abandon=state.writer.abandon)
+    last_pt = state.ckpt_dir / "last.pt"
+    skips = SkipRule(t.max_nonfinite, state.scaler, last_pt, settle=state.writer.wait)
+    agreement = RankAgreement(world, device)  # under torchrun: the ranks' stops
+    return Trainer(
+        state, corpus, valid_total, precision, step, signals, skips, agreement,
+        monitor or QuietMonitor(), began, clock, resumed=last is not None,
+    )  # fmt: skip
 
 
 def starting_point(
@@ -196,132 +273,3 @@ def make_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimi
 def make_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
     """fp16's loss scaler (None in other precisions)."""
     return torch.amp.GradScaler(device.type) if precision == "fp16" else None
-
-
-def log_start(
-    runlog: RunLog, state: TrainState, corpus: Corpus, precision: str, resumed: bool
-) -> None:
-    """The start-up lines: the model and device, the data kept, the vocabulary and batching,
-    where the weights come from; the hyper-parameters to TensorBoard."""
-    cfg, stats, (src_tok, tgt_tok) = state.cfg, corpus.stats, state.tokenizers
-    params = parameter_count(state.model)
-    threads = torch.get_num_threads() if state.device.type == "cpu" else None
-    stream = cfg.train.bf16_stream
-    notes = {  # said after the precision where they hold
-        ", float32 products through oneDNN": state.progress.matmul_backend == "onednn",
-        ", bf16 residual stream": stream and precision == "bf16",
-        " (train.bf16_stream: no effect outside bf16)": stream and precision != "bf16",
-    }
-    log.info(
-        "attn-mt: %s, %s parameters, device %s%s, precision %s, %d process(es)",
-        cfg.data.in_words(),
-        f"{params:,}",
-        state.device,
-        f" ({threads} threads)" if threads else "",
-        precision + "".join(note for note, holds in notes.items() if holds),
-        state.world.size,
-    )
-    log.info(
-        "data: %d training pairs kept, %s; %d validation pairs",
-        stats.kept,
-        stats.describe(),
-        len(corpus.valid_src),
-    )
-    for line in corpus.describe():  # each training corpus: what its rules dropped, its share
-        log.info("data: %s", line)
-    if cfg.data.augment.any():  # changed in the shards, the same way every epoch
-        shares = dataclasses.asdict(cfg.data.augment)
-        log.info(
-            "data: pairs changed as data.augment says (drawn from train.seed %d): %s",
-            cfg.train.seed,
-            ", ".join(f"{key} {100 * share:g}%" for key, share in shares.items() if share),
-        )
-    log.info(
-        "vocabulary: %s SentencePiece %s, %d / %d pieces; %s",
-        "joint" if src_tok is tgt_tok else "separate",
-        cfg.tokenizer.model_type,
-        src_tok.vocab_size,
-        tgt_tok.vocab_size,
-        state.source.describe(),
-    )
-    if cfg.train.init_from and not resumed:
-        log.info("weights and SentencePiece models from %s; a new run", cfg.train.init_from)
-    if state.ema:
-        log.info("weight EMA, decay %g: validation and best.pt use the average", state.ema.decay)
-    if resumed:
-        position = state.source.state_dict()
-        log.info(
-            "resumed at step %d (epoch %d, batch %d)",
-            state.progress.step,
-            position["epoch"],
-            position["index"],
-        )
-    runlog.hparams(cfg, params)
-
-
-class OutOfMemory(UserError):
-    """The GPU ran out of memory: the batch is too large for it."""
-
-
-@contextlib.contextmanager
-def out_of_memory_hint(t: TrainConfig) -> Iterator[None]:
-    """Turn torch's OutOfMemoryError into one line naming train.batch_tokens."""
-    try:
-        yield
-    except torch.OutOfMemoryError as err:
-        said = str(err).strip().split(". ")[0][:160]
-        raise OutOfMemory(
-            f"out of GPU memory ({said}); lower train.batch_tokens (now {t.batch_tokens}) and "
-            f"raise train.accumulate (now {t.accumulate}) to keep the tokens per update, or "
-            "train in bf16"
-        ) from None
-
-
-def worst_rows(source: ShardBatches) -> np.ndarray:
-    """The rows of this process's batch of the current epoch with the most padded target
-    positions, ties broken by padded source positions: its activations, kept for the backward
-    over every layer, are the largest tensors of an update (the loss makes no (B, T, V)
-    logits: `projected_loss` in model/loss.py)."""
-    lengths = source.shards.lengths  # (N, 2) source, target tokens without <eos>
-
-    def padded(rows: np.ndarray) -> tuple[int, int]:
-        widths = lengths[rows].max(axis=0) + 1  # + <eos> (or <bos>)
-        return len(rows) * int(widths[1]), len(rows) * int(widths[0])
-
-    return max(source.batches, key=padded)
-
-
-def worst_batch(source: ShardBatches) -> Batch:
-    """The batch of `worst_rows`, as training would see it (without subword sampling)."""
-    return collate(source.shards.src, source.shards.tgt, worst_rows(source))
-
-
-def probe(
-    model: Transformer, batch: Batch, dtype: torch.dtype | None, label_smoothing: float
-) -> None:
-    """One forward and backward of `batch`, its gradients dropped and the RNG left as it was,
-    so training is the same bit for bit with or without it."""
-    device = next(model.parameters()).device
-    objective = SmoothedObjective(model, label_smoothing)
-    with fork_rng(device):
-        loss, _ = Forward(objective, objective, dtype)(batch)
-        loss.backward()
-    model.zero_grad(set_to_none=True)
-
-
-def probe_largest_batch(
-    model: Transformer, source: ShardBatches, dtype: torch.dtype | None, label_smoothing: float
-) -> None:
-    """On a GPU: `probe` this process's largest batch, so a batch too large for the GPU fails
-    at start-up rather than hours in, and log its peak memory; nothing on the CPU."""
-    device = next(model.parameters()).device
-    if device.type != "cuda":
-        return
-    batch = worst_batch(source)
-    probe(model, batch.to(device), dtype, label_smoothing)
-    log.info(
-        "largest batch (%d x %d target positions): peak GPU memory %.2f GiB "
-        "(the optimizer's state, twice the weights, comes on top at the first update)",
-        *batch.tgt_out.shape,
-        peak_gib(device),
-    )
