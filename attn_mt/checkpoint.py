@@ -33,8 +33,9 @@ from attn_mt.config.file import config_from_dict
 from attn_mt.config.schema import Config
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import CheckpointError, ConfigError
-from attn_mt.fileio import atomic_write, os_reason, resolve_checkpoint
+from attn_mt.fileio import atomic_write, os_reason
 from attn_mt.model.transformer import Transformer, build_model
+from attn_mt.paths import resolve_checkpoint
 
 FORMAT = "attn-mt/1"
 REQUIRED_KEYS = ("format", "model", "config", "step", "tokenizers")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attn_mt.errors import DataError, UserError, named
-from attn_mt.fileio import resolve_checkpoint
+from attn_mt.paths import resolve_checkpoint
 from attn_mt.scores import DEFAULT_METRICS, METRICS, build_metrics, check_metrics
 
 if TYPE_CHECKING:

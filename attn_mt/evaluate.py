@@ -87,7 +87,8 @@ def evaluate_split(
     """
     from attn_mt.data.corpora import split_files
     from attn_mt.data.text import read_parallel
-    from attn_mt.fileio import check_output_file, write_output
+    from attn_mt.fileio import write_output
+    from attn_mt.paths import check_output_file
 
     src, ref = (None if src is None else Path(src)), (None if ref is None else Path(ref))
     check_evaluation_files(split, src, ref, pair, tgt_lang)

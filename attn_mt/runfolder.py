@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from attn_mt.errors import UserError
-from attn_mt.fileio import os_reason, writable, writable_dir
+from attn_mt.fileio import os_reason
+from attn_mt.paths import writable, writable_dir
 
 LOCK_NAME = ".lock"
 # What a run writes into its folder (README.md, "Train"); removed again when the run fails
@@ -57,7 +58,7 @@ def lock_run_folder(out_dir: str | Path) -> Iterator[None]:
 def check_run_start(out_dir: str | Path, resume: bool) -> None:
     """Refuse what the run folder alone rules out: overwriting a run, a folder that holds part
     of one (`_unfinished`), nothing to resume, a folder (or a resumed run's log) not writable.
-    Whether last.pt fits the config is checked where it is read (train/start.py)."""
+    Whether last.pt fits the config is checked where it is read (train/setup.py)."""
     out = Path(out_dir)
     last = out / "checkpoints" / "last.pt"
     if not last.is_file() and (why := _unfinished(out)):  # neither resumable nor ours to replace

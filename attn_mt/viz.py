@@ -17,7 +17,8 @@ from matplotlib.figure import Figure
 
 from attn_mt.checkpoint import load_checkpoint, model_from
 from attn_mt.data.batching import source_batch
-from attn_mt.decode.translator import Translator, load
+from attn_mt.decode.load import load
+from attn_mt.decode.translator import Translator
 from attn_mt.errors import UserError
 from attn_mt.fileio import atomic_write
 from attn_mt.model.attention import record_attention

@@ -28,10 +28,12 @@ from attn_mt.data.batching import Batch
 from attn_mt.decode.generate import StepDecoder, generate, max_output_lengths
 from attn_mt.decode.search import Beam, Greedy
 from attn_mt.model.attention import causal_mask
-from attn_mt.model.transformer import LayerSpec, Transformer, build_model
+from attn_mt.model.layers import LayerSpec
+from attn_mt.model.transformer import Transformer, build_model
 from attn_mt.model.vocab import BOS_ID, PAD_ID
 from attn_mt.precision import DTYPES, autocast_context, configure_kernels, resolve_precision
 from attn_mt.train import loop
+from attn_mt.train.setup import setup
 from bench.common import ROOT
 from bench.steps import trainer_step, trainer_updates
 
@@ -335,9 +337,7 @@ def read_later(ctx: Context) -> Figures:
         out = ctx.out / "runs" / f"read-{mode.replace(' ', '-')}"
         sets = (*BASE, "train.max_steps=300", "train.log_every=100", "train.eval_every=1000",
                 f"train.out_dir={out}")  # fmt: skip
-        trainer = loop.Trainer(
-            load_config(CONFIGS / "multi30k_de_en_gpu.yaml", sets), device=ctx.device
-        )
+        trainer = setup(load_config(CONFIGS / "multi30k_de_en_gpu.yaml", sets), device=ctx.device)
         read = (lambda *args: True) if mode == "at once" else loop.read_at_once
         with mock.patch.object(loop, "read_at_once", read):
             trainer.run()

@@ -146,7 +146,7 @@ def batch_speed(config: Path, cache: Path) -> dict[str, float]:
     import torch
 
     from attn_mt.config.file import load_config
-    from attn_mt.data.batching import ShardBatches
+    from attn_mt.data.epochs import ShardBatches
     from attn_mt.data.prepare import prepare_shards
     from attn_mt.model.transformer import build_model
     from attn_mt.precision import resolve_precision

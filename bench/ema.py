@@ -26,7 +26,7 @@ from attn_mt.data.batching import Batch
 from attn_mt.model.transformer import build_model
 from attn_mt.model.vocab import EOS_ID
 from attn_mt.precision import resolve_precision
-from attn_mt.train.start import make_optimizer
+from attn_mt.train.setup import make_optimizer
 from attn_mt.train.state import WeightEMA
 from bench.common import DEFAULT_CONFIG, timed_window
 from bench.steps import trainer_step, trainer_updates

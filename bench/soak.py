@@ -36,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 from attn_mt.config.file import config_from_dict, load_config
 from attn_mt.precision import resolve_device
 from attn_mt.train.loop import Trainer
-from attn_mt.train.start import make_optimizer
+from attn_mt.train.setup import make_optimizer, setup
 from bench.common import DEFAULT_CONFIG, hardware_name, sync, timed_window
 from bench.reference import Reference
 from bench.steps import PlainStep
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         raw = load_config(args.config, args.set).to_dict()
         raw["train"].update(out_dir=str(out), max_minutes=args.minutes, max_steps=args.steps)
         cfg = config_from_dict(raw)
-        trainer = Trainer(cfg, device=resolve_device("auto"))
+        trainer = setup(cfg, device=resolve_device("auto"))
         out.mkdir(parents=True, exist_ok=True)
         soak = Soak(trainer, args, out)
         hardware = hardware_name(trainer.device)

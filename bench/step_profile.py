@@ -64,7 +64,7 @@ from attn_mt.model import loss as model_loss
 from attn_mt.model.transformer import build_model
 from attn_mt.precision import DTYPES, configure_kernels, inductor_options, set_cuda_environment
 from attn_mt.train.loop import UpdateStep
-from attn_mt.train.start import make_optimizer
+from attn_mt.train.setup import make_optimizer
 from bench.common import (
     DEFAULT_CONFIG,
     ROOT,

@@ -32,7 +32,7 @@ from attn_mt.model.transformer import Transformer
 from attn_mt.precision import DTYPES, autocast_context, inductor_options
 from attn_mt.train import speed
 from attn_mt.train.loop import UpdateStep
-from attn_mt.train.start import make_optimizer, make_scaler
+from attn_mt.train.setup import make_optimizer, make_scaler
 from attn_mt.train.state import WeightEMA
 from attn_mt.world import World
 

@@ -55,7 +55,7 @@ from attn_mt.data.corpus import training_data
 from attn_mt.kernels import packing_available, route_through_onednn
 from attn_mt.model.transformer import Transformer, build_model
 from attn_mt.precision import DTYPES, configure_kernels, set_cuda_environment
-from attn_mt.train.start import make_optimizer
+from attn_mt.train.setup import make_optimizer
 from bench import train_wmt
 from bench.common import (
     DEFAULT_CONFIG,

@@ -18,7 +18,7 @@ from attn_mt.config.schema import Config
 from attn_mt.data.batching import Batch
 from attn_mt.model.transformer import Transformer, build_model
 from attn_mt.precision import DTYPES
-from attn_mt.train.start import make_optimizer
+from attn_mt.train.setup import make_optimizer
 from bench.common import (
     compiled_graphs,
     matmul_peak,

@@ -96,7 +96,7 @@ def scripted_validation(monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture(scope="session")
 def trained_run(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run folder with a toy model trained to a high BLEU (shared by many tests; read-only)."""
-    from attn_mt.train.loop import train
+    from attn_mt.train.setup import train
 
     out = tmp_path_factory.mktemp("trained") / "run"
     raw = toy_config_dict(toy_data, out, max_steps=400, eval_every=200, keep_checkpoints=2)

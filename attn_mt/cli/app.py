@@ -1,10 +1,10 @@
 """The Typer app, its root options, logging and `main`: the one place a `UserError` raised
 anywhere below is printed, as one line on stderr with exit code 2; tracebacks are for bugs only.
 
-The commands live in `attn_mt.cli.train` (train, prepare, data), `attn_mt.cli.decode`
-(translate), `attn_mt.cli.evaluate` (evaluate, compare) and the other modules of `attn_mt.cli`;
-importing `attn_mt.cli` registers them.
-They import torch inside their bodies: `attn-mt --help` must stay fast.
+Each command lives in the module named after it (`attn_mt.cli.translate`; `data fetch` and
+`data info` in `attn_mt.cli.data`); importing `attn_mt.cli` registers them. They share only
+this module, `options` and `progress`, and import torch inside their bodies: `attn-mt --help`
+must stay fast.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import logging
 import re
+import signal
 import sys
 import warnings
 from typing import Annotated, TextIO
@@ -123,7 +124,7 @@ def main() -> None:
     except PermissionError as err:  # a path in a folder the user cannot enter, wherever met
         if err.filename is None:
             raise
-        from attn_mt.fileio import denied
+        from attn_mt.paths import denied
 
         print(f"attn-mt: error: {one_line(denied(err))}", file=sys.stderr)
         sys.exit(2)
@@ -132,6 +133,13 @@ def main() -> None:
         sys.exit(130)
     if isinstance(code, int) and code:  # typer.Exit(N) returns its code here
         sys.exit(code)
+
+
+def exit_on_signal(stop_signal: str | None) -> None:
+    """A run stopped by a signal (SIGINT, SIGTERM) ends the command with the shell's status
+    for it, 128 + the signal's number."""
+    if stop_signal is not None:
+        raise typer.Exit(128 + signal.Signals[stop_signal].value)
 
 
 def usage_error(err: click.ClickException, argv: list[str]) -> str:

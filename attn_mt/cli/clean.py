@@ -52,7 +52,7 @@ def clean(
     from attn_mt.data.cleaning import clean_corpora, kept_files
     from attn_mt.data.corpora import train_corpora
     from attn_mt.data.pool import worker_count
-    from attn_mt.fileio import check_output_dir, check_output_file
+    from attn_mt.paths import check_output_dir, check_output_file
 
     corpora = train_corpora(cfg.data)
     inputs = [

@@ -1,13 +1,10 @@
-"""The scoring commands: `evaluate` (translate, then score against references) and `compare`
-(systems against a baseline: scores, confidence intervals, paired tests; docs/evaluation.md).
-
-Thin wrappers over `attn_mt.evaluate` and `attn_mt.compare`; the paths and metrics given are
-checked before torch is imported.
+"""`attn-mt evaluate`: translate a split (or files), then score it against the references:
+a thin wrapper over `attn_mt.evaluate`; the paths and metrics given are checked before torch is
+imported.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import sys
 from pathlib import Path
@@ -16,12 +13,13 @@ from typing import Annotated
 import typer
 
 from attn_mt.cli.app import app
-from attn_mt.cli.decode import load_translator
 from attn_mt.cli.options import (
     BeamOption,
+    CometModelOption,
     DecodeSetOption,
     DeviceOption,
     LengthPenaltyOption,
+    MetricsOption,
     ModelsOption,
     Precision,
     PrecisionOption,
@@ -33,33 +31,6 @@ from attn_mt.cli.options import (
     decode_settings,
 )
 from attn_mt.scores import parse_metrics
-
-
-class Paired(str, enum.Enum):
-    """sacreBLEU's paired tests: bootstrap resampling or approximate randomization."""
-
-    bs = "bs"
-    ar = "ar"
-
-
-MetricsOption = Annotated[
-    str,
-    typer.Option(
-        "--metrics",
-        metavar="LIST",
-        help="Comma-separated: bleu, chrf, chrf++, ter, comet (sacreBLEU's, each with its "
-        "signature; comet with --comet-model).",
-    ),
-]
-CometModelOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--comet-model",
-        metavar="PATH",
-        help="A COMET model on this machine (its folder or .ckpt; nothing is downloaded), for "
-        "--metrics comet; needs pip install 'attn-mt[comet]'.",
-    ),
-]
 
 
 @app.command(epilog="Example: attn-mt evaluate -m runs/multi30k_de_en --split test -b 5")
@@ -117,7 +88,7 @@ def evaluate(
     """Translate a split (or --src/--ref files) and print its scores (sacreBLEU BLEU and chrF,
     or --metrics) with their signatures."""
     from attn_mt.evaluate import check_evaluation_files, evaluate_split
-    from attn_mt.fileio import check_output_file, resolve_checkpoint
+    from attn_mt.paths import check_output_file, resolve_checkpoint
     from attn_mt.scores import check_metrics
 
     for path in model:
@@ -129,10 +100,17 @@ def evaluate(
         inputs = [("--model", resolve_checkpoint(path)) for path in model]
         check_output_file(out, inputs=[*inputs, ("--src", src), ("--ref", ref)])
     decode = decode_settings(set_, beam, length_penalty)
+    import attn_mt  # torch: only once the arguments are known to be good
     from attn_mt.cli import progress
 
-    # torch: only once the arguments are known to be good
-    translator = load_translator(model, device, precision, quantize, prepack, decode)
+    translator = attn_mt.load(
+        model,
+        device=device,
+        precision=precision.value,
+        quantize=quantize,
+        prepack=prepack.value_for_load,
+        decode=decode,
+    )
     result = evaluate_split(
         translator,
         split and split.value,
@@ -152,58 +130,3 @@ def evaluate(
         if result.off_target is not None:
             print(f"off-target {result.off_target:.1f}% (outputs not in the language asked for)")
         print(f"hypotheses: {result.hypotheses}", file=sys.stderr)
-
-
-@app.command(
-    epilog="Example: attn-mt compare --ref test.en base.hyp runs/multi30k_de_en --src test.de "
-    "--metrics bleu,chrf,chrf++"
-)
-def compare(
-    systems: Annotated[
-        list[Path],
-        typer.Argument(
-            metavar="SYSTEM",
-            help="Hypothesis files, run folders or .pt files (which translate --src); the "
-            "first is the baseline.",
-            show_default=False,
-        ),
-    ],
-    ref: Annotated[Path, typer.Option("--ref", metavar="FILE", help="The reference translations.")],
-    src: Annotated[
-        Path | None,
-        typer.Option("--src", metavar="FILE", help="The sources (for a model, or COMET)."),
-    ] = None,
-    metrics: MetricsOption = "bleu,chrf",
-    paired: Annotated[
-        Paired,
-        typer.Option(
-            "--paired",
-            metavar="bs|ar",
-            help="sacreBLEU's paired test: bootstrap resampling (1,000 resamples) or "
-            "approximate randomization (10,000 trials).",
-        ),
-    ] = Paired.bs,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object instead of the table.")
-    ] = False,
-    beam: BeamOption = None,
-    comet_model: CometModelOption = None,
-    device: DeviceOption = "auto",
-) -> None:
-    """Compare systems with the first, the baseline: per metric the score, its 95% confidence
-    interval and the p-value of the difference, by sacreBLEU's paired tests."""
-    from attn_mt.cli import progress
-    from attn_mt.compare import compare_files
-
-    result = compare_files(
-        systems,
-        ref,
-        src,
-        parse_metrics(metrics),
-        paired.value,
-        beam=beam,
-        device=device,
-        progress=lambda total: progress.sentences(total, "translate"),
-        comet_model=comet_model,
-    )
-    print(json.dumps(result.to_dict()) if as_json else result.table())

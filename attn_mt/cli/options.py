@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -36,13 +36,6 @@ class Split(str, enum.Enum):
 
     valid = "valid"
     test = "test"
-
-
-class NbestFormat(str, enum.Enum):
-    """How `translate --nbest` writes its entries."""
-
-    tsv = "tsv"  # score<TAB>text lines, a blank line after each input line
-    marian = "marian"  # `id ||| text ||| score` lines (Marian, Moses, fairseq), id from 0
 
 
 class ExportFormat(str, enum.Enum):
@@ -77,23 +70,22 @@ DeviceOption = Annotated[
         help="Where to run (auto = CUDA when present).",
     ),
 ]
+MODEL_HELP = "A run folder (uses checkpoints/best.pt) or a .pt checkpoint"
+
+
+def model_option(more: str = ".") -> Any:
+    """The `--model PATH` option (`-m`), its help `MODEL_HELP` followed by `more`."""
+    return typer.Option("--model", "-m", metavar="PATH", help=MODEL_HELP + more)
+
+
 ModelOption = Annotated[  # a list, so that a second --model is refused (`one_model`), not taken
-    list[Path],
-    typer.Option(
-        "--model",
-        "-m",
-        metavar="PATH",
-        help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint.",
-    ),
+    list[Path], model_option()
 ]
 ModelsOption = Annotated[
     list[Path],
-    typer.Option(
-        "--model",
-        "-m",
-        metavar="PATH",
-        help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint; give it more than "
-        "once to decode with the ensemble (models of one vocabulary, log-probabilities averaged).",
+    model_option(
+        "; give it more than once to decode with the ensemble (models of one vocabulary, "
+        "log-probabilities averaged)."
     ),
 ]
 PrecisionOption = Annotated[
@@ -134,6 +126,25 @@ PrepackOption = Annotated[
         metavar="auto|on|off",
         help="float32 on the CPU: prepack the linear layers for oneDNN (auto = where a "
         "product timed at load runs clearly faster packed; off saves the kernels' memory).",
+    ),
+]
+# The scores `evaluate` and `compare` print.
+MetricsOption = Annotated[
+    str,
+    typer.Option(
+        "--metrics",
+        metavar="LIST",
+        help="Comma-separated: bleu, chrf, chrf++, ter, comet (sacreBLEU's, each with its "
+        "signature; comet with --comet-model).",
+    ),
+]
+CometModelOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--comet-model",
+        metavar="PATH",
+        help="A COMET model on this machine (its folder or .ckpt; nothing is downloaded), for "
+        "--metrics comet; needs pip install 'attn-mt[comet]'.",
     ),
 ]
 # The search options `translate`, `evaluate` and `export` share: `decode_settings` turns them

@@ -11,8 +11,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -28,6 +27,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.text import Text
+
+from attn_mt.jobs.pace import Pace
+from attn_mt.train.clock import clock
 
 
 def on_terminal() -> bool:
@@ -62,61 +64,6 @@ def _sentence_columns(label: str) -> tuple[ProgressColumn, ...]:
     )
 
 
-@dataclass
-class Pace:
-    """How fast a long decoding goes and when it ends, from all it has done since it began:
-    not from a window of the last seconds, which jumps, as each chunk's lines are searched
-    shortest first (a fast start, a slow end). The time left weighs each line by its length
-    (`read`): the lines read and not yet done by theirs, the lines not yet read by the mean of
-    those read; lines never `read` weigh one each."""
-
-    total: int | None
-    clock: Callable[[], float] = time.monotonic
-    start: float = field(init=False)
-    lines_read: int = 0
-    weight_read: int = 0
-    lines_done: int = 0
-    weight_done: int = 0
-    on_change: Callable[[], None] = lambda: None  # a display's redraw
-
-    def __post_init__(self) -> None:
-        self.start = self.clock()
-
-    def read(self, lines: Sequence[str]) -> None:
-        """`lines` are read (a chunk), to be done."""
-        self.lines_read += len(lines)
-        self.weight_read += sum(map(weight, lines))
-
-    def finished(self, lines: int, weight: int | None = None) -> None:
-        """`lines` more are done, of `weight` in all (default: one a line)."""
-        self.lines_done += lines
-        self.weight_done += lines if weight is None else weight
-        self.on_change()
-
-    @property
-    def rate(self) -> float | None:
-        """Lines a second since the start; None before the first."""
-        elapsed = self.clock() - self.start
-        return self.lines_done / elapsed if self.lines_done and elapsed > 0 else None
-
-    @property
-    def remaining(self) -> float | None:
-        """Seconds left at the pace so far; None before the first line or without a total."""
-        if self.total is None or not self.weight_done:
-            return None
-        if self.lines_read:
-            mean = self.weight_read / self.lines_read
-            left = self.weight_read - self.weight_done + (self.total - self.lines_read) * mean
-        else:
-            left = self.total - self.weight_done
-        return max(left, 0) * (self.clock() - self.start) / self.weight_done
-
-
-def weight(line: str) -> int:
-    """A line's share of the work: its characters, and one for the line."""
-    return len(line) + 1
-
-
 class PaceColumn(ProgressColumn):
     """`12.3 UNIT  0:42  ETA 1:05`: the task's `pace` (`Pace`), elapsed time, time left."""
 
@@ -128,16 +75,7 @@ class PaceColumn(ProgressColumn):
         pace: Pace = task.fields["pace"]
         rate, left = pace.rate, pace.remaining
         speed = f"{rate:,.1f} {self.unit}" if rate else f"? {self.unit}"
-        return Text(f"{speed}  {_clock(time.monotonic() - pace.start)}  ETA {_clock(left)}")
-
-
-def _clock(seconds: float | None) -> str:
-    """`1:02:03`, `2:03`, or `-:--` when not known."""
-    if seconds is None:
-        return "-:--"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+        return Text(f"{speed}  {clock(time.monotonic() - pace.start)}  ETA {clock(left, '-:--')}")
 
 
 @contextlib.contextmanager
@@ -220,8 +158,6 @@ class TrainingDisplay:
     def shown(self) -> str:
         """The training line with its elapsed time and ETA moved on by the time since it came
         (an update or a validation may take a while)."""
-        from attn_mt.train.runlog import clock  # the log line's format; torch is loaded here
-
         came, elapsed, eta = self.times
         since = self.now() - came
         left = None if eta is None else max(eta - since, 0.0)

@@ -32,6 +32,7 @@ from attn_mt.cli.options import (
     PrepackOption,
     QuantizeOption,
     decode_settings,
+    model_option,
 )
 from attn_mt.errors import UserError
 
@@ -48,13 +49,9 @@ MAX_WAIT_MS = 60_000  # a longer wait for company only holds requests
 def serve(
     model: Annotated[
         list[Path],
-        typer.Option(
-            "--model",
-            "-m",
-            metavar="PATH",
-            help="A run folder (uses checkpoints/best.pt) or a .pt checkpoint; give it more than "
-            "once to serve several: models of the same language pairs form an ensemble, models "
-            "of other pairs each answer their own.",
+        model_option(
+            "; give it more than once to serve several: models of the same language pairs "
+            "form an ensemble, models of other pairs each answer their own."
         ),
     ],
     host: Annotated[
@@ -107,7 +104,7 @@ def serve(
     ] = None,
 ) -> None:
     """Serve models over HTTP: POST /v1/translate, LibreTranslate's /translate, a page at /."""
-    from attn_mt.fileio import resolve_checkpoint
+    from attn_mt.paths import resolve_checkpoint
 
     for path in model:
         resolve_checkpoint(path)
@@ -116,13 +113,20 @@ def serve(
         raise UserError(f"--max-wait-ms {max_wait_ms:g}: give 0 to {MAX_WAIT_MS} milliseconds")
     api_key = _read_key(api_key_file)
     decode = decode_settings(set_)
-    from attn_mt.cli.decode import load_translator  # torch: once the arguments are good
+    import attn_mt  # torch: once the arguments are good
     from attn_mt.serve.app import create_app
     from attn_mt.serve.routing import load_routes
     from attn_mt.serve.service import Limits, Service
 
     def load(paths: list[Path]):
-        return load_translator(paths, device, precision, quantize, prepack, decode)
+        return attn_mt.load(
+            paths,
+            device=device,
+            precision=precision.value,
+            quantize=quantize,
+            prepack=prepack.value_for_load,
+            decode=decode,
+        )
 
     routes = load_routes(model, load)
     for route in routes:  # a multilingual model needs one of its languages

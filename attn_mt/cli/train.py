@@ -1,14 +1,13 @@
-"""The training-side commands: `train`, `prepare`, `data fetch` and `data info`."""
+"""`attn-mt train`: a run started from a config (or continued), through `train.run.start_run`."""
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from attn_mt.cli.app import app, data_app
+from attn_mt.cli.app import app, exit_on_signal
 from attn_mt.cli.options import ConfigSetOption, DeviceOption
 from attn_mt.errors import UserError
 
@@ -96,71 +95,4 @@ def train(
 
     with progress.training(enabled=main_process) as display:
         result = start_run(cfg, resume=resume, device=device, monitor=display)
-    if result.stop_signal is not None:  # the shell convention: 128 + the signal number
-        raise typer.Exit(128 + signal.Signals[result.stop_signal].value)
-
-
-@app.command(epilog="Example: attn-mt prepare -c configs/multi30k_de_en.yaml --workers 4")
-def prepare(
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", metavar="FILE", help="The YAML config file.")
-    ] = None,
-    set_: ConfigSetOption = None,
-    workers: Annotated[
-        int,
-        typer.Option("--workers", metavar="N", help="Encoding processes (0 = every core).", min=0),
-    ] = 0,
-) -> None:
-    """Encode the training corpora once into token shards (train does it too when needed)."""
-    from attn_mt.config.file import load_config
-
-    if config is None:
-        raise UserError("prepare: give --config FILE, the config whose training data to prepare")
-    cfg = load_config(config, set_ or [], training=False)  # it does not train: no budget needed
-    from attn_mt.data.prepare import prepare_shards, prepared_corpus_lines
-
-    prepare_shards(cfg, workers=workers, repair=True)
-    for line in prepared_corpus_lines(cfg):
-        print(line)
-
-
-@data_app.command("fetch", epilog="Example: attn-mt data fetch multi30k")
-def data_fetch(
-    name: Annotated[str, typer.Argument(metavar="NAME", help="Corpus name: multi30k.")],
-) -> None:
-    """Make a named corpus available locally ($ATTN_MT_DATA, the cache, or a download)."""
-    from attn_mt.data.corpora import fetch_corpus
-
-    for path in fetch_corpus(name):
-        print(path)
-
-
-@data_app.command("info", epilog="Example: attn-mt data info -c configs/multi30k_de_en.yaml")
-def data_info(
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            "-c",
-            metavar="FILE",
-            help="Show this config's training corpora and shares instead (and the named "
-            "corpus files only if it uses one).",
-        ),
-    ] = None,
-    set_: ConfigSetOption = None,
-) -> None:
-    """Show where named corpora are looked for and which files are present."""
-    from attn_mt.config.file import load_config
-    from attn_mt.data.corpora import corpus_info
-
-    if set_ and config is None:
-        raise UserError("data info: --set needs --config FILE")
-    cfg = load_config(config, set_ or [], training=False) if config is not None else None
-    if cfg is None or cfg.data.dataset is not None:  # the named corpora only where used
-        for line in corpus_info():
-            print(line)
-    if cfg is not None:
-        from attn_mt.data.prepare import prepared_corpus_lines
-
-        for line in prepared_corpus_lines(cfg):
-            print(line)
+    exit_on_signal(result.stop_signal)

@@ -25,8 +25,9 @@ import sentencepiece as spm
 
 from attn_mt.config.schema import TokenizerConfig
 from attn_mt.errors import ConfigError, UserError
-from attn_mt.fileio import atomic_write, os_reason, writable_dir
+from attn_mt.fileio import atomic_write, os_reason
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from attn_mt.paths import writable_dir
 
 # From this many sentences on, `Tokenizer.decode` makes SentencePiece's batch call (threads).
 BATCH_DECODE = 128

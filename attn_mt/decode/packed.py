@@ -34,7 +34,8 @@ from torch import nn
 from attn_mt.errors import UserError
 from attn_mt.kernels import onednn_wins, packing_available, remembered
 from attn_mt.model.attention import MultiHeadAttention
-from attn_mt.model.transformer import FeedForward, Transformer
+from attn_mt.model.layers import FeedForward
+from attn_mt.model.transformer import Transformer
 
 Model = TypeVar("Model", bound=nn.Module)
 

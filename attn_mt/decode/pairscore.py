@@ -23,7 +23,7 @@ import numpy as np
 
 from attn_mt.config.data import FilterConfig
 from attn_mt.decode.forced import score_lines
-from attn_mt.decode.translator import load
+from attn_mt.decode.load import load
 from attn_mt.errors import UserError
 
 BINS = 1000  # of the score histogram, on [0, 1]: quantiles to 0.001

@@ -1,12 +1,11 @@
-"""The translation API: `attn_mt.load(PATH)` -> Translator, `attn_mt.load([PATH, PATH])` -> a
-Translator over the ensemble; the CLI's `translate` and `evaluate` are thin wrappers over it, so
-a notebook gets exactly what the command line gets.
+"""The translation API: the `Translator` that `attn_mt.load` (`decode/load.py`) returns; the
+CLI's `translate` and `evaluate` are thin wrappers over it, so a notebook gets exactly what the
+command line gets.
 """
 
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,16 +13,9 @@ from typing import Any
 
 import torch
 
-from attn_mt.checkpoint import (
-    config_differences,
-    load_checkpoint,
-    model_from,
-    tokenizers_from,
-)
-from attn_mt.config.data import language_tag
-from attn_mt.config.file import config_from_dict
 from attn_mt.config.schema import Config
 from attn_mt.data.batching import length_batches, source_batch
+from attn_mt.data.ids import input_limit, language_prefix, source_ids
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decode.alignment import (
     Alignment,
@@ -34,25 +26,15 @@ from attn_mt.decode.alignment import (
 )
 from attn_mt.decode.controls import Controls, line_controls
 from attn_mt.decode.generate import Models, generate, max_output_lengths
-from attn_mt.decode.packed import linear_layers, pack, packing_pays
-from attn_mt.decode.packed import quantize as quantize_model
+from attn_mt.decode.packed import linear_layers
 from attn_mt.decode.request import Request
 from attn_mt.errors import LINE_BREAKS, UserError
-from attn_mt.fileio import resolve_checkpoint
 from attn_mt.model.transformer import Transformer, parameter_count
-from attn_mt.precision import (
-    DTYPES,
-    autocast_context,
-    avoid_cudnn_attention,
-    resolve_device,
-    resolve_precision,
-    set_tf32,
-)
+from attn_mt.precision import autocast_context
 
 # A run of line breaks in an output, written as one space: a caller that splits the output
 # either way gets one line per input line.
 _LINE_BREAKS = re.compile(f"[{re.escape(''.join(sorted(LINE_BREAKS)))}]+")
-LANGUAGE_KEYS = ("data.src_lang", "data.tgt_lang")
 
 
 @dataclass
@@ -96,8 +78,7 @@ class Translator:
     @property
     def max_input_len(self) -> int:
         """decode.max_input_len, within the positional table (the source gets one <eos>)."""
-        limit, positions = self.config.decode.max_input_len, self.max_output_len
-        return min(limit, positions - 1) if positions else limit
+        return input_limit(self.config.decode.max_input_len, self.max_output_len)
 
     @property
     def target_languages(self) -> list[str]:
@@ -107,24 +88,7 @@ class Translator:
     def language_prefix(self, tgt_lang: str | None) -> list[int]:
         """The ids put before each source to ask for `tgt_lang` (the `<2xx>` tag of a model of
         several target languages; none for one), checked against the model's languages."""
-        languages = self.target_languages
-        if not self.config.data.language_tags():
-            if tgt_lang is not None and tgt_lang != languages[0]:
-                raise UserError(
-                    f"--tgt-lang {tgt_lang}: this model translates into {languages[0]} only"
-                )
-            return []
-        if tgt_lang is None:
-            raise UserError(
-                "--tgt-lang: this multilingual model needs the language to translate into; "
-                f"its target languages: {', '.join(languages)}"
-            )
-        if tgt_lang not in languages:
-            raise UserError(
-                f"--tgt-lang {tgt_lang}: not a target language of this model; its target "
-                f"languages: {', '.join(languages)}"
-            )
-        return [self.src_tokenizer.sp.piece_to_id(language_tag(tgt_lang))]
+        return language_prefix(self.config.data, self.src_tokenizer, tgt_lang)
 
     def encode(
         self,
@@ -134,28 +98,17 @@ class Translator:
         warn: bool = True,
     ) -> list[list[int]]:
         """The source ids of each line as the model reads them (without the `<eos>` a batch
-        adds): the line stripped and segmented, its pieces cut to decode.max_input_len less
-        the tag, after the `<2xx>` tag of `tgt_lang` (`language_prefix`: a multilingual
-        model's, checked); a blank line gives []. The one way an input line becomes source
-        ids: translation, evaluation, scoring, attention, the server and the exports' checks
-        all come here.
+        adds), by the one rule of `attn_mt.data.ids.source_ids`: the line stripped and
+        segmented, its pieces cut to decode.max_input_len less the tag, after the `<2xx>` tag
+        of `tgt_lang` (`language_prefix`: a multilingual model's, checked); a blank line gives
+        []. Translation, evaluation, scoring, attention, the server and the exports' checks
+        all come here; validation builds its ids by the same rule.
 
         Each line cut is warned about, numbered from `first_line`; `warn=False` where the same
         lines are translated too (which warns), so that a line gets one warning.
         """
         prefix = self.language_prefix(tgt_lang)
-        ids = self.src_tokenizer.encode([line.strip() for line in lines])
-        limit = self.max_input_len - len(prefix)
-        for number, seq in enumerate(ids, start=first_line):
-            if len(seq) > limit:
-                if warn:
-                    warnings.warn(
-                        f"line {number}: {len(seq)} source tokens, truncated to {limit} "
-                        "(decode.max_input_len)",
-                        stacklevel=2,
-                    )
-                del seq[limit:]
-        return [[*prefix, *seq] if seq else seq for seq in ids]
+        return source_ids(self.src_tokenizer, lines, prefix, self.max_input_len, first_line, warn)
 
     def translate(self, lines: Sequence[str], beam: int | None = None, **options) -> list[str]:
         """One translation per input line, in order; empty lines give empty strings."""
@@ -303,95 +256,3 @@ def _one_line(text: str) -> str:
     """`text` without line breaks: a model may emit pieces that decode to \\n or \\r, and the
     output must keep one line per input line."""
     return _LINE_BREAKS.sub(" ", text)
-
-
-def load(
-    path: str | Path | Sequence[str | Path],
-    device: str | torch.device = "auto",
-    precision: str = "fp32",
-    quantize: str | None = None,
-    prepack: bool | str = "auto",
-    decode: dict[str, Any] | None = None,
-) -> Translator:
-    """Load a run folder (its checkpoints/best.pt) or a .pt file as a Translator; a list of them
-    as one Translator over the ensemble, which averages the models' log-probabilities at every
-    step (they must share the SentencePiece models and language pair; decode settings are the
-    first one's).
-
-    Args:
-        device: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N".
-        precision: "fp32", "bf16" or "fp16" autocast (fp16 on CUDA only), or "auto" (bf16 where
-            the device runs it natively).
-        quantize: "int8": int8 linear layers on the CPU, computing in float32 otherwise.
-        prepack: in float32 on the CPU, the linear layers prepacked for oneDNN (the same
-            function; much faster on some CPUs, slower on others): True, False, or "auto"
-            (pack where a product timed on this CPU at load runs clearly faster packed).
-        decode: decode.* settings over the checkpoint's, e.g. {"beam": 4}, checked as in a
-            config file.
-
-    fp32 on CUDA sets torch's TF32 switches (process-wide) as training did: on with the
-    (first) checkpoint's `train.tf32`, off with its `train.deterministic`.
-
-    Every check of these arguments is here, so the command line and a notebook meet the same
-    rules; they are named as the command-line options that set them.
-    """
-    device = resolve_device(device) if isinstance(device, str) else device
-    dtype = DTYPES[resolve_precision(precision, device, "--precision")]
-    if quantize is not None and dtype is not None:
-        raise UserError(f"--quantize {quantize} and --precision {precision} exclude each other")
-    if prepack not in (True, False, "auto"):
-        raise UserError(f"prepack={prepack!r}: must be True, False or 'auto'")
-    given = [path] if isinstance(path, (str, Path)) else list(path)
-    if not given:
-        raise UserError("load: give at least one checkpoint")
-    paths = [resolve_checkpoint(p) for p in given]
-    states = [load_checkpoint(p) for p in paths]
-    for other, state in zip(given[1:], states[1:], strict=True):
-        if why := _ensemble_mismatch(states[0], state):
-            raise UserError(f"{other} cannot join an ensemble with {given[0]}: {why}")
-    built = [model_from(s, p) for s, p in zip(states, given, strict=True)]
-    models: list[Transformer] = [m for m, _ in built]
-    configs = [c for _, c in built]
-    config = with_decode(configs[0], decode)
-    if device.type == "cuda":
-        avoid_cudnn_attention()  # each decoding step's new shape would cost cuDNN a new plan
-        if dtype is None:  # fp32: TF32 as the model trained
-            set_tf32(config.train.tf32 and not config.train.deterministic)
-    src_tok, tgt_tok = tokenizers_from(states[0], given[0])
-    parameters = parameter_count(models[0])  # before int8 or packed layers hold the weights
-    if quantize is not None:
-        models = [quantize_model(m, quantize, device) for m in models]
-    elif dtype is None and device.type == "cpu" and _packs(prepack, models[0]):
-        models = [pack(m) for m in models]
-    return Translator(list(models), config, src_tok, tgt_tok, device, dtype, paths, parameters)
-
-
-def _packs(prepack: bool | str, model: Transformer) -> bool:
-    """Whether `load` prepacks float32 CPU models: as told, or for "auto" as timed on this CPU
-    on a feed-forward block of the model's size (d_model -> d_ff -> d_model)."""
-    if prepack != "auto":
-        return bool(prepack)
-    first_ff = model.decoder_layers[0].ff.w_1
-    return packing_pays(first_ff.in_features, first_ff.out_features, torch.get_num_threads())
-
-
-def with_decode(config: Config, decode: dict[str, Any] | None) -> Config:
-    """`config` with the decode.* settings in `decode` over its own, checked as a config file
-    is (`{"beam": 0}` fails as `decode.beam: 0 is invalid`)."""
-    if not decode:
-        return config
-    raw = config.to_dict()
-    raw["decode"].update(decode)
-    return config_from_dict(raw)
-
-
-def _ensemble_mismatch(first: dict, other: dict) -> str | None:
-    """Why the checkpoint `other` cannot decode together with `first`, or None."""
-    if other["tokenizers"] != first["tokenizers"]:
-        return "their SentencePiece models differ (an ensemble needs one vocabulary)"
-    if keys := config_differences(first["config"], other["config"], LANGUAGE_KEYS):
-        return f"they translate different languages ({', '.join(keys)} differ)"
-    pairs = [c["config"].get("data", {}).get("pairs") or [] for c in (first, other)]
-    if pairs[0] != pairs[1]:  # a checkpoint from before data.pairs has none
-        return "they translate different directions (data.pairs differ)"
-    return None

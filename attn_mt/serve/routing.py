@@ -83,7 +83,7 @@ def checkpoint_directions(path: Path) -> list[Pair] | None:
     import torch
 
     from attn_mt.checkpoint import checkpoint_config
-    from attn_mt.fileio import resolve_checkpoint
+    from attn_mt.paths import resolve_checkpoint
 
     checkpoint = resolve_checkpoint(path)
     try:

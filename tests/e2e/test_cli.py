@@ -283,7 +283,8 @@ def test_version_and_short_help():
 
 def test_python_api_still_loads_lazily():
     import attn_mt
-    from attn_mt.decode.translator import Translator, load
+    from attn_mt.decode.load import load
+    from attn_mt.decode.translator import Translator
 
     assert attn_mt.load is load and attn_mt.Translator is Translator
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
@@ -362,7 +363,7 @@ def test_a_fifo_is_read_once_as_it_comes(tmp_path: Path, compressed: bool):
     import gzip
     import threading
 
-    from attn_mt.cli.io import input_file, line_chunks
+    from attn_mt.jobs.io import input_file, line_chunks
 
     fifo = tmp_path / "in"
     os.mkfifo(fifo)
@@ -420,8 +421,8 @@ def test_output_symlink_to_stdout_is_written_through(world: World, tmp_path: Pat
 
 
 def test_closed_standard_streams_are_one_line(monkeypatch: pytest.MonkeyPatch):
-    from attn_mt.cli import io
     from attn_mt.errors import UserError
+    from attn_mt.jobs import io
 
     monkeypatch.setattr(sys, "stdout", None)
     monkeypatch.setattr(sys, "stdin", None)

@@ -27,8 +27,8 @@ import yaml
 from helpers.clirun import assert_user_error
 from helpers.workspace import World, run_cli, tiny_config
 
-from attn_mt.cli import io
 from attn_mt.decode.translator import Translator
+from attn_mt.jobs import io
 
 LINES = 61  # the students' training pairs
 

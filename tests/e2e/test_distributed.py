@@ -7,6 +7,8 @@ end. Four torchrun launches are shared by the tests:
   `torchrun --no-python attn-mt train --resume` to the same end;
 - `one_epoch`: `torchrun -m attn_mt train` for one epoch without dropout, the twin of a single
   process that accumulates two batches per update.
+Every shipped config trains too, tiny and short: all but the WMT14 base preset in one launch
+(the worker runs each `attn-mt train` in turn), the base preset on two simulated machines.
 Every launch runs on the CPU (gloo): `attn-mt train` gets `--device cpu`, the worker pins it, as
 `auto` would pick CUDA on a machine with a GPU (one GPU for two ranks, or NCCL against gloo).
 """
@@ -28,7 +30,7 @@ import pytest
 import torch
 import yaml
 from helpers import REPO
-from helpers.ddp_worker import record_batches
+from helpers.ddp_worker import COMMAND_MARK, record_batches
 from helpers.toy import epoch_lists, toy_config_dict, toy_pairs, write_lines
 from helpers.workspace import run_cli
 
@@ -38,7 +40,7 @@ from attn_mt.config.file import config_from_dict, load_config
 from attn_mt.data.prepare import plan, prepare_shards
 from attn_mt.data.shards import MANIFEST
 from attn_mt.data.text import read_lines
-from attn_mt.train.loop import Trainer
+from attn_mt.train.setup import setup
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +64,7 @@ TRAIN = {
 }
 
 
-def torchrun(*args: str) -> subprocess.CompletedProcess:
+def torchrun(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     """`torchrun --standalone` (a free port on localhost) with `args`; output captured."""
     assert "train" not in args or args[-2:] == ON_CPU, "pin the device: auto picks a GPU"
     return subprocess.run(
@@ -71,7 +73,7 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
         env=torchrun_env(),
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
     )
 
 
@@ -302,7 +304,7 @@ def test_two_ranks_equal_one_rank_accumulating_two(data, folder, straight):
     raw = yaml.safe_load(config.read_text())
     raw["train"].update(out_dir=str(folder / "single"), accumulate=2, max_epochs=0)
     raw["train"]["max_steps"] = ddp["step"]
-    trainer = Trainer(config_from_dict(raw))
+    trainer = setup(config_from_dict(raw))
     taken = record_batches(trainer)
     initial = {name: value.clone() for name, value in trainer.model.state_dict().items()}
     trainer.run()
@@ -337,7 +339,7 @@ def test_ddp_run_resumes_in_one_process(straight, folder):
     shutil.copytree(straight[0], run)
     raw = yaml.safe_load((run / "config.yaml").read_text())
     raw["train"].update(out_dir=str(run), max_epochs=EPOCHS + 1)
-    result = Trainer(config_from_dict(raw), resume=True).run()
+    result = setup(config_from_dict(raw), resume=True).run()
     # The batch the two processes left over at the end of epoch 2, then all of epoch 3.
     assert result.step == STEPS + 1 + BATCHES
     assert "resuming a 2-process run with 1 processes" in (run / "train.log").read_text()
@@ -354,9 +356,12 @@ def test_a_user_error_on_rank_zero_stops_every_rank(data, folder):
     assert "Traceback" not in proc.stderr.split("attn-mt: error: ")[0]
 
 
-SHIPPED = sorted((REPO / "configs").glob("multi30k_*.yaml"))
+MULTI30K = sorted((REPO / "configs").glob("multi30k_*.yaml"))
+WMT_PRESETS = sorted((REPO / "configs").glob("wmt14_*.yaml"))
+TWO_MACHINES = "wmt14_en_de_base"  # the preset trained on two simulated machines
 # A shipped config as shipped (its schedule, time budget, validation and checkpoints) but for a
-# tiny model and a short budget (3 s of max_minutes, or 20 max_steps, whichever it sets).
+# tiny model, a short budget (3 s of max_minutes, or 20 max_steps, whichever it sets) and 2
+# validation sentences (a direction's), one for each rank to search.
 TINY_AND_SHORT = {
     "model.d_model": 32,
     "model.heads": 2,
@@ -365,60 +370,77 @@ TINY_AND_SHORT = {
     "model.d_ff": 64,
     "tokenizer.vocab_size": 400,
     "tokenizer.max_sentences": 4000,
-    "train.valid_max_sentences": 8,
+    "train.valid_max_sentences": 2,
     "train.eval_every": 10,
     "train.threads": 1,
 }
+# A WMT14 preset's updates: 6, a checkpoint kept at 3 and 6, the loss alone at 2 and 4. Not
+# compiled: Inductor's C++ build would take most of a minute here; compiled DDP is
+# tests/unit/train/test_compile.py's.
+WMT_SHORT = {
+    "train.max_steps": 6,
+    "train.eval_every": 3,
+    "train.valid_loss_every": 2,
+    "train.compile": "false",
+}
 
 
-def train_shipped(
-    config: Path, overrides: dict[str, Any], run: Path, machines: bool = False
-) -> str:
-    """`config` trained by two processes with `overrides` into `run`, its data prepared first,
-    as `attn-mt prepare` makes it (here in this process, which has torch imported already: the
-    budget counts start-up, and six corpora's took all of it on a loaded machine, a final
-    validation at step 0 and no update). `machines`: the two processes on two simulated
-    machines (`torchrun_machines`), the second of which prepares its own copy of the data.
-    Returns rank 0's stderr."""
-    overrides = {**overrides, "train.out_dir": run}
-    sets = [arg for k, v in overrides.items() for arg in ("--set", f"{k}={v}")]
-    settings = [f"{k}={v}" for k, v in overrides.items()]
-    cfg = load_config(config, settings, training=False)
-    prepare_shards(cfg, workers=1, repair=True)
-    args = ("-m", "attn_mt", "train", "--config", str(config), *sets, *ON_CPU)
-    if machines:
-        second = run.parent / "second-machine-cache"
-        procs = torchrun_machines(*args, caches=[os.environ["ATTN_MT_CACHE"], str(second)])
-        with mock.patch.dict(os.environ, {"ATTN_MT_CACHE": str(second)}):
-            assert (plan(cfg).folder / MANIFEST).is_file(), "the second machine prepared nothing"
-    else:
-        procs = [torchrun(*args)]
-    for proc in procs:
-        check(proc)
-        # A shipped config on the torch CI installs warns of nothing (torch 2.13 deprecated
-        # DDP's `broadcast_buffers` with a warning per rank).
-        assert "warning" not in proc.stderr.lower(), proc.stderr[-3000:]
-    proc = procs[0]
-    assert "is up to date" in proc.stderr, "the run prepared its data again"
-    steps = [line["step"] for line in train_lines(run)]
-    assert steps and steps[-1] >= 2, f"too few updates:\n{proc.stderr[-3000:]}"
-    assert (run / "checkpoints" / "best.pt").is_file()
-    return proc.stderr
-
-
-@pytest.mark.parametrize("shipped", SHIPPED, ids=lambda path: path.stem)
-def test_every_shipped_multi30k_config_trains_under_torchrun(shipped, tmp_path):
-    """Each shipped Multi30k config trains an epoch on two processes and finishes."""
-    if not os.environ.get("ATTN_MT_DATA"):
-        pytest.fail("set ATTN_MT_DATA to the folder holding multi30k/ (CI: ../shared/data)")
-    shipped_train = yaml.safe_load(shipped.read_text())["train"]
+def shipped_overrides(config: Path, wmt_like: dict[str, Path]) -> dict[str, Any]:
+    """The overrides that make `config` tiny and short: a Multi30k config keeps its kind of
+    budget; a WMT14 preset reads `wmt_like`'s files and makes 6 updates."""
+    if config in WMT_PRESETS:
+        files = {f"data.{split}.{side}": wmt_like[f"{name}.{lang}"]
+                 for split, name in (("train", "train"), ("valid", "newstest2013"),
+                                     ("test", "newstest2014"))
+                 for side, lang in (("src", "en"), ("tgt", "de"))}  # fmt: skip
+        return {**TINY_AND_SHORT, **files, **WMT_SHORT}
+    shipped_train = yaml.safe_load(config.read_text())["train"]
     budget = {"train.max_steps": 20} if shipped_train.get("max_steps") else {}
     if shipped_train.get("max_minutes"):
         budget["train.max_minutes"] = 0.05
-    train_shipped(shipped, {**TINY_AND_SHORT, **budget}, tmp_path / "run")
+    return {**TINY_AND_SHORT, **budget}
 
 
-WMT_PRESETS = sorted((REPO / "configs").glob("wmt14_*.yaml"))
+def prepared_train(config: Path, overrides: dict[str, Any], run: Path) -> list[str]:
+    """The `attn-mt train` arguments that train `config` with `overrides` into `run`, its data
+    prepared first, as `attn-mt prepare` makes it (here in this process, which has torch
+    imported already: the budget counts start-up, and six corpora's took all of it on a loaded
+    machine, a final validation at step 0 and no update)."""
+    settings = [f"{k}={v}" for k, v in {**overrides, "train.out_dir": run}.items()]
+    prepare_shards(load_config(config, settings, training=False), workers=1, repair=True)
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    return ["train", "--config", str(config), *sets, *ON_CPU]
+
+
+def check_quiet(proc: subprocess.CompletedProcess) -> None:
+    """A launch of shipped configs ended well and warned of nothing: on the torch CI installs
+    (torch 2.13 deprecated DDP's `broadcast_buffers` with a warning per rank)."""
+    check(proc)
+    assert "warning" not in proc.stderr.lower(), proc.stderr[-3000:]
+
+
+def check_trained(run: Path, stderr: str) -> None:
+    """The run read the data prepared for it (not preparing it again), made 2 updates or more
+    and kept its best checkpoint; `stderr`: rank 0's while it ran."""
+    assert "is up to date" in stderr, f"{run.name}: the run prepared its data again"
+    steps = [line["step"] for line in train_lines(run)]
+    assert steps and steps[-1] >= 2, f"{run.name}: too few updates:\n{stderr[-3000:]}"
+    assert (run / "checkpoints" / "best.pt").is_file(), run.name
+
+
+def check_average_and_evaluate(run: Path) -> None:
+    """A WMT14 preset's documented end: the kept step_N.pt averaged, the average evaluated on
+    the test set with the preset's beam."""
+    assert "(loss only)" in (run / "train.log").read_text(), run.name
+    kept = sorted((run / "checkpoints").glob("step_*.pt"))
+    assert [p.name for p in kept] == ["step_3.pt", "step_6.pt"], run.name
+    average = run / "avg.pt"
+    averaged = run_cli(["average", "--out", average, *kept], stdin=None, env={})
+    assert averaged.returncode == 0, averaged.stderr.decode()[-2000:]
+    scored = run_cli(["evaluate", "--model", average, "--split", "test", "--json"], None, {})
+    assert scored.returncode == 0, scored.stderr.decode()[-2000:]
+    score = json.loads(scored.stdout)
+    assert score["sentences"] == 20 and score["beam"] == 4, run.name  # the preset's beam
 
 
 @pytest.fixture(scope="module")
@@ -440,31 +462,49 @@ def wmt_like(folder: Path) -> dict[str, Path]:
     return files
 
 
-@pytest.mark.parametrize("preset", WMT_PRESETS, ids=lambda path: path.stem)
-def test_wmt14_presets_train_under_torchrun_average_and_evaluate(preset, wmt_like, tmp_path):
-    """Each WMT14 preset, as shipped (its batch, accumulation, schedule, loss-only checks,
-    validation subset and kept checkpoints) but for a tiny model, WMT-like files and 6
-    updates, trains on two processes (base's on two simulated machines, each preparing its
-    own data); then its documented end: the kept step_N.pt averaged and the average
-    evaluated on the test set."""
-    files = {f"data.{split}.{side}": wmt_like[f"{name}.{lang}"]
-             for split, name in (("train", "train"), ("valid", "newstest2013"),
-                                 ("test", "newstest2014"))
-             for side, lang in (("src", "en"), ("tgt", "de"))}  # fmt: skip
-    # Not compiled: Inductor's C++ build would take most of a minute here; compiled DDP is
-    # tests/unit/train/test_compile.py's.
-    short = {"train.max_steps": 6, "train.eval_every": 3, "train.valid_loss_every": 2,
-             "train.compile": "false"}  # fmt: skip
-    run = tmp_path / "run"
-    two_machines = preset.stem.endswith("_base")
-    stderr = train_shipped(preset, {**TINY_AND_SHORT, **files, **short}, run, two_machines)
-    assert "(loss only)" in (run / "train.log").read_text(), stderr[-3000:]
-    kept = sorted((run / "checkpoints").glob("step_*.pt"))
-    assert [p.name for p in kept] == ["step_3.pt", "step_6.pt"]
-    average = run / "avg.pt"
-    averaged = run_cli(["average", "--out", average, *kept], stdin=None, env={})
-    assert averaged.returncode == 0, averaged.stderr.decode()[-2000:]
-    scored = run_cli(["evaluate", "--model", average, "--split", "test", "--json"], None, {})
-    assert scored.returncode == 0, scored.stderr.decode()[-2000:]
-    score = json.loads(scored.stdout)
-    assert score["sentences"] == 20 and score["beam"] == 4  # the preset's beam
+def test_every_shipped_config_trains_under_torchrun(wmt_like, tmp_path):
+    """Each shipped Multi30k config and WMT14 preset (but the base preset, on two machines
+    below) trains on two processes and finishes; a WMT14 preset, as shipped (its batch,
+    accumulation, schedule, loss-only checks, validation subset and kept checkpoints) but for a
+    tiny model, WMT-like files and 6 updates, then reaches its documented end (the kept
+    checkpoints averaged, the average evaluated). One torchrun launch runs every
+    `attn-mt train` in turn (tests/helpers/ddp_worker.py --commands), each with its own process
+    group and run folder, as a launch of its own would: the two processes start, and import
+    torch, once instead of once a config."""
+    configs = [path for path in MULTI30K + WMT_PRESETS if path.stem != TWO_MACHINES]
+    commands = [
+        prepared_train(path, shipped_overrides(path, wmt_like), tmp_path / path.stem)
+        for path in configs
+    ]
+    listed = tmp_path / "commands.json"
+    listed.write_text(json.dumps(commands))
+    proc = torchrun(str(WORKER), "--commands", str(listed), timeout=600)
+    ran = proc.stderr.split(COMMAND_MARK)[1:]  # rank 0's stderr, command by command
+    if ran and proc.returncode:  # the config whose command failed
+        raise AssertionError(
+            f"{configs[len(ran) - 1].stem}: exit {proc.returncode}\n{ran[-1][-6000:]}"
+        )
+    check_quiet(proc)
+    assert len(ran) == len(configs), proc.stderr[-3000:]
+    for path, stderr in zip(configs, ran, strict=True):
+        check_trained(tmp_path / path.stem, stderr)
+        if path in WMT_PRESETS:
+            check_average_and_evaluate(tmp_path / path.stem)
+
+
+def test_wmt14_base_trains_on_two_machines_averages_and_evaluates(wmt_like, tmp_path):
+    """The WMT14 base preset, as the test above trains the others, on two simulated machines
+    (`torchrun_machines`), the second of which prepares its own copy of the data; then its
+    documented end."""
+    [preset] = [path for path in WMT_PRESETS if path.stem == TWO_MACHINES]
+    run, overrides = tmp_path / "run", shipped_overrides(preset, wmt_like)
+    args = ("-m", "attn_mt", *prepared_train(preset, overrides, run))
+    second = tmp_path / "second-machine-cache"
+    procs = torchrun_machines(*args, caches=[os.environ["ATTN_MT_CACHE"], str(second)])
+    for proc in procs:
+        check_quiet(proc)
+    cfg = load_config(preset, [f"{k}={v}" for k, v in overrides.items()], training=False)
+    with mock.patch.dict(os.environ, {"ATTN_MT_CACHE": str(second)}):
+        assert (plan(cfg).folder / MANIFEST).is_file(), "the second machine prepared nothing"
+    check_trained(run, procs[0].stderr)
+    check_average_and_evaluate(run)

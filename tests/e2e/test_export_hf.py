@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 import attn_mt
 from attn_mt.cli import app
 from attn_mt.errors import UserError
-from attn_mt.export.ct2 import longest_output
+from attn_mt.export.common import longest_output
 from attn_mt.export.hf import export_hf, model_permutation
 from attn_mt.export.hf_parity import LOGPROB_TOLERANCE
 from attn_mt.model.positions import sinusoidal_table
@@ -55,7 +55,7 @@ VARIANTS = {
 def quick_parity(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """The export's parity check on 4 sources instead of 12 (an untrained model's outputs run
     to the length limit, which makes every source slow)."""
-    from attn_mt.decode import hf_parity
+    from attn_mt.export import hf_parity
 
     monkeypatch.setattr(hf_parity, "PARITY_SOURCES", 4)
     return monkeypatch
@@ -182,7 +182,7 @@ def test_unsupported_model_is_refused(variant, tmp_path: Path, toy_data):
 
 def test_disagreeing_model_is_refused_and_nothing_written(tmp_path, toy_data, quick_parity):
     """One weight off in the map: the parity check refuses and no folder is left behind."""
-    from attn_mt.decode import export_hf as module
+    from attn_mt.export import hf as module
 
     checkpoint = random_checkpoint(tmp_path / "run", toy_data)
     mapped = module.hf_weights

@@ -24,7 +24,7 @@ import pytest
 from helpers.clirun import CLI, assert_user_error, child_env, snapshot, translate_args
 from helpers.workspace import Stdin, World, run_cli
 
-from attn_mt.cli import io
+from attn_mt.jobs import io
 
 BIN = Path(sys.executable).parent  # the virtualenv's torchrun
 # A blank line inside and one before the last, which has no newline after it.
@@ -123,8 +123,8 @@ def interrupted(world: World, folder: Path) -> list[Any]:
 
     real_fields = io.line_fields
     with (
-        mock.patch("attn_mt.cli.io.line_chunks", functools.partial(io.line_chunks, max_lines=2)),
-        mock.patch("attn_mt.cli.io.line_fields", second_chunk_stops),
+        mock.patch("attn_mt.jobs.io.line_chunks", functools.partial(io.line_chunks, max_lines=2)),
+        mock.patch("attn_mt.jobs.io.line_fields", second_chunk_stops),
     ):
         result = run_cli(translate_args(model(world), *args), Stdin(), {})
     assert result.returncode == 130, result.stderr.decode()

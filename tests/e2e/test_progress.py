@@ -105,8 +105,7 @@ def test_remaining_time_counts_the_run_to_its_end() -> None:
     """The ETA is of the run, not of its updates: start-up, the validations still due and
     the final one count; max_minutes keeps back the final validation's time."""
     from attn_mt.config.schema import TrainConfig
-    from attn_mt.train.budget import RunClock
-    from attn_mt.train.runlog import clock
+    from attn_mt.train.clock import RunClock, clock
 
     now = [20.0]  # 20 s of start-up, then 600 updates of 0.1 s and one validation of 30 s
     run = RunClock(start=0.0, first_step=0, now=lambda: now[0])  # training began at 20 s
@@ -199,7 +198,7 @@ class Recorder:
 def test_training_reports_to_its_monitor(toy_config, caplog) -> None:
     """One line per update with the log line's labels, the last updates logged even short of
     log_every; validation progress of both phases on a subset."""
-    from attn_mt.train.loop import train
+    from attn_mt.train.setup import train
 
     recorder = Recorder()
     cfg = toy_config(max_steps=4, eval_every=2, log_every=3, valid_max_sentences=30)

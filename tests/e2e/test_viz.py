@@ -19,7 +19,7 @@ from attn_mt import viz
 from attn_mt.errors import UserError
 from attn_mt.model.positions import sinusoidal_table
 from attn_mt.train import validate
-from attn_mt.train.loop import train
+from attn_mt.train.setup import train
 
 SENTENCE = "qb qd qf qg qh"
 

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from attn_mt import distributed
 from attn_mt.config.file import load_config
 from attn_mt.train import speed
-from attn_mt.train.loop import Trainer
+from attn_mt.train.setup import setup
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
     with distributed.process_group(torch.device("cpu")) as (world, device):
         for name, config in (("eager", eager), ("compiled", compiled)):
             calls.clear()
-            trainer = Trainer(load_config(config, []), world, device)
+            trainer = setup(load_config(config, []), world, device)
             result = trainer.run()
             compiled_module = isinstance(trained_with.pop(), torch._dynamo.OptimizedModule)
             torch.save(

@@ -13,7 +13,8 @@ from attn_mt.config.file import config_from_dict
 from attn_mt.data.batching import pad_sequences
 from attn_mt.data.tokenizer import train_tokenizer
 from attn_mt.decode.generate import Hypothesis
-from attn_mt.model.transformer import LayerSpec, Transformer, build_model
+from attn_mt.model.layers import LayerSpec
+from attn_mt.model.transformer import Transformer, build_model
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
 from helpers.toy import toy_config_dict, toy_pairs
 

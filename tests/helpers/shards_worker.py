@@ -17,7 +17,7 @@ import torch
 from attn_mt import distributed
 from attn_mt.config.file import load_config
 from attn_mt.data import shardwriter
-from attn_mt.data.batching import ShardBatches
+from attn_mt.data.epochs import ShardBatches
 from attn_mt.data.prepare import shards_for_run
 
 

@@ -17,9 +17,10 @@ import torch
 
 from attn_mt.config.file import config_from_dict
 from attn_mt.config.schema import Config
-from attn_mt.data.batching import epoch_order
-from attn_mt.train.loop import Trainer, TrainResult
+from attn_mt.data.epochs import epoch_order
+from attn_mt.train.loop import TrainResult
 from attn_mt.train.runlog import Validation
+from attn_mt.train.setup import setup
 from attn_mt.train.validate import Validator
 
 SRC_WORDS = [f"q{w}" for w in "bcdfghjklmnprstvwz"]  # 18 source "words"
@@ -78,7 +79,7 @@ def assert_identical(a: Any, b: Any, where: str = "state") -> None:
 
 
 def epoch_lists(*args, **kwargs) -> list[list[int]]:
-    """`data.epoch_order` as lists of row indices, to compare with recorded batches."""
+    """`epochs.epoch_order` as lists of row indices, to compare with recorded batches."""
     return [rows.tolist() for rows in epoch_order(*args, **kwargs)]
 
 
@@ -143,7 +144,7 @@ def make_config(toy_data: dict[str, Path], out: Path, model: dict | None = None,
 
 
 def run(cfg: Config, resume: bool = False) -> TrainResult:
-    return Trainer(cfg, resume=resume).run()
+    return setup(cfg, resume=resume).run()
 
 
 def invoke(*args: str | Path):

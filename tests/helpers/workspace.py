@@ -78,7 +78,7 @@ def build_world() -> World:
     """The world, in a new folder outside pytest's temporary folders (their mode 0700 would shut
     NOBODY out); the caller removes `world.root`."""
     from attn_mt.config.file import config_from_dict
-    from attn_mt.train.loop import train
+    from attn_mt.train.setup import train
 
     root = Path(tempfile.mkdtemp(prefix="attn-mt-hostile-"))
     root.chmod(0o755)

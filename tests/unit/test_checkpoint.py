@@ -24,7 +24,7 @@ from attn_mt.checkpoint import (
 from attn_mt.config.schema import Config
 from attn_mt.errors import CheckpointError
 from attn_mt.export.ct2 import export_ctranslate2
-from attn_mt.train.loop import Trainer
+from attn_mt.train.setup import setup
 
 REAL_TORCH_SAVE = torch.save
 
@@ -147,7 +147,7 @@ def test_checkpoint_error_during_training_is_a_user_error(
     monkeypatch.setattr(torch, "save", disk_fills_up_midway)
     cfg = toy_config(max_steps=1)
     with pytest.raises(CheckpointError, match="No space left on device"):
-        Trainer(cfg).run()
+        setup(cfg).run()
     monkeypatch.undo()
     assert list((Path(cfg.train.out_dir) / "checkpoints").iterdir()) == []
 
@@ -159,7 +159,7 @@ def test_a_checkpoint_written_on_a_gpu_loads_resumes_averages_and_exports_on_the
     bytes of a CPU run, saved with the storage location torch records for a CUDA tensor."""
     scripted_validation()
     cfg = toy_config(max_steps=2, eval_every=1, keep_checkpoints=2)
-    Trainer(cfg).run()
+    setup(cfg).run()
     folder = Path(cfg.train.out_dir) / "checkpoints"
     names = ("last.pt", "best.pt", "step_1.pt", "step_2.pt")
     with monkeypatch.context() as patch:
@@ -175,5 +175,5 @@ def test_a_checkpoint_written_on_a_gpu_loads_resumes_averages_and_exports_on_the
     assert {t.device.type for t in averaged["model"].values()} == {"cpu"}
     exported = export_ctranslate2(folder / "step_1.pt", tmp_path / "ct2")
     assert (exported / "model.bin").is_file()
-    resumed = Trainer(toy_config(max_steps=3, eval_every=1, keep_checkpoints=2), resume=True)
+    resumed = setup(toy_config(max_steps=3, eval_every=1, keep_checkpoints=2), resume=True)
     assert resumed.run().step == 3

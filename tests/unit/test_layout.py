@@ -21,6 +21,7 @@ LAYERS = [
     "comet",  # COMET as a sacreBLEU metric (optional: unbabel-comet)
     "scores",  # sacreBLEU's metrics, named before they load: the config names them
     "fileio",
+    "paths",  # the paths a command is given, checked before torch loads
     "config",  # the schema, how keys are declared and checked, reading a file
     "runfolder",  # one training process per run folder, checked before torch loads
     "precision",
@@ -33,11 +34,12 @@ LAYERS = [
     "decode",
     "documents",  # sentences, paragraphs, markup
     "export",  # CTranslate2 and transformers exports, the Marian import
+    "jobs",  # a file translated as `translate` does it: in parts, resumable; n-best formats
     "viz",
     "evaluate",
     "compare",  # systems against a baseline: sacreBLEU's paired tests
-    "distill",  # a student's corpus from its teacher's n-best
     "train",
+    "distill",  # a student's corpus from its teacher's n-best, its translation and training
     "serve",
     "cli",
     "__main__",

@@ -11,12 +11,11 @@ import pytest
 from helpers.toy import toy_config_dict
 
 import attn_mt.checkpoint
-from attn_mt.cli.io import format_entries
-from attn_mt.cli.options import NbestFormat
 from attn_mt.config.file import config_from_dict
 from attn_mt.decode.translator import Translation
 from attn_mt.errors import ConfigError
 from attn_mt.export.hf_card import _validation_scores
+from attn_mt.jobs.nbest import NbestFormat, format_entries
 
 GOOD = {"step": 5, "bleu": 12.5, "chrf": 40.0}
 

@@ -107,6 +107,7 @@ def test_train_command_sets_the_cuda_environment_before_training(
     """`attn-mt train` sets the allocator and cuBLAS variables before anything starts CUDA."""
     import yaml
 
+    import attn_mt.train.setup as training_setup
     from attn_mt.train import loop
 
     seen = {}
@@ -116,7 +117,7 @@ def test_train_command_sets_the_cuda_environment_before_training(
         seen["cuda started"] = torch.cuda.is_initialized()
         return loop.TrainResult(0, None, "bleu", "max_steps", tmp_path)
 
-    clean_env.setattr(loop, "train", fake_train)
+    clean_env.setattr(training_setup, "train", fake_train)
     raw = toy_config_dict(toy_data, tmp_path / "run", deterministic=True)
     config = write_lines(tmp_path / "c.yaml", [yaml.safe_dump(raw)])
     result = invoke("train", "--config", config)
@@ -131,10 +132,10 @@ def test_train_command_sets_the_cuda_environment_before_training(
 
 def test_trainer_setup_applies_the_kernel_settings(clean_env, kernel_settings, toy_config):
     """The training loop's setup applies train.deterministic (TF32 off with it)."""
-    from attn_mt.train.loop import Trainer
+    from attn_mt.train.setup import setup
 
     configure_kernels(deterministic=False, tf32=True)
-    Trainer(toy_config(deterministic=True))
+    setup(toy_config(deterministic=True))
     assert torch.are_deterministic_algorithms_enabled()
     assert not torch.backends.cuda.matmul.allow_tf32
 
@@ -170,8 +171,11 @@ def test_inductor_options_hold_for_the_lazily_compiled_backward(monkeypatch) -> 
     )
     x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
     torch._dynamo.reset()
+    # A cached graph skips the scheduler. The CPU's vector instructions are taken from its flags
+    # (cpp.vec_isa_ok): Inductor would otherwise build and load a test program for each kind,
+    # which took most of this test's time, and none of which the scheduling reads.
     try:
-        with config.patch(fx_graph_cache=False):  # a cached graph skips the scheduler
+        with config.patch({"fx_graph_cache": False, "cpp.vec_isa_ok": True}):
             out = step(x, w)
             forward, seen[:] = list(seen), []
             out.sum().backward()

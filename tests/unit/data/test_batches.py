@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn_mt.data.batching import MAX_EPOCH_PAIRS, ShardBatches, check_epoch
+from attn_mt.data.epochs import MAX_EPOCH_PAIRS, ShardBatches, check_epoch
 from attn_mt.data.shards import Shards, TokenView
 from attn_mt.distributed import World
 from attn_mt.errors import DataError

@@ -13,7 +13,7 @@ from helpers.toy import write_lines
 
 from attn_mt.config.data import TrainCorpus
 from attn_mt.config.file import config_from_dict
-from attn_mt.data.batching import ShardBatches
+from attn_mt.data.epochs import ShardBatches
 from attn_mt.data.prepare import language_sample, prepare_shards
 from attn_mt.data.shards import Shards, TokenView, temperature_weights
 from attn_mt.errors import ConfigError, DataError

@@ -23,9 +23,10 @@ from attn_mt.config.file import config_from_dict, load_config
 from attn_mt.config.schema import Config
 from attn_mt.data import pool, shardwriter
 from attn_mt.data import prepare as prepare_module
-from attn_mt.data.batching import ShardBatches, collate, length_batches
+from attn_mt.data.batching import collate, length_batches
 from attn_mt.data.corpora import cache_dir
 from attn_mt.data.corpus import training_data
+from attn_mt.data.epochs import ShardBatches
 from attn_mt.data.prepare import prepare_shards, sample_pairs
 from attn_mt.data.shards import open_shards
 from attn_mt.data.text import clean_pairs, read_parallel

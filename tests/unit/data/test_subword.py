@@ -20,13 +20,13 @@ from helpers.toy import (
 
 from attn_mt.config.file import config_from_dict
 from attn_mt.config.schema import Config
-from attn_mt.data.batching import ShardBatches
 from attn_mt.data.corpus import training_data
+from attn_mt.data.epochs import ShardBatches
 from attn_mt.data.prepare import plan, prepare_shards
 from attn_mt.distributed import World
 from attn_mt.errors import ConfigError
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
-from attn_mt.train.start import check_run_folder
+from attn_mt.train.setup import check_run_folder
 
 
 def sampling_config(toy_data: dict[str, Path], tmp_path: Path, alpha: float, **tokenizer) -> Config:

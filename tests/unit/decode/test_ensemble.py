@@ -19,7 +19,7 @@ from attn_mt.decode.generate import Hypothesis, StepDecoder, generate, max_outpu
 from attn_mt.decode.search import Beam, Draw, Greedy, Sampling
 from attn_mt.errors import UserError
 from attn_mt.model.vocab import BOS_ID, PAD_ID
-from attn_mt.train.loop import Trainer
+from attn_mt.train.setup import setup as training_run  # `setup` is a fixture here
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def checkpoints(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFact
         raw["tokenizer"]["vocab_size"] = vocab
         with pytest.MonkeyPatch.context() as patch:
             script_validation(patch)
-            Trainer(config_from_dict(raw)).run()
+            training_run(config_from_dict(raw)).run()
         paths[name] = folder / name / "checkpoints" / "best.pt"
     return paths
 

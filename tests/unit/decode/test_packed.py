@@ -16,13 +16,13 @@ from torch import nn
 import attn_mt
 from attn_mt import kernels
 from attn_mt.data.text import read_lines
+from attn_mt.decode import load as load_module
 from attn_mt.decode import packed
-from attn_mt.decode import translator as translator_module
 from attn_mt.decode.generate import generate, max_output_lengths
 from attn_mt.decode.search import Beam, Greedy
 from attn_mt.errors import UserError
 from attn_mt.model.attention import MultiHeadAttention
-from attn_mt.model.transformer import FeedForward
+from attn_mt.model.layers import FeedForward
 from attn_mt.model.vocab import PAD_ID
 
 
@@ -154,7 +154,7 @@ def test_load_packs_by_default_where_packing_pays(
     """prepack="auto" (the default) packs exactly where the timing on this CPU says it pays;
     the timing is asked about the model's own d_model -> d_ff layer."""
     asked = []
-    monkeypatch.setattr(translator_module, "packing_pays", lambda *size: asked.append(size) or pays)
+    monkeypatch.setattr(load_module, "packing_pays", lambda *size: asked.append(size) or pays)
     translator = attn_mt.load(trained_run, device="cpu")
     is_packed = any(isinstance(m, packed.PackedLinear) for m in translator.model.modules())
     model = translator.config.model

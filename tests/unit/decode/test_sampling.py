@@ -19,7 +19,7 @@ from attn_mt.decode.search import Draw, Greedy, Sampling
 from attn_mt.decode.translator import Translator
 from attn_mt.errors import UserError
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
-from attn_mt.train.loop import Trainer
+from attn_mt.train.setup import setup
 from attn_mt.train.validate import translator_of
 
 SEEDS = [0, 1, 2]
@@ -169,7 +169,7 @@ def test_bad_sampling_settings_are_user_errors(options: dict, fragment: str) -> 
 def translator(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Translator:
     """An untrained toy model with the toy SentencePiece models (nothing is trained: fast)."""
     out = tmp_path_factory.mktemp("sampling") / "run"
-    return translator_of(Trainer(config_from_dict(toy_config_dict(toy_data, out))).state)
+    return translator_of(setup(config_from_dict(toy_config_dict(toy_data, out))).state)
 
 
 def test_translator_samples_n_per_line_the_same_in_any_chunk(translator: Translator) -> None:

@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attn_mt.model.layers import LayerSpec
 from attn_mt.model.loss import SmoothedObjective, fused_chunk, label_smoothed_loss, projected_loss
-from attn_mt.model.transformer import LayerSpec, Transformer
+from attn_mt.model.transformer import Transformer
 from attn_mt.model.vocab import EOS_ID, PAD_ID
 
 

@@ -18,8 +18,9 @@ from attn_mt.config.file import config_from_dict
 from attn_mt.errors import UserError
 from attn_mt.model import transformer
 from attn_mt.model.attention import causal_mask
+from attn_mt.model.layers import Dropout, LayerSpec
 from attn_mt.model.positions import LearnedPositions, SinusoidalPositions, sinusoidal_table
-from attn_mt.model.transformer import Dropout, LayerSpec, Transformer, build_model
+from attn_mt.model.transformer import Transformer, build_model
 from attn_mt.model.vocab import BOS_ID, PAD_ID
 
 VOCAB = 20

@@ -21,8 +21,9 @@ from helpers.toy import make_config
 
 from attn_mt.config.schema import Config, TrainConfig
 from attn_mt.decode.translator import Translator
-from attn_mt.train.budget import RunClock, learning_rate
-from attn_mt.train.loop import Trainer
+from attn_mt.train.clock import RunClock
+from attn_mt.train.schedule import learning_rate
+from attn_mt.train.setup import setup
 from attn_mt.train.state import TrainProgress
 from attn_mt.train.validate import Validator
 
@@ -52,7 +53,7 @@ def timed_run(
     """Run `cfg` on `clock`; with `stop_after`, a signal stops it after that many updates.
     Only updates and validations take time here: VALIDATION_SECONDS each, or with `search`,
     the real validation, its search taking that many seconds a sentence."""
-    trainer = Trainer(cfg, resume=resume, clock=clock)
+    trainer = setup(cfg, resume=resume, clock=clock)
     update = trainer.update
 
     def timed_update():

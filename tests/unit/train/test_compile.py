@@ -22,6 +22,7 @@ from attn_mt.config.file import config_from_dict
 from attn_mt.config.schema import Config
 from attn_mt.model import loss as loss_module
 from attn_mt.train import loop, speed
+from attn_mt.train.setup import setup
 
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -57,7 +58,7 @@ def test_compiled_training_compiles_once_over_batch_shapes(
 
     monkeypatch.setattr(loss_module, "projected_loss", noted)
     scripted_validation()
-    trainer = loop.Trainer(toy_config(compile=True, max_steps=6, batch_tokens=256, warmup=1))
+    trainer = setup(toy_config(compile=True, max_steps=6, batch_tokens=256, warmup=1))
     assert trainer.run().step == 6
     assert len(shapes) >= 3, shapes
     assert len(counted_compile) == 2, counted_compile  # the model's, the loss chunk's (`fuse`)
@@ -72,7 +73,7 @@ def test_bucketed_shapes_recompile_at_most_twice(toy_config, scripted_validation
     counters.clear()
     scripted_validation()
     cfg = toy_config(compile="true", max_steps=12, batch_tokens=200, warmup=1)
-    trainer = loop.Trainer(cfg)
+    trainer = setup(cfg)
     seen = set()
     rows = trainer.source.batches[:12]
     for r in rows:
@@ -116,7 +117,7 @@ def with_dropout(toy_data: dict[str, Path], out_dir: Path, **train) -> Config:
 
 
 def trained(cfg: Config) -> tuple[loop.Trainer, str]:
-    trainer = loop.Trainer(cfg)
+    trainer = setup(cfg)
     trainer.run()
     return trainer, (Path(cfg.train.out_dir) / "train.log").read_text()
 

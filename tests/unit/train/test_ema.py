@@ -24,7 +24,7 @@ from attn_mt.checkpoint import average_checkpoints
 from attn_mt.config.file import config_from_dict
 from attn_mt.config.schema import Config
 from attn_mt.errors import ConfigError
-from attn_mt.train.loop import Trainer
+from attn_mt.train.setup import setup
 from attn_mt.train.state import WeightEMA
 from attn_mt.train.validate import translator_of
 
@@ -136,7 +136,7 @@ def test_resuming_a_run_without_ema_starts_the_average_at_its_weights(
     out = tmp_path / "run"
     run(ema_config(toy_data, out, max_steps=1))
     before = load_raw(out / "checkpoints" / "last.pt")["model"]
-    trainer = Trainer(ema_config(toy_data, out, ema_decay=DECAY), resume=True)
+    trainer = setup(ema_config(toy_data, out, ema_decay=DECAY), resume=True)
     assert_identical(trainer.ema.state_dict(), before)
     assert trainer.state.eval_model is trainer.ema.model is translator_of(trainer.state).model
     assert trainer.ema.model is not trainer.model

@@ -18,7 +18,7 @@ from attn_mt.checkpoint import translation_weights
 from attn_mt.config.file import config_from_dict
 from attn_mt.config.schema import Config
 from attn_mt.errors import CheckpointError, UserError
-from attn_mt.train.loop import Trainer
+from attn_mt.train.setup import setup
 
 
 def config(toy_data: dict[str, Path], out: Path, model=None, tokenizer=None, **train) -> Config:
@@ -35,7 +35,7 @@ def base(toy_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
     out = tmp_path_factory.mktemp("base") / "run"
     with pytest.MonkeyPatch.context() as patch:
         script_validation(patch, (30.0, 20.0))  # best.pt at step 2, last.pt at step 4
-        result = Trainer(config(toy_data, out, max_steps=4, eval_every=2, ema_decay=0.5)).run()
+        result = setup(config(toy_data, out, max_steps=4, eval_every=2, ema_decay=0.5)).run()
     assert result.step == 4
     return out
 
@@ -49,7 +49,7 @@ def test_a_new_run_from_the_weights_with_fresh_state(
     source = load_raw(base / "checkpoints" / ("best.pt" if start == "folder" else "last.pt"))
     out = tmp_path / "tuned"
     cfg = config(toy_data, out, {"dropout": 0.2}, init_from=str(path), lr=0.001, max_steps=3)
-    trainer = Trainer(cfg)
+    trainer = setup(cfg)
     assert_identical(trainer.model.state_dict(), translation_weights(source))
     if start == "last.pt":  # the weights it translates with: the EMA, not the raw ones
         assert any(not torch.equal(source["ema"][k], source["model"][k]) for k in source["model"])
@@ -73,8 +73,8 @@ def test_resume_keeps_the_record_of_the_start(
 ) -> None:
     scripted_validation()
     out = tmp_path / "tuned"
-    Trainer(config(toy_data, out, init_from=str(base), max_steps=2)).run()
-    resumed = Trainer(config(toy_data, out, max_steps=3), resume=True)  # no init_from given
+    setup(config(toy_data, out, init_from=str(base), max_steps=2)).run()
+    resumed = setup(config(toy_data, out, max_steps=3), resume=True)  # no init_from given
     assert resumed.progress.step == 2
     resumed.run()
     recorded = yaml.safe_load((out / "config.yaml").read_text())["train"]["init_from"]
@@ -98,7 +98,7 @@ def test_changed_model_or_tokenizer_keys_are_refused_before_anything_is_written(
 ) -> None:
     out = tmp_path / "tuned"
     with pytest.raises(UserError) as err:
-        Trainer(config(toy_data, out, model, tokenizer, init_from=str(base)))
+        setup(config(toy_data, out, model, tokenizer, init_from=str(base)))
     message = str(err.value)
     assert all(f"{key} (" in message for key in named), message  # "key (new here, old there)"
     assert message.count(" here, ") == len(named), message  # dropout may change: not named
@@ -108,7 +108,7 @@ def test_changed_model_or_tokenizer_keys_are_refused_before_anything_is_written(
 
 def test_a_missing_checkpoint_is_refused(toy_data: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="not found"):
-        Trainer(config(toy_data, tmp_path / "tuned", init_from=str(tmp_path / "nothing.pt")))
+        setup(config(toy_data, tmp_path / "tuned", init_from=str(tmp_path / "nothing.pt")))
     assert not (tmp_path / "tuned").exists()
 
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 from helpers.toy import assert_identical
 
-from attn_mt.data.batching import Batch, ShardBatches
+from attn_mt.data.batching import Batch
+from attn_mt.data.epochs import ShardBatches
 from attn_mt.model.loss import SmoothedObjective
 from attn_mt.model.vocab import PAD_ID
-from attn_mt.train.loop import Trainer, UpdateStep
-from attn_mt.train.start import make_optimizer
+from attn_mt.train.loop import UpdateStep
+from attn_mt.train.setup import make_optimizer, setup
 
 
 def marked(batch: Batch) -> Batch:
@@ -25,7 +26,7 @@ def marked(batch: Batch) -> Batch:
 
 
 def test_prepared_batches_are_the_ones_next_would_make(toy_config) -> None:
-    trainer = Trainer(toy_config(batch_tokens=20000, max_steps=1))
+    trainer = setup(toy_config(batch_tokens=20000, max_steps=1))
 
     def source() -> ShardBatches:
         return ShardBatches.from_config(trainer.cfg, trainer.corpus.shards, trainer.world)
@@ -49,7 +50,7 @@ def test_prepared_batches_are_the_ones_next_would_make(toy_config) -> None:
 
 
 def test_target_tokens_are_counted_when_the_batch_is_made(toy_config) -> None:
-    source = Trainer(toy_config(max_steps=1)).source
+    source = setup(toy_config(max_steps=1)).source
     for _ in range(3):
         batch = source.next()
         assert batch.num_tgt_tokens == int((batch.tgt_out != PAD_ID).sum())
@@ -58,7 +59,7 @@ def test_target_tokens_are_counted_when_the_batch_is_made(toy_config) -> None:
 def test_an_update_reads_the_device_back_once(toy_config, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a GPU each read of a tensor's value waits for all queued work: an update reads
     nothing back, and its figures are read once (`tolist`) when the loop reads it."""
-    trainer = Trainer(toy_config(max_steps=2, accumulate=2))
+    trainer = setup(toy_config(max_steps=2, accumulate=2))
     reads: list[str] = []
     for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
         original = getattr(torch.Tensor, name)
@@ -80,7 +81,7 @@ def test_an_update_reads_the_device_back_once(toy_config, monkeypatch: pytest.Mo
 def test_the_update_step_on_its_own_updates_as_the_trainer_does(toy_config) -> None:
     """A benchmark builds `UpdateStep` from its own model, optimizer and batches: the weights
     and the figures come out bit for bit as the trainer's update over the same batches."""
-    trainer = Trainer(toy_config(max_steps=1, accumulate=2))
+    trainer = setup(toy_config(max_steps=1, accumulate=2))
     t = trainer.cfg.train
     model = copy.deepcopy(trainer.model)
     objective = SmoothedObjective(model, t.label_smoothing)

@@ -9,9 +9,9 @@ from pathlib import Path
 from helpers.multilingual import multilingual_files, multilingual_raw
 
 from attn_mt.config.file import config_from_dict
-from attn_mt.train.budget import Allowance
-from attn_mt.train.loop import Trainer
+from attn_mt.train.clock import Allowance
 from attn_mt.train.measure import chunks, validate_directions
+from attn_mt.train.setup import setup
 from attn_mt.train.validate import translator_of
 from attn_mt.world import World
 
@@ -52,7 +52,7 @@ def test_each_direction_says_its_name_while_it_validates(tmp_path: Path) -> None
     files = multilingual_files(tmp_path)
     raw = multilingual_raw(files, tmp_path / "run", ("de-en", "de-fr"))
     raw["train"].update(max_steps=1, valid_max_sentences=3)
-    trainer = Trainer(config_from_dict(raw))
+    trainer = setup(config_from_dict(raw))
     seen: list[tuple[str, int, int]] = []
     cfg, world = trainer.cfg, World()
     translator = translator_of(trainer.state)

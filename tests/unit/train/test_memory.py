@@ -14,14 +14,15 @@ import attn_mt.model.loss as loss_module
 from attn_mt.data.batching import collate
 from attn_mt.errors import UserError
 from attn_mt.model.loss import label_smoothed_loss
-from attn_mt.train.budget import RunClock
+from attn_mt.train.clock import RunClock
+from attn_mt.train.loglines import TrainWindow, window_line
 from attn_mt.train.loop import Trainer
-from attn_mt.train.runlog import TrainWindow, window_line
-from attn_mt.train.start import probe, worst_batch
+from attn_mt.train.memory import probe, worst_batch
+from attn_mt.train.setup import setup
 
 
 def test_the_probe_takes_the_batch_with_the_most_padded_target_positions(toy_config) -> None:
-    trainer = Trainer(toy_config(batch_tokens=300, max_steps=1))
+    trainer = setup(toy_config(batch_tokens=300, max_steps=1))
     source = trainer.source
     shards = source.shards
     sizes = []
@@ -34,7 +35,7 @@ def test_the_probe_takes_the_batch_with_the_most_padded_target_positions(toy_con
 
 
 def test_the_probe_changes_no_weight_gradient_or_random_stream(toy_config) -> None:
-    trainer = Trainer(toy_config(max_steps=1))
+    trainer = setup(toy_config(max_steps=1))
     model = trainer.model
     model.train()  # dropout draws, were there any
     weights = [p.detach().clone() for p in model.parameters()]

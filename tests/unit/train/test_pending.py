@@ -16,8 +16,9 @@ from helpers.toy import assert_identical, load_raw, resumable_state
 import attn_mt.model.loss as loss_module
 from attn_mt.model.loss import projected_loss
 from attn_mt.train import loop
-from attn_mt.train.budget import learning_rate
 from attn_mt.train.loop import Pending, Trainer
+from attn_mt.train.schedule import learning_rate
+from attn_mt.train.setup import setup
 
 
 def nan_on(monkeypatch: pytest.MonkeyPatch, bad: set[int]) -> None:
@@ -58,7 +59,7 @@ def trained(toy_config, tmp: Path, at_once: bool) -> tuple[Trainer, Path]:
         max_steps=9, log_every=4, eval_every=6, warmup=3, ema_decay=0.9, max_nonfinite=3
     )
     cfg.train.out_dir = str(tmp)
-    trainer = Trainer(cfg)
+    trainer = setup(cfg)
     read_at_once = (lambda *args: True) if at_once else loop.read_at_once
     with mock.patch.object(loop, "read_at_once", read_at_once):
         trainer.run()

@@ -13,9 +13,9 @@ import torch
 
 from attn_mt import checkpoint
 from attn_mt.checkpoint import load_checkpoint
-from attn_mt.train import loop
 from attn_mt.train import state as train_state
 from attn_mt.train.runlog import RunLog
+from attn_mt.train.setup import setup
 
 
 def test_cpu_copy_is_independent_of_the_original() -> None:
@@ -67,7 +67,7 @@ def test_training_goes_on_while_checkpoints_are_written(
     """Each write is slowed down; a reader loads last.pt over and over meanwhile."""
     scripted_validation()
     monkeypatch.setattr(RunLog, "attention", lambda *args: None)  # no plots: a quick test
-    trainer = loop.Trainer(
+    trainer = setup(
         toy_config(max_steps=12, eval_every=3, batch_tokens=256, warmup=1, keep_checkpoints=2)
     )
     write = checkpoint.save_checkpoint

@@ -9,7 +9,7 @@ import pytest
 from attn_mt.config.file import config_from_dict
 from attn_mt.config.schema import TrainConfig
 from attn_mt.errors import ConfigError
-from attn_mt.train.budget import learning_rate
+from attn_mt.train.schedule import learning_rate
 
 
 def schedule(**train) -> TrainConfig:

@@ -12,11 +12,12 @@ import torch
 from helpers.toy import load_raw, run
 
 import attn_mt.model.loss as loss_module
-import attn_mt.train.start as start_module
+import attn_mt.train.setup as training_setup
 from attn_mt.model.loss import projected_loss
-from attn_mt.train.budget import learning_rate
 from attn_mt.train.loop import Trainer
-from attn_mt.train.state import SkipRule, TrainingDiverged, Update
+from attn_mt.train.schedule import learning_rate
+from attn_mt.train.setup import setup
+from attn_mt.train.skips import SkipRule, TrainingDiverged, Update
 
 
 class _InfiniteGradient(torch.autograd.Function):
@@ -35,7 +36,7 @@ def overflow_on(monkeypatch: pytest.MonkeyPatch, bad: set[int] | None, init_scal
     """A CPU GradScaler starting at `init_scale`; the gradients of training updates `bad`
     (1-based attempts; None: all) are infinite while the loss stays finite."""
     monkeypatch.setattr(
-        start_module,  # the training state is built there
+        training_setup,  # the training state is built there
         "make_scaler",
         lambda precision, device: torch.amp.GradScaler("cpu", init_scale=init_scale),
     )
@@ -84,7 +85,7 @@ def test_overflowed_updates_move_no_step_schedule_or_ema_and_the_scale_resumes(
     overflow_on(monkeypatch, {2, 3}, init_scale=16.0)
     attempts = record_attempts(monkeypatch)
     cfg = toy_config(max_steps=4, warmup=10, ema_decay=0.5, log_every=1, max_nonfinite=1)
-    trainer = Trainer(cfg)
+    trainer = setup(cfg)
     result = trainer.run()
     assert (result.step, result.stopped_by) == (4, "max_steps")
     # The two overflowed attempts repeat step 2 with its learning rate (warm-up stands still).
@@ -107,7 +108,7 @@ def test_overflowed_updates_move_no_step_schedule_or_ema_and_the_scale_resumes(
     adam = {int(s["step"]) for s in state["optimizer"]["state"].values()}
     assert adam == {4}
     # The scale comes back with the run.
-    resumed = Trainer(toy_config(max_steps=5, warmup=10, ema_decay=0.5), resume=True)
+    resumed = setup(toy_config(max_steps=5, warmup=10, ema_decay=0.5), resume=True)
     assert resumed.scaler.get_scale() == 4.0 and resumed.progress.skipped == 2
 
 

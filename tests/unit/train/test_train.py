@@ -25,9 +25,9 @@ from helpers.toy import assert_identical, load_raw, make_config, resumable_state
 
 import attn_mt
 import attn_mt.model.loss as loss_module
-import attn_mt.train.budget as budget_module
-import attn_mt.train.loop as train_module
+import attn_mt.train.setup as training_setup
 import attn_mt.train.state as state_module
+import attn_mt.train.stopping as stopping_module
 import attn_mt.train.validate as validate_module
 from attn_mt import distributed
 from attn_mt.checkpoint import FORMAT, load_checkpoint, model_from, save_checkpoint
@@ -40,8 +40,8 @@ from attn_mt.model.loss import projected_loss
 from attn_mt.scores import score
 from attn_mt.train.loop import Trainer
 from attn_mt.train.runlog import Validation
-from attn_mt.train.start import starting_point
-from attn_mt.train.state import TrainingDiverged
+from attn_mt.train.setup import setup, starting_point
+from attn_mt.train.skips import TrainingDiverged
 from attn_mt.train.validate import Validator
 
 REAL_TORCH_SAVE = torch.save
@@ -332,7 +332,7 @@ def test_a_second_signal_stops_at_once_abandoning_the_save(
                 time.sleep(0.01)
 
     with monkeypatch.context() as patch:
-        patch.setattr(budget_module, "REPEAT_SECONDS", 0.0)  # no time passes here between them
+        patch.setattr(stopping_module, "REPEAT_SECONDS", 0.0)  # no time passes here between them
         signal_after_update(patch, 4, signum)  # after step 3's validation and save
         patch.setattr(torch, "save", save_then_signal)
         patch.setattr(Validator, "finish", lambda self, *a: first.append(1) or finish(self, *a))
@@ -428,7 +428,7 @@ def test_refuses_to_overwrite_a_run(toy_config, scripted_validation) -> None:
     last = out / "checkpoints" / "last.pt"
     before = last.read_bytes()
     with pytest.raises(UserError) as err:
-        Trainer(cfg)
+        setup(cfg)
     message = str(err.value)
     assert str(out) in message and "--resume" in message and "train.out_dir" in message
     assert last.read_bytes() == before
@@ -444,7 +444,7 @@ def test_empty_existing_out_dir_is_fine(toy_config, scripted_validation) -> None
 def test_resume_with_nothing_to_resume(toy_config) -> None:
     cfg = toy_config()
     with pytest.raises(UserError, match="nothing to resume") as err:
-        Trainer(cfg, resume=True)
+        setup(cfg, resume=True)
     assert "without --resume" in str(err.value)
     assert not Path(cfg.train.out_dir).exists()  # a failed start leaves nothing behind
 
@@ -457,7 +457,7 @@ def test_run_that_died_before_its_first_checkpoint(toy_config) -> None:
     (out / "config.yaml").write_text("{}\n")
     for resume in (False, True):
         with pytest.raises(UserError) as err:
-            Trainer(cfg, resume=resume)
+            setup(cfg, resume=resume)
         message = str(err.value)
         assert "before its first checkpoint" in message and "train.out_dir" in message
         assert "continue it with" not in message and "start without --resume" not in message
@@ -471,7 +471,7 @@ def test_resume_with_a_changed_model_names_the_keys(
     run(make_config(toy_data, out, max_steps=1))
     changed = make_config(toy_data, out, {"d_model": 32, "d_ff": 64}, max_steps=2)
     with pytest.raises(UserError) as err:
-        Trainer(changed, resume=True)
+        setup(changed, resume=True)
     message = str(err.value)
     assert "model.d_model" in message and "model.d_ff" in message
     assert "model.heads" not in message
@@ -540,7 +540,7 @@ def test_repeated_nan_loss_stops_with_a_clear_error(
     scripted_validation()
     nan_on_updates(monkeypatch, None, from_=5)
     cfg = toy_config(max_steps=20, eval_every=2, max_nonfinite=3)
-    trainer = Trainer(cfg)
+    trainer = setup(cfg)
     with pytest.raises(TrainingDiverged) as err:
         trainer.run()
     assert isinstance(err.value, UserError)
@@ -679,7 +679,7 @@ def test_a_trainer_built_but_not_run_holds_nothing(toy_config) -> None:
     logger = logging.getLogger("attn_mt")
     handlers, sigterm = list(logger.handlers), signal.getsignal(signal.SIGTERM)
     cfg = toy_config(max_steps=1)
-    Trainer(cfg)
+    setup(cfg)
     assert logger.handlers == handlers and signal.getsignal(signal.SIGTERM) is sigterm
     out = Path(cfg.train.out_dir)
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.yaml"]
@@ -753,7 +753,7 @@ def test_the_library_train_refuses_a_folder_holding_a_run_while_it_holds_the_loc
     (out / "config.yaml").write_text("data: {}\n")
     cfg = make_config(toy_data, out, max_steps=1)
     with pytest.raises(UserError, match="holds a config.yaml and nothing else of a run"):
-        train_module.train(cfg, device="cpu")
+        training_setup.train(cfg, device="cpu")
     with pytest.raises(UserError, match="nothing to resume"):
-        train_module.train(make_config(toy_data, tmp_path / "new", max_steps=1), resume=True)
+        training_setup.train(make_config(toy_data, tmp_path / "new", max_steps=1), resume=True)
     assert (out / "config.yaml").read_text() == "data: {}\n"

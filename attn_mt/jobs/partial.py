@@ -12,7 +12,7 @@ bytes the record counts (a line written after the last record is done again) and
 FILE.partial is locked (flock) while a process writes it, so a second writer is refused.
 
 Under torchrun each process writes a part of its own (`FILE.part2of4.partial`), which rank 0
-joins in order once all are done (`cli/split.py`). No torch here.
+joins in order once all are done (`jobs/split.py`). No torch here.
 """
 
 from __future__ import annotations

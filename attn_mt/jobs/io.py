@@ -1,5 +1,6 @@
-"""Line input and output of `translate`: stdin or a file in, stdout or a file out (through
-`fileio.atomic_write`), lines read in chunks as they arrive, n-best entries formatted.
+"""Line input and output of a translation job: stdin or a file in, stdout or a file out
+(through `fileio.atomic_write`), lines read in chunks as they arrive, split into their fields
+(a source, a prefix, terms); the paths checked before any work.
 
 Streams are streams, as a Unix tool treats them: `--input` may be a FIFO, /dev/stdin or a
 process substitution (read once, as it comes; gzip data is decompressed), `--output` a device
@@ -22,36 +23,10 @@ import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, TextIO, cast
+from typing import BinaryIO, TextIO, cast
 
-from attn_mt.cli.options import NbestFormat
 from attn_mt.errors import UserError, named
-from attn_mt.fileio import Inputs
-
-if TYPE_CHECKING:  # imported inside the commands: `attn-mt --help` must not load torch
-    from attn_mt.decode.translator import Translation
-
-
-def format_entries(index: int, entries: list[Translation], nbest: int, style: NbestFormat) -> str:
-    """The output lines of input line `index` (from 0): its n-best block in marian's format
-    (asked for by name, so even of one entry), else its best text or its tsv n-best block; an
-    entry's alignment, if any, follows its text after ` ||| `."""
-    texts = [_with_alignment(e) for e in entries]
-    if style is NbestFormat.marian:
-        return "".join(
-            f"{index} ||| {t} ||| {e.score:.4f}\n" for t, e in zip(texts, entries, strict=True)
-        )
-    if nbest == 1:
-        return texts[0] + "\n"
-    return "".join(f"{e.score:.4f}\t{t}\n" for t, e in zip(texts, entries, strict=True)) + "\n"
-
-
-def _with_alignment(entry: Translation) -> str:
-    """`text ||| 0-0 1-1 ...` when the entry has an alignment, else the text."""
-    if entry.alignment is None:
-        return entry.text
-    return entry.text + " ||| " + " ".join(f"{i}-{j}" for i, j in entry.alignment)
-
+from attn_mt.paths import Inputs
 
 GZIP_MAGIC = b"\x1f\x8b"
 # What reading damaged or odd input raises: OS errors (a folder, EIO), truncated or corrupt gzip
@@ -83,8 +58,8 @@ def stdin_path() -> Path | None:
 
 def check_output(path: Path | None, inputs: Inputs = ()) -> None:
     """Refuse, before any work, an --output (or stdout) that cannot be written or that is one of
-    the files the command reads, `inputs` ((option, path) pairs: `fileio.check_output_file`)."""
-    from attn_mt.fileio import check_output_file, same_file
+    the files the command reads, `inputs` ((option, path) pairs: `paths.check_output_file`)."""
+    from attn_mt.paths import check_output_file, same_file
 
     if path is not None:
         check_output_file(path, "--output", inputs)

@@ -1,9 +1,10 @@
-"""One `translate` run's work: the input lines this process takes (`split.lines_of`: all, a
+"""One translation job's work: the input lines this process takes (`split.lines_of`: all, a
 --shard's, a torchrun rank's share), read in chunks as they arrive, translated, and written in
 input order as they finish (a chunk's lines are searched shortest first, so each batch writes
 the run of lines now done from the first one not yet written), to stdout, a stream or device in
-place, or an --output file through its resumable partial (`cli/partial.py`). Under torchrun
-each process writes its part and rank 0 joins them in order (`split.join_parts`).
+place, or an --output file through its resumable partial (`jobs/partial.py`). Under torchrun
+each process writes its part and rank 0 joins them in order (`split.join_parts`). How far it
+is, the job tells the `Progress` it is given (`jobs/pace.py`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from itertools import count, islice, takewhile
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO
 
-from attn_mt.cli import io, progress, split
-from attn_mt.cli.options import NbestFormat
-from attn_mt.cli.partial import PartialOutput
 from attn_mt.errors import named
 from attn_mt.fileio import atomic_write, sigterm_unwinds
+from attn_mt.jobs import io, split
+from attn_mt.jobs.nbest import NbestFormat, format_entries
+from attn_mt.jobs.pace import Pace, Progress, unseen, weight
+from attn_mt.jobs.partial import PartialOutput
 from attn_mt.world import World
 
 if TYPE_CHECKING:
@@ -44,7 +46,7 @@ class LineFields:
 
 @dataclass
 class Job:
-    """What one `translate` run reads and writes, and which of torchrun's processes it is;
+    """What one translation job reads and writes, and which of torchrun's processes it is;
     `settings` (what a partial translation's record keeps) where --output is a regular file."""
 
     input: Path | None
@@ -77,14 +79,21 @@ class StreamSink:
         self.lines += len(sources)
 
 
-def run_job(translator: Translator, request: Request, fields: LineFields, job: Job) -> None:
-    """Translate the job's lines of its input into its output (see the module's docstring)."""
+def run_job(
+    translator: Translator,
+    request: Request,
+    fields: LineFields,
+    job: Job,
+    progress: Progress = unseen,
+) -> None:
+    """Translate the job's lines of its input into its output (see the module's docstring),
+    its pace shown by `progress` (on rank 0)."""
     counted = job.shard is not None or job.world.distributed
     with io.input_file(job.input, counted) as (stream, total):
         lines = split.lines_of(total if counted else None, job.shard, job.world)
         reader = _read(stream)
         deque(islice(reader, lines.start), maxlen=0)  # the lines before this process's
-        work = _Work(translator, request, fields, job, lines, reader, total)
+        work = _Work(translator, request, fields, job, lines, reader, total, progress)
         if job.settings is not None:
             _to_file(work)
         else:
@@ -108,6 +117,7 @@ class _Work:
     lines: split.Lines
     reader: Iterator[bytes]
     total: int | None  # the input's lines, if counted
+    progress: Progress
 
     def translate(self, sink: Sink) -> None:
         """The process's lines not yet in `sink`, translated into it."""
@@ -117,12 +127,12 @@ class _Work:
         name = named(self.job.input) if self.job.input else "stdin"
         first = self.lines.start + sink.lines + 1
         shown = todo if self.job.world.is_main else None
-        with progress.lines(shown, "translate") as pace:
+        with self.progress(shown) as pace:
             for chunk in io.line_chunks(source, name, first_line=first):
                 pace.read(chunk)
                 self.chunk(chunk, self.lines.start + sink.lines, sink, pace)
 
-    def chunk(self, chunk: list[str], index: int, sink: Sink, pace: progress.Pace) -> None:
+    def chunk(self, chunk: list[str], index: int, sink: Sink, pace: Pace) -> None:
         """Translate `chunk`, whose first line is input line `index` (from 0), writing after
         each batch the lines done in order."""
         fields = self.fields
@@ -134,14 +144,14 @@ class _Work:
 
         def finished(row: int, entries: list[Translation]) -> None:
             done[row] = entries
-            pace.finished(1, progress.weight(chunk[row]))
+            pace.finished(1, weight(chunk[row]))
 
         def write_ready(_: int = 0) -> None:
             nonlocal written
             ready = list(takewhile(done.__contains__, count(written)))
             if ready:
                 text = "".join(
-                    io.format_entries(index + row, done.pop(row), fields.nbest, fields.nbest_format)
+                    format_entries(index + row, done.pop(row), fields.nbest, fields.nbest_format)
                     for row in ready
                 )
                 sink.write(text, chunk[written : written + len(ready)])

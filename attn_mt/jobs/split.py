@@ -4,7 +4,7 @@
 (I-1)*L//N to I*L//N (0-based, end excluded), so the parts differ by at most one line, an
 N larger than L leaves some parts empty, and the N outputs concatenated are the whole output.
 Under torchrun the lines (a shard's, or all) are cut the same way among the processes, rank r
-taking part r + 1 of the world's size; each writes its own part (`cli/partial.py`) and rank 0
+taking part r + 1 of the world's size; each writes its own part (`jobs/partial.py`) and rank 0
 joins them in rank order (`join_parts`), so the file is the one a single process writes.
 Both need L before the first line is translated: a file is counted first, a stream (a pipe,
 a FIFO) is read whole into a temporary file and counted there (`io.input_file`).

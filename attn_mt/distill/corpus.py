@@ -3,12 +3,11 @@ translations of the training sources. This module holds what is not translating 
 the options and their bounds, the student's corpora and the teacher's direction checked, the
 files of `OUT_DIR/distilled/`, and the distilled corpus assembled from the teacher's n-best
 (the entry closest to the reference by chrF, the worst-scored pairs dropped, a share of the
-original pairs added back). `attn-mt distill` (`cli/distill.py`) translates and trains around
-it. No torch here.
+original pairs added back). `distill/run.py` translates and trains around it. No torch here.
 
 The teacher's n-best of corpus K is `distilled/corpusK.nbest` in Marian's format
-(`LINE ||| TEXT ||| SCORE`, LINE counted from 0 in that corpus), the score the search's: the
-log-probability divided by the length penalty.
+(`LINE ||| TEXT ||| SCORE`, LINE counted from 0 in that corpus: `jobs/nbest.py`), the score
+the search's: the log-probability divided by the length penalty.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import random
 from array import array
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from itertools import groupby
 from pathlib import Path
 from typing import IO, Any
 
@@ -28,6 +26,7 @@ from attn_mt.data.corpora import pair_name, train_corpora
 from attn_mt.data.text import iter_lines
 from attn_mt.errors import DataError, UserError, named
 from attn_mt.fileio import atomic_write
+from attn_mt.jobs.nbest import read_nbest
 
 
 @dataclass(frozen=True)
@@ -154,28 +153,6 @@ class Assembled:
             f"distilled corpus: {self.distilled:,} teacher pairs of {self.lines:,} lines "
             f"({self.dropped:,} worst-scored dropped) + {self.original:,} original pairs"
         )
-
-
-def read_nbest(path: Path, nbest: int) -> Iterator[list[tuple[str, float]]]:
-    """Each input line's entries (text, score) of a Marian n-best file, in input order."""
-    for expected, (index, entries) in enumerate(groupby(_entries(path), key=lambda e: e[0])):
-        if index != expected:
-            raise DataError(f"{named(path)}: no translation of line {expected + 1}")
-        found = [(text, score) for _, text, score in entries]
-        if len(found) > nbest:
-            raise DataError(f"{named(path)}: {len(found)} translations of line {index + 1}")
-        yield found
-
-
-def _entries(path: Path) -> Iterator[tuple[int, str, float]]:
-    """The (line, text, score) entries of a Marian n-best file."""
-    for number, line in enumerate(iter_lines(path), start=1):
-        try:
-            index, rest = line.split(" ||| ", 1)
-            text, score = rest.rsplit(" ||| ", 1)
-            yield int(index), text, float(score)
-        except ValueError:
-            raise DataError(f"{named(path)}:{number}: not an n-best entry") from None
 
 
 def assemble(
