@@ -10,6 +10,8 @@ A checkpoint is a plain dict of tensors and Python data:
     step, epoch updates done, and the epoch they are in
     tokenizers  {"src": bytes, "tgt": bytes}: SentencePiece models (the same bytes when joint)
     metrics     the latest validation figures (of the averaged weights when there is an ema)
+    casing      (from runs that wrote one) each source language's casing table, plain data
+                (`attn_mt.text.casing`; `decode.recase` reads it)
     train_state (last.pt only) optimizer, scaler, RNG states, data position, early-stop state
 so a checkpoint alone is enough to translate (`translation_weights`), and `last.pt` alone is
 enough to resume.
@@ -48,6 +50,7 @@ def make_checkpoint(
     epoch: int,
     tokenizers: tuple[Tokenizer, Tokenizer],
     metrics: dict[str, float],
+    casing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A checkpoint that translates on its own (last.pt adds `train_state` to it)."""
     return {
@@ -58,6 +61,7 @@ def make_checkpoint(
         "epoch": epoch,
         "tokenizers": {"src": tokenizers[0].model_bytes, "tgt": tokenizers[1].model_bytes},
         "metrics": metrics,
+        **({"casing": casing} if casing is not None else {}),
     }
 
 
@@ -204,7 +208,8 @@ def _verify_checksums(path: Path) -> None:
 def checkpoint_config(state: dict[str, Any], path: str | Path = "checkpoint") -> Config:
     """The config stored in a checkpoint, validated."""
     try:
-        return config_from_dict(state["config"])
+        # A run's config named its training files; an imported model's names none.
+        return config_from_dict(state["config"], files="imported" not in state)
     except ConfigError as err:
         raise CheckpointError(f"{path}: its stored config is invalid ({err})") from None
 

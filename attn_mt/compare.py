@@ -42,6 +42,7 @@ class Figure:
     score: float
     ci: tuple[float, float]
     p: float | None
+    identical: bool = False  # the baseline's output, line for line (p 1: no difference to test)
 
 
 @dataclass
@@ -87,6 +88,8 @@ class Comparison:
             f"p-value of the difference from the baseline,\n{PAIRED_TESTS[self.paired]}; "
             f"* p < {SIGNIFICANT}" + "".join(f"; {label}: lower is better" for label in lower),
         ]
+        if any(f.identical for figures in self.figures for f in figures.values()):
+            lines[-1] += "; identical: the baseline's output, line for line"
         lines += [f"{METRICS[m].label} signature: {sig}" for m, sig in self.signatures.items()]
         return "\n".join(lines)
 
@@ -94,6 +97,8 @@ class Comparison:
 def _cell(f: Figure) -> str:
     low, high = f.ci
     text = f"{f.score:.2f} [{low:.2f}, {high:.2f}]"
+    if f.identical:
+        return f"{text} p 1 identical"
     if f.p is not None:
         text += f" p {f.p:.4f}" + (" *" if f.p < SIGNIFICANT else "")
     return text
@@ -108,7 +113,10 @@ def compare(
     comet_model: Path | None = None,
 ) -> Comparison:
     """sacreBLEU's paired test (`paired`: "bs" or "ar") of (name, hypotheses) systems, the
-    first the baseline, against one reference each."""
+    first the baseline, against one reference each. A system whose output is the baseline's,
+    line for line, is `identical`, with p 1: there is no difference to test (sacreBLEU's
+    tests count a resample whose difference is 0 as at least as large as none, and give
+    p 1/(N+1))."""
     from sacrebleu.significance import PairedTest
 
     if paired not in PAIRED_TESTS:
@@ -122,12 +130,13 @@ def compare(
     signatures, results = test()
     columns = [column for name, column in results.items() if name != "System"]  # metric order
     figures: list[dict[str, Figure]] = [{} for _ in systems]
+    same = [row > 0 and hyps == named_systems[0][1] for row, (_, hyps) in enumerate(named_systems)]
     for metric, column in zip(built, columns, strict=True):
         for row, result in enumerate(column):
             assert not isinstance(result, str) and result.mean is not None and result.ci is not None
             low, high = float(result.mean - result.ci), float(result.mean + result.ci)
-            p = None if row == 0 else result.p_value
-            figures[row][metric] = Figure(float(result.score), (low, high), p)
+            p = None if row == 0 else 1.0 if same[row] else result.p_value
+            figures[row][metric] = Figure(float(result.score), (low, high), p, same[row])
     names = [name for name, _ in systems]
     by_metric = {m: str(sig) for m, sig in zip(built, signatures.values(), strict=True)}
     return Comparison(names, figures, by_metric, paired, len(references))
@@ -168,6 +177,8 @@ def compare_files(
             raise UserError(f"--src {named(src)} has {len(sources)} lines; it needs {need}")
     found = {path: resolve_checkpoint(path) for path in systems if is_model(path)}
     models = list(found)
+    if beam is not None and beam < 1:
+        raise UserError(f"--beam {beam}: must be 1 or more (1 = greedy)")
     if beam is not None and not models:
         raise UserError(f"--beam {beam}: every system is a hypothesis file; no model translates")
     if sources is None and (models or "comet" in metrics):
@@ -204,7 +215,8 @@ def _translate(
     """A model's translation of the sources: its own decode settings, or `beam`."""
     import attn_mt
 
-    translator = attn_mt.load(checkpoint, device=device, decode={"beam": beam} if beam else None)
+    decode = None if beam is None else {"beam": beam}
+    translator = attn_mt.load(checkpoint, device=device, decode=decode)
     if progress is None:
         return translator.translate(sources)
     with progress(len(sources)) as on_batch:

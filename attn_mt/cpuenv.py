@@ -11,6 +11,14 @@ these before Python starts). A value the user set is kept.
   grew with every new shape and its heap fragmented around the long-lived entries (figures:
   docs/performance.md, "Training memory"). KERNEL_CACHE still holds the products of one
   update of the default model, forward and backward, which reuse them.
+- `OMP_WAIT_POLICY=PASSIVE`: a thread of torch's OpenMP pool (which MKL and oneDNN share) that
+  reaches a barrier first sleeps instead of spinning. By default libgomp spins some 300,000
+  times before it sleeps: on an idle machine that saves a wake-up per operation, but beside
+  other busy processes the spinning thread burns the CPU time its partner needs to reach the
+  barrier, and each of a search's thousands of small operations waits for a thread the
+  kernel has set aside. Beside other CPU-bound processes a search slowed many times more
+  than the CPU share it lost with the spinning default, far less with passive waits (side by
+  side: docs/performance.md, "A busy machine"). Intel's OpenMP reads the same variable.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ DEFAULTS = {
     "THP_MEM_ALLOC_ENABLE": "1",
     "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(KERNEL_CACHE),
     "LRU_CACHE_CAPACITY": str(KERNEL_CACHE),
+    "OMP_WAIT_POLICY": "PASSIVE",
 }
 
 

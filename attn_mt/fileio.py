@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
+import io
 import os
 import re
 import shutil
@@ -21,9 +23,9 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from attn_mt.errors import UserError, named
 
@@ -32,6 +34,9 @@ _HOST = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname()) or "host"
 # Paths that name an open file descriptor rather than a file: (process, descriptor) groups.
 _DESCRIPTOR = re.compile(r"/dev/fd/(\d+)|/proc/(self|thread-self|\d+)/fd/(\d+)")
 _STANDARD = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+# What a temp name adds after `.NAME.HOST-`: a pid (Linux's are at most 7 digits), "-", mkstemp's
+# 8 random characters and the longest suffix, ".staging".
+_TEMP_TAIL = 10 + 1 + 8 + len(".staging")
 
 
 def cache_dir() -> Path:
@@ -79,15 +84,38 @@ def atomic_write(path: str | Path) -> Iterator[IO[bytes]]:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temp_prefix(target), suffix=".tmp")
         try:
             os.fchmod(fd, 0o666 & ~umask())
-            with os.fdopen(fd, "wb") as handle:
+            with io.BufferedWriter(_Named(fd, target)) as handle:
                 yield handle
                 handle.flush()
-                os.fsync(handle.fileno())
+                _named_errors(os.fsync, target, handle.fileno())
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     sync_folder(target.parent)
+
+
+class _Named(io.FileIO):
+    """A file descriptor written for `target`: a write error (a full disk, a file-size limit)
+    names `target`, as an error of `open` names its file, so that whoever reports it can say
+    which of several files being written failed."""
+
+    def __init__(self, fd: int, target: Path):
+        super().__init__(fd, "wb")
+        self.target = target
+
+    def write(self, data: Any, /) -> int:
+        written: int = _named_errors(super().write, self.target, data)
+        return written
+
+
+def _named_errors(call: Callable[..., Any], target: Path, *args: Any) -> Any:
+    """`call(*args)`, an OS error it raises given `target` as its file name."""
+    try:
+        return call(*args)
+    except OSError as err:
+        err.filename = err.filename or str(target)
+        raise
 
 
 def sync_folder(folder: Path) -> None:
@@ -149,15 +177,44 @@ def open_stream(path: str | Path) -> Iterator[IO[bytes]]:
 
 def temp_prefix(path: Path) -> str:
     """The name start of this process's temp files (or folders) for `path`:
-    `.NAME.HOST-PID-`, then a random part."""
-    return f".{path.name}.{_HOST}-{os.getpid()}-"
+    `.NAME.HOST-PID-`, then a random part; a NAME too long for that to fit the file system's
+    limit on a name is cut (`fitted`)."""
+    return f"{_temp_stem(path)}{os.getpid()}-"
+
+
+def _temp_stem(path: Path) -> str:
+    """`.NAME.HOST-`: what every temp name of `path` on this host starts with."""
+    room = name_max(path.parent) - len(f"..{_HOST}-".encode()) - _TEMP_TAIL
+    return f".{fitted(path.name, room)}.{_HOST}-"
+
+
+def name_max(folder: Path) -> int:
+    """The longest file name, in bytes, that the file system of `folder` takes (255 where it
+    does not say, or `folder` is not there yet)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def fitted(name: str, room: int) -> str:
+    """`name` if its UTF-8 takes at most `room` bytes, else its start and `~` and 8 hex digits
+    of its sha256 in `room` bytes: a name derived from a long one (a temp file's, a partial
+    translation's) still fits the file system, and two long names stay apart."""
+    data = name.encode("utf-8", "surrogateescape")
+    if len(data) <= room:
+        return name
+    digest = hashlib.sha256(data).hexdigest()[:8]
+    start = data[: max(room - 9, 0)].decode("utf-8", "ignore")  # never half a character
+    return f"{start}~{digest}"
 
 
 def remove_stale_temps(path: Path) -> None:
     """Remove the temp files and folders of `path` that a killed process of this host left
     (its pid no longer runs); another process's, or another host's, are left alone."""
-    pattern = re.compile(re.escape(f".{path.name}.{_HOST}-") + r"(\d+)-[^/]*\.(tmp|staging)")
-    for stale in path.parent.glob(f"{glob.escape(f'.{path.name}.{_HOST}-')}*"):
+    stem = _temp_stem(path)
+    pattern = re.compile(re.escape(stem) + r"(\d+)-[^/]*\.(tmp|staging)")
+    for stale in path.parent.glob(f"{glob.escape(stem)}*"):
         found = pattern.fullmatch(stale.name)
         if found and not _alive(int(found.group(1))):
             if stale.is_dir() and not stale.is_symlink():
@@ -216,6 +273,13 @@ def write_output(path: str | Path, text: str, option: str = "--out") -> None:
             handle.write(text.encode("utf-8"))
     except OSError as err:
         raise UserError(f"{option} {named(path)}: cannot write ({os_reason(err)})") from None
+
+
+def drop_stdout() -> None:
+    """Point stdout at /dev/null once it cannot be written (its reader went away: `| head`;
+    a full disk): Python's flush at exit would otherwise fail again, with a traceback-like
+    "Exception ignored" and exit 120."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def os_reason(err: OSError) -> str:

@@ -1,6 +1,11 @@
 """Language identification with py3langid (langid.py's model, shipped with the package): the
-off-target rate of a multilingual model, and the probability of a language for many lines at
-once (`LanguageScores`, the `langid` rule of `data.filters`).
+off-target rate of a multilingual model, the probability of a language for many lines at
+once (`LanguageScores`, the `langid` rule of `data.filters`), and the languages a server's text
+may be in (`identify`).
+
+A text is judged on its first `JUDGED_CHARS` characters: the evidence py3langid needs is in
+far fewer, and the time and memory of a judgment stay bounded whatever the line (the byte
+grid of `LanguageScores` grows with a batch's longest line).
 
 The off-target rate is the share of a model's outputs that are not in the language asked for.
 Its identifier chooses among the model's own languages only: the failure it measures is a
@@ -17,43 +22,53 @@ from typing import Any
 
 import numpy as np
 
-
-def rank(text: str, languages: Sequence[str]) -> list[tuple[str, float]]:
-    """The `languages` py3langid knows that `text` may be in, with their probabilities among
-    them, likeliest first (empty if it knows none)."""
-    identifier = _identifier(tuple(sorted({_code(x) for x in languages})))
-    if len(identifier.nb_classes) < 2:
-        return []
-    found = dict(identifier.rank(text))
-    ranked = [(lang, float(found[_code(lang)])) for lang in languages if _code(lang) in found]
-    return sorted(ranked, key=lambda r: -r[1])
+JUDGED_CHARS = 1000  # of a text, the characters judged: its first ones
 
 
-def _code(lang: str) -> str:
+def judged_part(text: str) -> str:
+    """The part of `text` its language is judged on: its first `JUDGED_CHARS` characters."""
+    return text[:JUDGED_CHARS]
+
+
+def identify(text: str) -> list[tuple[str, float]]:
+    """Every language py3langid knows, with its probability for `text` (judged on its first
+    `JUDGED_CHARS` characters), likeliest first."""
+    identifier = _identifier(None)
+    return [(lang, float(p)) for lang, p in identifier.rank(judged_part(text))]
+
+
+def base_code(lang: str) -> str:
     """The ISO 639-1 code py3langid knows a language by: `pt_BR` -> `pt`."""
     return lang.split("_")[0]
 
 
+def known(lang: str) -> bool:
+    """Whether py3langid knows the language `lang` (a code such as de or pt_BR)."""
+    return base_code(lang) in _identifier(None).nb_classes
+
+
 @lru_cache(maxsize=8)
-def _identifier(languages: tuple[str, ...]) -> Any:
+def _identifier(languages: tuple[str, ...] | None) -> Any:
+    """py3langid's identifier with normalized probabilities, among `languages` (None: all)."""
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
     identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-    identifier.set_languages([lang for lang in languages if lang in identifier.nb_classes])
+    if languages is not None:
+        identifier.set_languages([lang for lang in languages if lang in identifier.nb_classes])
     return identifier
 
 
 def off_target_rate(outputs: Sequence[str], lang: str, languages: Sequence[str]) -> float | None:
     """Percent of the non-blank `outputs` identified as another of `languages` than `lang`;
     None when there is nothing to judge or py3langid does not know `lang`."""
-    codes = tuple(sorted({_code(x) for x in [*languages, lang]}))
+    codes = tuple(sorted({base_code(x) for x in [*languages, lang]}))
     identifier = _identifier(codes)
-    if _code(lang) not in identifier.nb_classes or len(identifier.nb_classes) < 2:
+    if base_code(lang) not in identifier.nb_classes or len(identifier.nb_classes) < 2:
         return None
     judged = [line for line in outputs if line.strip()]
     if not judged:
         return None
-    wrong = sum(identifier.classify(line)[0] != _code(lang) for line in judged)
+    wrong = sum(identifier.classify(judged_part(line))[0] != base_code(lang) for line in judged)
     return 100 * wrong / len(judged)
 
 
@@ -85,20 +100,21 @@ class LanguageScores:
 
     def knows(self, lang: str) -> bool:
         """Whether py3langid has the language `lang` (a code such as de or pt_BR)."""
-        return _code(lang) in self.languages
+        return base_code(lang) in self.languages
 
     def probability(self, lines: Sequence[str], langs: Sequence[str]) -> np.ndarray:
-        """(N,) the probability py3langid gives language `langs[i]` for line `lines[i]` (the
-        same for every language where a line has no features, e.g. an empty one)."""
+        """(N,) the probability py3langid gives language `langs[i]` for line `lines[i]`, judged
+        on its first `JUDGED_CHARS` characters (the same for every language where a line has
+        no features, e.g. an empty one)."""
         if not lines:
             return np.zeros(0, dtype=np.float32)
-        data = [_bytes(line) for line in lines]
+        data = [_bytes(judged_part(line)) for line in lines]
         scores = self._scores(data)  # (N, L)
         scores /= np.sqrt(np.maximum([len(d) for d in data], 1))[:, None]
         probs = np.exp(scores - scores.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)
         asked = sorted(set(langs))
-        columns = np.array([[name == _code(lang) for name in self.languages] for lang in asked])
+        columns = np.array([[name == base_code(lang) for name in self.languages] for lang in asked])
         return (probs * columns[np.searchsorted(asked, langs)]).sum(axis=1)
 
     def _scores(self, data: list[bytes]) -> np.ndarray:

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import stat
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -91,6 +92,13 @@ def _check_stream(path: Path, option: str, pid: int | None, fd: int) -> None:
         raise UserError(f"{option} {named(path)}: descriptor {fd} is not open") from None
     if mode == os.O_RDONLY:
         raise UserError(f"{option} {named(path)}: descriptor {fd} is open for reading only")
+
+
+def check_stdout(way_out: str) -> None:
+    """Refuse, before any work, a stdout the shell closed (`>&-`): what the command prints
+    would go nowhere; `way_out` says what to give instead."""
+    if sys.stdout is None:
+        raise UserError(f"stdout: cannot write (it is closed); {way_out}")
 
 
 def same_file(out: str | Path, source: str | Path) -> bool:

@@ -15,28 +15,34 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shlex
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attn_mt.errors import UserError
 from attn_mt.fileio import os_reason
 from attn_mt.paths import writable, writable_dir
 
+if TYPE_CHECKING:
+    from attn_mt.config.schema import TrainConfig
+
 LOCK_NAME = ".lock"
 # What a run writes into its folder (README.md, "Train"); removed again when the run fails
 # before its first last.pt.
-RUN_ENTRIES = ("checkpoints", "config.yaml", "metrics.jsonl", "train.log", "tb")
+RUN_ENTRIES = ("checkpoints", "config.yaml", "casing.json", "metrics.jsonl", "train.log", "tb")
 
 
 @contextlib.contextmanager
-def lock_run_folder(out_dir: str | Path) -> Iterator[None]:
-    """Hold the run folder `out_dir` (created if needed) for this process until the block ends."""
+def lock_run_folder(out_dir: str | Path, command: str = "train") -> Iterator[None]:
+    """Hold the run folder `out_dir` (created if needed) for this process until the block ends;
+    the lock file names the holder (its pid and `command`) for another process's message."""
     out = Path(out_dir)
     created = _make_folders(out)
     try:
-        handle = _acquire(out)
+        handle = _acquire(out, command)
     except BaseException:
         _remove_folders(created)
         raise
@@ -111,14 +117,35 @@ def _unfinished(out: Path) -> str | None:
 def is_locked(out_dir: str | Path) -> bool:
     """Whether a process holds the run folder's lock now (a run in progress there; checked
     before this process takes the lock, so that `lock_run_folder` names that process)."""
+    return holder(out_dir) is not None
+
+
+def holder(out_dir: str | Path) -> str | None:
+    """The process that holds the run folder's lock now, in words (`attn-mt distill (pid
+    123)`); None when none does."""
     try:
         with open(Path(out_dir) / LOCK_NAME, encoding="utf-8") as handle:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _holder_words(handle.read())
     except OSError:
-        return False  # no lock file, or one this process cannot read: nothing holds it
-    return False
+        return None  # no lock file, or one this process cannot read: nothing holds it
+    return None
+
+
+def busy(out: Path, who: str) -> UserError:
+    """The refusal of a run folder another process holds, naming it and its lock."""
+    return UserError(
+        f"{out}: another {who} is running in this folder (it holds {out / LOCK_NAME}); wait for "
+        "it to end or choose another train.out_dir"
+    )
+
+
+def _holder_words(text: str) -> str:
+    """A lock file's `PID COMMAND` (an older one: `PID`) as `attn-mt COMMAND (pid PID)`."""
+    pid, command = [*text.split(), "unknown", "train"][:2]
+    return f"attn-mt {command} (pid {pid})"
 
 
 def _check_writable(out: Path) -> None:
@@ -130,7 +157,7 @@ def _check_writable(out: Path) -> None:
             raise UserError(f"{path}: permission denied; the run writes it (make it writable)")
 
 
-def _acquire(out: Path):
+def _acquire(out: Path, command: str):
     """The open lock file, locked; a UserError naming the holder if another process has it."""
     path = out / LOCK_NAME
     while True:
@@ -142,12 +169,9 @@ def _acquire(out: Path):
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = handle.read().strip() or "unknown"
+            who = _holder_words(handle.read())
             handle.close()
-            raise UserError(
-                f"{out}: another attn-mt train (pid {holder}) is running in this folder; wait for "
-                "it to end or choose another train.out_dir"
-            ) from None
+            raise busy(out, who) from None
         # The holder before us may have removed the file after we opened it: lock the new one.
         try:
             same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
@@ -155,7 +179,7 @@ def _acquire(out: Path):
             same = False
         if same:
             handle.truncate(0)
-            handle.write(f"{os.getpid()}\n")
+            handle.write(f"{os.getpid()} {command}\n")
             handle.flush()
             return handle
         handle.close()
@@ -203,14 +227,39 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def continue_command(out_dir: str | Path, stopped_by: str) -> str:
+def continue_command(out_dir: str | Path, stopped_by: str, t: TrainConfig | None = None) -> str:
     """What continues the run in `out_dir` that stopped so: one command whatever config or
-    `--set` started it, since the run folder holds its resolved config."""
+    `--set` started it, since the run folder holds its resolved config; with the run's
+    train config `t`, the budget it reached doubled."""
     command = f"attn-mt train --resume {shlex.quote(str(out_dir))}"
     if stopped_by == "signal":
         return f"continue it with `{command}`"
     # The budget it reached must grow, or the resumed run ends at once.
     budget = {"max_steps": "N", "max_minutes": "M", "max_epochs": "E"}.get(stopped_by)
     if budget:
+        had = getattr(t, stopped_by, 0)
+        if had > 0:
+            return (
+                f"train it further with `{command} --set train.{stopped_by}={2 * had:g}` (it "
+                f"had {had:g}; give more)"
+            )
         return f"train it further with `{command} --set train.{stopped_by}={budget}`"
     return f"train it further with `{command} --set train.KEY=VALUE` (a larger budget)"
+
+
+def stopped_by(out_dir: str | Path, step: int) -> str | None:
+    """How the run in `out_dir` stopped at `step`, as its train.log's last "finished at step
+    N (HOW)" line says (max_steps, max_minutes, early stopping, ...); None where the log
+    says nothing of that step (stopped by a signal, killed, or no log)."""
+    try:
+        text = (Path(out_dir) / "train.log").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = _FINISHED.findall(text)
+    if found and int(found[-1][0]) == step:
+        return str(found[-1][1])
+    return None
+
+
+# The closing line of a run that ends by itself (`train.loglines.log_finish`).
+_FINISHED = re.compile(r"finished at step (\d+) \(([^)]*)\)")

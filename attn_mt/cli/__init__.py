@@ -14,6 +14,9 @@ from attn_mt.cli import info  # noqa: F401
 from attn_mt.cli import average  # noqa: F401
 from attn_mt.cli import attention  # noqa: F401
 from attn_mt.cli import export  # noqa: F401
+from attn_mt.cli import import_  # noqa: F401
+from attn_mt.cli import shortlist  # noqa: F401
+from attn_mt.cli import recase_table  # noqa: F401
 from attn_mt.cli import serve  # noqa: F401
 from attn_mt.cli import data  # noqa: F401 (the `data` group, listed after the commands)
 

@@ -11,7 +11,8 @@ import typer
 
 from attn_mt.cli.app import app
 from attn_mt.cli.options import ConfigSetOption, DeviceOption
-from attn_mt.errors import UserError
+from attn_mt.errors import UserError, named
+from attn_mt.fileio import os_reason
 
 if TYPE_CHECKING:
     from attn_mt.config.data import DataConfig, TrainCorpus
@@ -49,6 +50,10 @@ def clean(
     if config is None or out is None:
         raise UserError("clean: give --config FILE and --out DIR")
     cfg = load_config(config, set_ or [], training=False)  # no training: no budget needed
+    if device != "auto":  # a device named is checked, whether or not a rule runs a model
+        from attn_mt.precision import resolve_device
+
+        resolve_device(device)
     from attn_mt.data.cleaning import clean_corpora, kept_files
     from attn_mt.data.corpora import train_corpora
     from attn_mt.data.pool import worker_count
@@ -67,7 +72,14 @@ def clean(
     processes = worker_count(workers)
     start = time.monotonic()
     scorers, models = _scorers(cfg.data, corpora, device)
-    reports = clean_corpora(cfg.data, corpora, out, processes, scorers)
+    try:
+        reports = clean_corpora(cfg.data, corpora, out, processes, scorers)
+    except OSError as err:  # a full disk, a file-size limit: each file is whole or not there
+        name = named(err.filename or out)
+        raise UserError(
+            f"--out {named(out)}: cannot write {name} ({os_reason(err)}); no file there is left "
+            "half-written: make room and run clean again"
+        ) from None
     seconds = time.monotonic() - start
     for number, report in enumerate(reports, start=1):
         for line in _table(number, report):

@@ -13,6 +13,9 @@ import typer
 
 from attn_mt.cli.app import app
 from attn_mt.cli.options import BeamOption, CometModelOption, DeviceOption, MetricsOption
+from attn_mt.errors import UserError
+from attn_mt.fileio import drop_stdout, os_reason
+from attn_mt.paths import check_stdout
 from attn_mt.scores import parse_metrics
 
 
@@ -64,6 +67,7 @@ def compare(
     from attn_mt.cli import progress
     from attn_mt.compare import compare_files
 
+    check_stdout("run it with stdout open (e.g. > FILE)")
     result = compare_files(
         systems,
         ref,
@@ -75,4 +79,10 @@ def compare(
         progress=lambda total: progress.sentences(total, "translate"),
         comet_model=comet_model,
     )
-    print(json.dumps(result.to_dict()) if as_json else result.table())
+    try:
+        print(json.dumps(result.to_dict()) if as_json else result.table(), flush=True)
+    except BrokenPipeError:  # the reader went away (`| head -1`): end quietly, as translate does
+        drop_stdout()
+    except OSError as err:  # a full disk, /dev/full
+        drop_stdout()
+        raise UserError(f"stdout: cannot write ({os_reason(err)})") from None

@@ -75,8 +75,25 @@ def evaluate(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of text.")
     ] = False,
+    variants: Annotated[
+        str | None,
+        typer.Option(
+            "--variants",
+            metavar="LIST",
+            help="Also score the test set as people type it: plain,upper,title,nopunct,typos,"
+            "spans (a row each; --out is then a folder of each variant's files).",
+        ),
+    ] = None,
     metrics: MetricsOption = "bleu,chrf",
     comet_model: CometModelOption = None,
+    split_sentences: Annotated[
+        bool,
+        typer.Option(
+            "--split-sentences/--no-split-sentences",
+            help="Translate each sentence of a source line on its own, as `translate` does "
+            "(a test set of a sentence a line translates alike either way).",
+        ),
+    ] = True,
     beam: BeamOption = None,
     length_penalty: LengthPenaltyOption = None,
     set_: DecodeSetOption = None,
@@ -87,8 +104,13 @@ def evaluate(
 ) -> None:
     """Translate a split (or --src/--ref files) and print its scores (sacreBLEU BLEU and chrF,
     or --metrics) with their signatures."""
-    from attn_mt.evaluate import check_evaluation_files, evaluate_split
-    from attn_mt.paths import check_output_file, resolve_checkpoint
+    from attn_mt.evaluate import (
+        check_evaluation_files,
+        evaluate_split,
+        evaluate_variants,
+        parse_variants,
+    )
+    from attn_mt.paths import check_output_dir, check_output_file, resolve_checkpoint
     from attn_mt.scores import check_metrics
 
     for path in model:
@@ -96,7 +118,11 @@ def evaluate(
     check_evaluation_files(split and split.value, src, ref, pair, tgt_lang)  # before the models
     names = parse_metrics(metrics)
     check_metrics(names, comet_model)
-    if out is not None:
+    chosen = parse_variants(variants) if variants is not None else None
+    if chosen is not None and out is not None:
+        inputs = [("--model", resolve_checkpoint(path)) for path in model]
+        check_output_dir(out, inputs=[*inputs, ("--src", src), ("--ref", ref)])
+    elif out is not None:
         inputs = [("--model", resolve_checkpoint(path)) for path in model]
         check_output_file(out, inputs=[*inputs, ("--src", src), ("--ref", ref)])
     decode = decode_settings(set_, beam, length_penalty)
@@ -111,6 +137,24 @@ def evaluate(
         prepack=prepack.value_for_load,
         decode=decode,
     )
+    if chosen is not None:
+        table = evaluate_variants(
+            translator,
+            chosen,
+            split and split.value,
+            src,
+            ref,
+            out,
+            progress=lambda total: progress.sentences(total, "evaluate"),
+            pair=pair,
+            tgt_lang=tgt_lang,
+            metrics=names,
+            comet_model=comet_model,
+            split_sentences=split_sentences,
+        )
+        print(json.dumps(table.to_dict()) if as_json else table.table(names))
+        print(f"variants' files: {table.folder}", file=sys.stderr)
+        return
     result = evaluate_split(
         translator,
         split and split.value,
@@ -122,6 +166,7 @@ def evaluate(
         tgt_lang=tgt_lang,
         metrics=names,
         comet_model=comet_model,
+        split_sentences=split_sentences,
     )
     if as_json:
         print(json.dumps(result.to_dict()))

@@ -55,11 +55,17 @@ def info(
     print(f"best: {_best(folder, checkpoints, cfg.train)}")
     for path in checkpoints:
         print(f"checkpoint: {path.name}  {path.stat().st_size / 1e6:.1f} MB")
+    if imported := state.get("imported"):  # `attn-mt import`: a pretrained model, not a run
+        print(f"imported: from {imported.get('from')} ({imported.get('kind')})")
+        print(f"fine-tune it with `attn-mt train --config FILE --init-from {run}`")
+        return
     if folder is not None:
-        from attn_mt.runfolder import continue_command
+        from attn_mt.runfolder import continue_command, stopped_by
 
-        stopped = "max_steps" if 0 < cfg.train.max_steps <= state["step"] else "signal"
-        print(continue_command(folder, stopped))
+        stopped = stopped_by(folder, state["step"])
+        if stopped is None:
+            stopped = "max_steps" if 0 < cfg.train.max_steps <= state["step"] else "signal"
+        print(continue_command(folder, stopped, cfg.train))
 
 
 def _best(folder: Path | None, checkpoints: list[Path], t: TrainConfig) -> str:
@@ -90,7 +96,9 @@ def _best(folder: Path | None, checkpoints: list[Path], t: TrainConfig) -> str:
         for k, v in best.items()
         if k not in ("step", "split") and isinstance(v, float)
     )
-    return f"valid {shown} at step {best['step']:,}"
+    on = best.get("sentences")  # a validation may score a subset (a budget's, a limit's)
+    count = f" (on {on:,} validation sentences)" if type(on) is int else ""
+    return f"valid {shown} at step {best['step']:,}{count}"
 
 
 def _validation(record: Any, metric: str) -> bool:

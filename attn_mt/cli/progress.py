@@ -23,8 +23,6 @@ from rich.progress import (
     Task,
     TaskID,
     TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.text import Text
 
@@ -37,16 +35,21 @@ def on_terminal() -> bool:
     return sys.stderr.isatty()
 
 
-class RateColumn(ProgressColumn):
-    """The task's speed as `12.3 UNIT` (`? UNIT` until it is known)."""
+class SinceStartColumn(ProgressColumn):
+    """`12.3 UNIT  0:42  ETA 1:05`: the task's pace since it started (not rich's window of
+    the last seconds, which forgets a phase that comes back after a pause), its elapsed time
+    and the time left at that pace."""
 
     def __init__(self, unit: str):
         super().__init__()
         self.unit = unit
 
     def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text(f"{speed:,.1f} {self.unit}" if speed else f"? {self.unit}")
+        elapsed = task.elapsed or 0.0
+        rate = task.completed / elapsed if task.completed and elapsed > 0 else None
+        left = None if rate is None or task.total is None else (task.total - task.completed) / rate
+        speed = f"{rate:,.1f} {self.unit}" if rate else f"? {self.unit}"
+        return Text(f"{speed}  {clock(elapsed)}  ETA {clock(left, '-:--')}")
 
 
 def _sentence_columns(label: str) -> tuple[ProgressColumn, ...]:
@@ -57,10 +60,7 @@ def _sentence_columns(label: str) -> tuple[ProgressColumn, ...]:
         BarColumn(bar_width=None),
         MofNCompleteColumn(),
         TextColumn("sentences"),
-        RateColumn("sent/s"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
+        SinceStartColumn("sent/s"),
     )
 
 
@@ -100,7 +100,7 @@ def lines(
     )
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(label, total=total, pace=pace)
-        pace.on_change = lambda: bar.update(task, completed=pace.lines_done)
+        pace.on_change = lambda: bar.update(task, completed=pace.shown)
         yield pace
 
 
@@ -130,7 +130,10 @@ class TrainingDisplay:
     """Training's live line (the log line's figures after every update, as many as the
     terminal's width holds, its elapsed time and ETA moving on between updates) and, while it
     validates, a bar of sentences scored ("validation loss") then translated ("validation
-    search"; of a multilingual run "validation search de-en"). Log lines print above it."""
+    search"; of a multilingual run "validation search de-en"). Log lines print above it.
+
+    A validation under a time budget goes in chunks, scoring and translating in turn: each
+    phase keeps its bar (shown while it runs), its clock and its pace across the chunks."""
 
     def __init__(self, console: Console, now: Callable[[], float] = time.monotonic):
         self.console, self.now = console, now
@@ -138,7 +141,8 @@ class TrainingDisplay:
         self.times: tuple[float, float, float | None] = (0.0, 0.0, None)  # came, elapsed, ETA
         columns = _sentence_columns("{task.description}")
         self.bar = Progress(*columns, console=console, auto_refresh=False)
-        self.task: TaskID | None = None
+        self.task: TaskID | None = None  # the phase shown
+        self.phases: dict[str, TaskID] = {}  # every phase of this validation
         self.live = Live(
             console=console, transient=True, redirect_stderr=True, get_renderable=self._render
         )
@@ -168,18 +172,26 @@ class TrainingDisplay:
         )
 
     def validating(self, phase: str, done: int, total: int) -> None:
-        """Validation's `phase` has done `done` of `total` sentences; the bar goes when the
+        """Validation's `phase` has done `done` of `total` sentences; the bars go when the
         search is done."""
         label = f"validation {phase}"
-        if self.task is not None and self.bar.tasks[0].description != label:
-            self.bar.remove_task(self.task)  # the next phase: a bar of its own
-            self.task = None
-        if self.task is None:
-            self.task = self.bar.add_task(label, total=total)
-            self.live.refresh()  # shown at least once, however quick the validation
-        self.bar.update(self.task, completed=done, total=total)
+        task = self.phases.get(label)
+        shown = {t.id: t.completed for t in self.bar.tasks}
+        if task is not None and done < shown[task]:  # a new validation
+            self.bar.remove_task(task)
+            task = None
+        if task is None:
+            task = self.phases[label] = self.bar.add_task(label, total=total)
+        for other in self.phases.values():
+            self.bar.update(other, visible=other == task)
+        if task != self.task:
+            self.task = task
+            self.live.refresh()  # shown at least once, however quick the phase
+        self.bar.update(task, completed=done, total=total)
         if phase.split(" ")[0] == "search" and done >= total:
-            self.bar.remove_task(self.task)
+            for other in self.phases.values():
+                self.bar.remove_task(other)
+            self.phases.clear()
             self.task = None
 
 

@@ -85,11 +85,19 @@ def serve(
             f"(0: batch only what is already queued; at most {MAX_WAIT_MS}).",
         ),
     ] = 10.0,
-    max_lines: Annotated[int, _limit("--max-lines", "Lines per request.")] = 64,
+    max_lines: Annotated[
+        int, _limit("--max-lines", "Entries (paragraphs or HTML pages) per request.")
+    ] = 64,
     max_chars: Annotated[
-        int, _limit("--max-chars", "Characters per line, its terms and prefix counted in.")
-    ] = 2000,
-    max_body_bytes: Annotated[int, _limit("--max-body-bytes", "Bytes per request.")] = 1 << 20,
+        int,
+        _limit(
+            "--max-chars",
+            "Characters per request: its text (an HTML page's: the text of its blocks), terms, "
+            "prefixes, avoided words and glossary together. A sentence longer than the model "
+            "reads is translated in pieces.",
+        ),
+    ] = 100_000,
+    max_body_bytes: Annotated[int, _limit("--max-body-bytes", "Bytes per request.")] = 4 << 20,
     max_beam: Annotated[int, _limit("--max-beam", "Widest beam or n-best a request gets.")] = 32,
     max_terms: Annotated[int, _limit("--max-terms", "Terms (constraints) per line.")] = 8,
     max_avoid: Annotated[int, _limit("--max-avoid", "Avoided words per request.")] = 64,

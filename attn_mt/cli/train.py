@@ -42,8 +42,9 @@ def train(
         typer.Option(
             "--init-from",
             metavar="PATH",
-            help="Start a new run from a run folder (its best.pt) or .pt file: its weights and "
-            "SentencePiece models (sets train.init_from).",
+            help="Start a new run from a run folder (its best.pt) or .pt file: its weights, "
+            "SentencePiece models, and the model, tokenizer and decode keys the config leaves "
+            "out (sets train.init_from; an imported model fine-tunes so).",
         ),
     ] = None,
     device: DeviceOption = "auto",

@@ -109,6 +109,15 @@ def translate(
             "--avoid", metavar="FILE", help="Words or phrases (one a line) no output may hold."
         ),
     ] = None,
+    glossary: Annotated[
+        Path | None,
+        typer.Option(
+            "--glossary",
+            metavar="FILE",
+            help="Lines 'source term<TAB>target term': a line holding a source term (whole "
+            "words, any case) gets its target term as a constraint.",
+        ),
+    ] = None,
     alignment: Annotated[
         bool,
         typer.Option(
@@ -119,11 +128,12 @@ def translate(
     split_sentences: Annotated[
         bool,
         typer.Option(
-            "--split-sentences",
+            "--split-sentences/--no-split-sentences",
             help="Translate each sentence of a line on its own (a line with terms or a prefix "
-            "whole), joined with the line's spacing: still one output line per input line.",
+            "whole), joined with the line's spacing, as the server does: still one output "
+            "line per input line. --no-split-sentences: each line whole.",
         ),
-    ] = False,
+    ] = True,
     tgt_lang: TgtLangOption = None,
     shard: Annotated[
         str | None,
@@ -164,6 +174,7 @@ def translate(
         prefix=prefix,
         constraints=constraints,
         avoid=avoid,
+        glossary=glossary,
         alignment=alignment,
         split_sentences=split_sentences,
         tgt_lang=tgt_lang,

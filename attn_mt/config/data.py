@@ -214,6 +214,11 @@ class DataConfig:
     valid: SplitFiles | list[ValidCorpus] = group(
         SplitFiles, "validation files (BLEU, early stop), or a list {src, tgt, src_lang, tgt_lang}"
     )
+    valid_general: SplitFiles = group(
+        SplitFiles,
+        "a second validation set, watched and never selecting best.pt: a fine-tuned model's "
+        "general domain, where forgetting shows (null files: none)",
+    )
     test: SplitFiles = group(SplitFiles, "test files (`evaluate --split test`)")
     max_len: int = key(
         128,
@@ -237,9 +242,12 @@ class DataConfig:
         1.0, "multilingual mix: corpus shares p ~ n^(1/T) (1 = by size; larger flattens)", gt=0
     )
 
-    def validate(self) -> None:
-        """Every split has its files unless a named corpus supplies them; two languages."""
-        self._validate_languages()
+    def validate(self, files: bool = True) -> None:
+        """Every split has its files unless a named corpus supplies them; two languages; the
+        second validation set (a bilingual run's) has both its files or neither.
+        `files` False: the section only names the languages and directions of a model (a
+        checkpoint's config: an imported model was trained on no files of attn-mt's)."""
+        self._validate_languages(files)
         if isinstance(self.train, list):
             if not self.train:
                 raise ConfigError("data.train: an empty list; give at least one corpus")
@@ -249,7 +257,7 @@ class DataConfig:
             for side in ("src", "tgt"):
                 if getattr(entry, side) is None:
                     raise ConfigError(f"data.valid[{i}].{side}: missing; give src and tgt files")
-        if self.dataset is None:
+        if self.dataset is None and files:
             for split in ("train", "valid") if isinstance(self.train, SplitFiles) else ("valid",):
                 files = getattr(self, split)
                 for side in ("src", "tgt"):
@@ -260,24 +268,35 @@ class DataConfig:
                         )
         if self.src_lang == self.tgt_lang:
             reject("data.tgt_lang", self.tgt_lang, "must differ from data.src_lang")
+        general = self.valid_general
+        if (general.src is None) != (general.tgt is None):
+            side = "tgt" if general.tgt is None else "src"
+            raise ConfigError(f"data.valid_general.{side}: missing; give src and tgt files")
+        if general.src is not None and len(self.directions()) > 1:
+            raise ConfigError(
+                "data.valid_general: one direction's files, for a bilingual run; a multilingual "
+                "run validates each direction in data.valid"
+            )
         self.augment.validate()
         self.filters.validate("data.filters")
         for i, corpus in enumerate(self.train if isinstance(self.train, list) else []):
             if corpus.filters is not None:
                 corpus.filters.validate(f"data.train[{i}].filters")
 
-    def _validate_languages(self) -> None:
+    def _validate_languages(self, files: bool = True) -> None:
         """data.pairs names two languages of its named corpus; file entries give both
         languages or neither, and a multilingual file mix gives its validation per direction."""
         for i, pair in enumerate(self.pairs):
             where = f"data.pairs[{i}]"
-            if self.dataset is None:
+            if self.dataset is None and files:
                 raise ConfigError(
                     f"{where}: pairs take their files from a named corpus (data.dataset); for "
                     "files give src_lang and tgt_lang on each data.train and data.valid entry"
                 )
-            known = CORPUS_LANGUAGES[self.dataset]
             src, _, tgt = str(pair).partition("-")
+            known = CORPUS_LANGUAGES[self.dataset] if self.dataset else [src, tgt]
+            if not _LANG.fullmatch(src) or not _LANG.fullmatch(tgt):
+                reject(where, pair, "must be two language codes joined by -, e.g. de-en")
             if src not in known or tgt not in known:
                 reject(where, pair, f"{self.dataset} has the languages {', '.join(known)}")
             if src == tgt:

@@ -128,22 +128,56 @@ def load_config(
     return config
 
 
-def config_from_dict(raw: dict[str, Any]) -> Config:
-    """Build and validate a Config from plain nested dicts (a YAML file or a checkpoint)."""
+def config_from_dict(raw: dict[str, Any], files: bool = True) -> Config:
+    """Build and validate a Config from plain nested dicts (a YAML file or a checkpoint);
+    `files` False: a model's config, whose data.* need not name training files. The config
+    records the keys `raw` gives (`Config.given`)."""
     config = _build(Config, raw, prefix="")
-    config.validate()
+    config.validate(files)
+    sections = [(name, keys) for name, keys in raw.items() if isinstance(keys, dict)]
+    written = frozenset(f"{name}.{key}" for name, keys in sections for key in keys)
+    config.__dict__["_given"] = written  # beside the fields: `Config.given`
     return config
 
 
+# What a run started from a checkpoint takes from it where its config does not write them
+# (`inherit_keys`): sections whole, or one key of a section.
+INHERITED = ("model", "tokenizer", "decode", "data.src_lang", "data.tgt_lang")
+
+
+def inherit_keys(config: Config, source: Config) -> Config:
+    """`config` with every INHERITED key it does not write (`Config.given`) taken from `source`,
+    the config of the checkpoint a run starts from, and validated again; the keys it writes
+    are its own (whether they may differ from the checkpoint's, its caller decides)."""
+    given = config.given()
+    if given is None:  # made in code: every key is written
+        return config
+    raw, theirs = config.to_dict(), source.to_dict()
+    for name in INHERITED:
+        section, _, key = name.partition(".")
+        for item in [key] if key else list(raw[section]):
+            if f"{section}.{item}" not in given:
+                raw[section][item] = theirs[section][item]
+    inherited = config_from_dict(raw)
+    inherited.__dict__["_given"] = given  # still what the user wrote
+    return inherited
+
+
 def apply_override(raw: dict[str, Any], item: str) -> None:
-    """Apply one `--set a.b=value` to the raw dict; the value is parsed as YAML."""
+    """Apply one `--set a.b=value` to the raw dict; the value is parsed as YAML. A section's
+    key takes a YAML mapping (`--set 'data.train={src: A, tgt: B}'`), whose keys are set as
+    `--set data.train.src=A --set data.train.tgt=B` would set them (a list, where the section
+    may be one, as data.train's corpora: replacing it)."""
     if "=" not in item:
         raise ConfigError(f"--set {item}: expected KEY=VALUE, e.g. --set train.lr=0.0005")
     key, text = item.split("=", 1)
     parts = key.strip().split(".")
     field_type = _field_type(parts)  # raises on unknown keys
-    if base_type(field_type) is str:
-        value: Any = None if text.strip() in ("null", "~") else text
+    value: Any
+    if dataclasses.is_dataclass(field_type):
+        value = _section_value(".".join(parts), text)
+    elif base_type(field_type) is str:
+        value = None if text.strip() in ("null", "~") else text
     else:
         try:
             value = parse_yaml(text) if text.strip() else None
@@ -161,7 +195,11 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
             child = {}
             node[part] = child
         node = child
-    node[parts[-1]] = value
+    section = dataclasses.is_dataclass(field_type) and isinstance(value, dict)
+    if section and isinstance(node.get(parts[-1]), dict):
+        node[parts[-1]] |= value
+    else:
+        node[parts[-1]] = value
 
 
 def save_config(config: Config, path: str | Path) -> None:
@@ -193,7 +231,7 @@ def _resolve_data_paths(raw: dict[str, Any], base: Path) -> None:
     if not isinstance(data, dict):
         return
     entries: list[Any] = [data] if isinstance(data.get("prepared_dir"), str) else []
-    for split in ("train", "valid", "test"):
+    for split in ("train", "valid", "valid_general", "test"):
         files = data.get(split)
         entries += files if isinstance(files, list) else [files]
     for corpus in [data, *(entry for entry in entries if isinstance(entry, dict))]:
@@ -235,9 +273,21 @@ def _field_type(parts: list[str]) -> Any:
         cls = mapping_shape(hints[part])
         if i < len(parts) - 1 and not dataclasses.is_dataclass(cls):
             raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
-    if dataclasses.is_dataclass(cls):
-        raise ConfigError(f"{'.'.join(parts)}: is a section; set one of its keys")
     return cls
+
+
+def _section_value(key: str, text: str) -> Any:
+    """The YAML mapping (or list of them) `--set KEY=...` gives the section `key`."""
+    try:
+        value = parse_yaml(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, dict | list):
+        raise ConfigError(
+            f"{key}: is a section; set one of its keys (--set {key}.KEY=VALUE) or give it a "
+            f"YAML mapping (--set '{key}={{KEY: VALUE, ...}}')"
+        )
+    return value
 
 
 class _UnknownKey(ConfigError):
@@ -319,6 +369,8 @@ def _coerce(key: str, value: Any, hint: Any, doc: str | None = None) -> Any:
         choices = typing.get_args(base)
         if isinstance(value, bool) and "true" in choices:  # YAML's true/false: train.compile
             value = str(value).lower()
+        elif value is False and "off" in choices:  # YAML reads `off` as false: decode.recase
+            value = "off"
         if value not in choices:
             close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
             extra = f"; did you mean {close[0]!r}?" if close else ""

@@ -85,12 +85,17 @@ class ModelConfig:
     attention_dropout: float = key(0.0, "dropout on attention weights", ge=0, lt=1)
     attention: Literal["dot", "additive"] = key("dot", "scaled dot-product or additive scoring")
     norm: Literal["pre", "post"] = key("pre", "layer norm before (pre) or after (post) each block")
-    activation: Literal["relu", "gelu"] = key("relu", "feed-forward non-linearity")
+    activation: Literal["relu", "gelu", "swish"] = key(
+        "relu", "feed-forward non-linearity (swish: x * sigmoid(x), as OPUS-MT models)"
+    )
     positions: Literal["sinusoidal", "learned"] = key("sinusoidal", "positional encoding kind")
     max_positions: int = key(
         1024, "table size for learned positions (sinusoidal grows as needed)", ge=1
     )
     tie_embeddings: bool = key(True, "share src/tgt embeddings (joint vocab) and the output matrix")
+    output_bias: bool = key(
+        False, "a learned bias on the output logits (Marian's final_logits_bias; imports set it)"
+    )
     fused_attention: bool = key(True, "use torch's fused scaled_dot_product_attention kernel")
 
     def validate(self) -> None:
@@ -101,6 +106,8 @@ class ModelConfig:
             reject("model.d_model", self.d_model, "must be even for sinusoidal positions")
 
 
+# The parts `train.freeze` may name (`train.state.freeze` says which tensors each holds).
+FREEZABLE = ("embeddings", "encoder", "decoder")
 # train.max_minutes' ceiling (about 1,900 years): far larger budgets overflow the clock's
 # arithmetic in seconds (1e308 minutes is inf seconds).
 MAX_MINUTES = 1e9
@@ -129,7 +136,16 @@ class TrainConfig:
     max_epochs: int = key(0, "stop after this many passes over the data (0 = no limit)", ge=0)
     seed: int = key(1, "seeds parameter init, data order and dropout", ge=0)
     init_from: str | None = key(
-        None, "run folder or .pt whose weights and SentencePiece start the run"
+        None,
+        "run folder or .pt whose weights and SentencePiece start the run (its model, tokenizer "
+        "and decode keys fill those the config leaves out)",
+    )
+    freeze: list[str] = dataclasses.field(
+        default_factory=list,
+        metadata={
+            "doc": "parts not trained: embeddings (the tables, the output layer: with tied "
+            "embeddings one matrix), encoder, decoder"
+        },
     )
     lr: float = key(7e-4, "peak learning rate", gt=0)
     schedule: Literal["inverse_sqrt", "linear", "cosine", "constant"] = key(
@@ -214,7 +230,8 @@ class TrainConfig:
     def validate(self) -> None:
         """A decaying schedule needs its length: max_steps, else the max_minutes budget; the
         budget must fit the run's clock (in seconds, as floats); the floor must not be above
-        the peak; valid_metrics are scores validation can compute."""
+        the peak; valid_metrics are scores validation can compute; freeze names parts of the
+        model, and leaves one to train."""
         if self.max_minutes > MAX_MINUTES:
             reject("train.max_minutes", self.max_minutes, f"must be at most {MAX_MINUTES:g}")
         if not self.valid_metrics or not set(self.valid_metrics) <= set(STRING_METRICS):
@@ -222,6 +239,10 @@ class TrainConfig:
             reject("train.valid_metrics", self.valid_metrics, rule)
         if self.min_lr > self.lr:
             reject("train.min_lr", self.min_lr, f"must not exceed train.lr ({self.lr:g})")
+        if not set(self.freeze) <= set(FREEZABLE) or len(set(self.freeze)) < len(self.freeze):
+            reject("train.freeze", self.freeze, f"must list some of {list(FREEZABLE)}, once each")
+        if set(self.freeze) == set(FREEZABLE):
+            reject("train.freeze", self.freeze, "leaves nothing to train")
         if self.schedule in ("linear", "cosine") and self.max_steps <= 0 and not self.max_minutes:
             reject(
                 "train.schedule",
@@ -236,7 +257,15 @@ class DecodeConfig:
 
     beam: int = key(5, "beam size (1 = greedy)", ge=1)
     length_penalty: float = key(
-        1.0, "GNMT alpha: score / ((5 + len) / 6) ** alpha (0 = raw sum)", ge=0
+        1.0, "alpha: score / ((5 + len) / 6) ** alpha (gnmt) or len ** alpha (plain); 0 = sum", ge=0
+    )
+    length_penalty_kind: Literal["gnmt", "plain"] = key(
+        "gnmt", "gnmt: Wu et al.'s ((5 + len) / 6) ** alpha; plain: len ** alpha (transformers)"
+    )
+    end_at_limit: Literal["scored", "free"] = key(
+        "scored",
+        "the <eos> forced at the output limit: scored by the model, or free (transformers' "
+        "forced_eos_token_id; imported Marian models)",
     )
     # Output limits are bounded: a search allocates per output step, an absurd limit fails late.
     max_len_a: float = key(1.5, "output length limit: a * source_length + b", ge=0, le=100)
@@ -255,6 +284,22 @@ class DecodeConfig:
         "decoder layer whose cross-attention gives --alignment (from 0; -1 last, -2 "
         "penultimate, the one layer of a one-layer decoder; null: the mean of every layer)",
     )
+    shortlist: str | None = key(
+        None,
+        "a lexical shortlist file (`attn-mt shortlist`): each step scores only the target pieces "
+        "likely for the batch's sources (faster with a large vocabulary); null: every piece",
+    )
+    # Text as people write it (docs/decoding.md); with both off, lines are read as given.
+    recase: Literal["auto", "off"] = key(
+        "auto",
+        "ALL CAPS and Title Case lines (and runs in capitals) read in the casing table's forms, "
+        "the output cased back; no final punctuation in, none out",
+    )
+    protect: Literal["auto", "off"] = key(
+        "auto",
+        "URLs, e-mails, @handles, #tags, paths, `code` and emoji kept verbatim, every number "
+        "kept, invisible and unknown typographic characters normalised",
+    )
 
     def validate(self) -> None:
         """No rules between decode keys: each key's own range is in its metadata."""
@@ -270,12 +315,16 @@ class Config:
     train: TrainConfig = group(TrainConfig, "the training loop")
     decode: DecodeConfig = group(DecodeConfig, "search")
 
-    def validate(self) -> None:
-        """Section by section: each key's own constraints, then the rules between keys."""
+    def validate(self, files: bool = True) -> None:
+        """Section by section: each key's own constraints, then the rules between keys.
+        `files` False: data.* need not name training files (`DataConfig.validate`)."""
         for f in dataclasses.fields(self):
             section = getattr(self, f.name)
             check_keys(section, f"{f.name}.")
-            section.validate()
+            if isinstance(section, DataConfig):
+                section.validate(files)
+            else:
+                section.validate()
         for name, beam in (
             ("train.eval_beam", self.train.eval_beam),
             ("decode.beam", self.decode.beam),
@@ -283,7 +332,9 @@ class Config:
             if beam > self.tokenizer.vocab_size:  # a search keeps at most one entry per piece
                 vocab = self.tokenizer.vocab_size
                 raise ConfigError(f"{name}: {beam} is wider than tokenizer.vocab_size ({vocab})")
-        if self.data.language_tags() and not self.tokenizer.joint:
+        # attn-mt trains a multilingual model on one vocabulary; an imported one (a Tatoeba
+        # model: `>>xx<<` labels in its source vocabulary) may have two.
+        if files and self.data.language_tags() and not self.tokenizer.joint:
             reject(
                 "tokenizer.joint",
                 False,
@@ -308,6 +359,14 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts, as written to `config.yaml` and stored in checkpoints."""
         return dataclasses.asdict(self)
+
+    def given(self) -> frozenset[str] | None:
+        """The keys its YAML file and --set overrides wrote, dotted (`model.d_model`,
+        `data.train`): a run started from a checkpoint (or resumed from its last.pt) takes
+        the model, tokenizer and decode keys it leaves out from there (pydantic's
+        `model_fields_set`). `config.file.config_from_dict` records them beside the fields,
+        not as one, and `dataclasses.replace` drops them: None, every key counts as written."""
+        return self.__dict__.get("_given")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """`data.augment`: training pairs changed the way people type, as OpusTrainer's modifiers do
-(UpperCase, TitleCase, Typos) and one more (no final punctuation).
+(UpperCase, TitleCase, Typos) and one more (no final punctuation); title case and final
+punctuation are the text rules' (`attn_mt.text`), which translation reads lines by too.
 
 Each pair's draws come from its own generator, seeded by (train.seed, corpus, line): the same
 pair is changed the same way in every process and on every machine, whatever the chunking or the
@@ -11,10 +12,10 @@ from __future__ import annotations
 import random
 
 from attn_mt.config.data import AugmentConfig
+from attn_mt.text.casing import title_case
+from attn_mt.text.normalize import without_final_punct
 
-# Sentence-final punctuation that `no_final_punct` removes (with closing quotes and brackets).
-FINAL_PUNCT = ".!?;:…。！？；：؟।"
-_CLOSING = "\"'»”’)]"
+__all__ = ["Augmenter", "title_case", "with_typos", "without_final_punct"]
 
 
 class Augmenter:
@@ -45,21 +46,6 @@ class Augmenter:
         if typos < c.typos:
             src = with_typos(src, rng)
         return src, tgt
-
-
-def title_case(line: str) -> str:
-    """Every word's first letter in capitals, the rest untouched (`str.title` would lower
-    the rest: 'iPhone' -> 'Iphone', "don't" -> "Don'T")."""
-    return " ".join(word[:1].upper() + word[1:] for word in line.split(" "))
-
-
-def without_final_punct(line: str) -> str:
-    """`line` without the punctuation that ends it (before any closing quotes or brackets,
-    which stay)."""
-    stripped = line.rstrip()
-    body = stripped.rstrip(_CLOSING)
-    kept = body.rstrip(FINAL_PUNCT).rstrip()
-    return kept + stripped[len(body) :] if kept and kept != body else line
 
 
 def with_typos(line: str, rng: random.Random) -> str:

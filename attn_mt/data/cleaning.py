@@ -99,10 +99,11 @@ def judged(
     in_order_corpus = -1
     for codes, scores in ordered_map(judge_chunk, tasks(), workers, _init_judges, (judges,)):
         index, lines, src, tgt = waiting.popleft()
+        judge = judges[index]
+        assert judge is not None
         if index != in_order_corpus:  # repeats are looked for within a corpus
-            judge = judges[index]
-            assert judge is not None
             in_order, in_order_corpus = judge.in_order_rules(), index
+        judge.say_cut(f"data.train[{index}]", lines, src, tgt, codes)  # langid's long sides
         kept = np.flatnonzero(codes == 0)  # by the workers: the pairs `scores` are of
         for rule, scored in zip(in_order, scores, strict=True):
             left = codes[kept] == 0

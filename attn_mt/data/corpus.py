@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -53,6 +54,8 @@ class Corpus:
     # A multilingual run's validation per direction ("de-en" -> its corpus); the fields above
     # then hold every direction's pairs, one after the other.
     pairs: dict[str, Corpus] = dataclasses.field(default_factory=dict)
+    # data.valid_general's pairs: validated beside the split above, never selecting best.pt.
+    general: Corpus | None = None
 
     @property
     def src_ids(self) -> TokenView:
@@ -96,6 +99,9 @@ def training_data(
         if valid_files is None:
             raise DataError("data.valid: no validation corpus; give data.valid.src and .tgt")
         directions = {"": valid_files}
+    general = cfg.data.valid_general
+    if general.src and general.tgt:  # the second validation set: general (`Corpus.general`)
+        directions["general"] = (Path(general.src), Path(general.tgt))
     with stage("reading the validation split"):  # checked before the training data's work
         texts = {pair: read_parallel(*files) for pair, files in directions.items()}
     for pair, (valid_src, valid_ref) in texts.items():
@@ -111,7 +117,7 @@ def training_data(
     limit = input_limit(cfg.decode.max_input_len, positions)
     pairs = {}
     for pair, (valid_src, valid_ref) in texts.items():
-        tgt_lang = pair.partition("-")[2] or None
+        tgt_lang = pair.partition("-")[2] or None  # "" and "general": the run's one direction
         prefix = language_prefix(cfg.data, src_tok, tgt_lang)
         pairs[pair] = Corpus(
             shards=shards,
@@ -122,8 +128,9 @@ def training_data(
             valid_tgt_ids=target_ids(tgt_tok, valid_ref),
             valid_tgt_lang=tgt_lang,
         )
+    watched = pairs.pop("general", None)
     corpus = pairs[""] if "" in pairs else joined(pairs)
-    return src_tok, tgt_tok, corpus
+    return src_tok, tgt_tok, dataclasses.replace(corpus, general=watched)
 
 
 def joined(pairs: dict[str, Corpus]) -> Corpus:
@@ -147,7 +154,10 @@ def joined(pairs: dict[str, Corpus]) -> Corpus:
 def valid_subset(corpus: Corpus, size: int, seed: int) -> Corpus:
     """`corpus` with `size` of its validation pairs (0 = all): a fixed seeded choice, kept in
     file order, drawn from its own generator (the training streams never move); of a
-    multilingual run, `size` pairs of each direction."""
+    multilingual run, `size` pairs of each direction; of data.valid_general, `size` pairs."""
+    if corpus.general is not None:
+        alone = valid_subset(dataclasses.replace(corpus, general=None), size, seed)
+        return dataclasses.replace(alone, general=valid_subset(corpus.general, size, seed))
     if corpus.pairs:
         return joined({pair: valid_subset(c, size, seed) for pair, c in corpus.pairs.items()})
     if not size or size >= len(corpus.valid_src):

@@ -13,6 +13,7 @@ that reads the corpus (`attn_mt.data.cleaning`); `score` runs a model, in `attn-
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,6 +36,9 @@ from attn_mt.data.rules import (
     Script,
 )
 from attn_mt.data.scripts import base_language
+from attn_mt.langid import JUDGED_CHARS
+
+log = logging.getLogger("attn_mt")
 
 # The registry: every rule of data.filters, in the order they are tried (the cheap ones first,
 # those of the process that reads the corpus in order last).
@@ -79,6 +83,7 @@ class PairFilter:
         ]
         self._chunk_rules = [r for r in self.rules if isinstance(r, ChunkRule) and not r.in_order]
         self.in_order = [r for r in self.rules if isinstance(r, ChunkRule) and r.in_order]
+        self._cut_said = not any(isinstance(r, Langid) for r in self.rules)  # or no langid
 
     def judge(self, src: Sequence[str], tgt: Sequence[str]) -> np.ndarray:
         """(N,) uint8: the code of the first rule (`rule_names`) that drops each pair, 0 if
@@ -102,6 +107,33 @@ class PairFilter:
         workers' part of those rules."""
         _, kept_src, kept_tgt = _kept(src, tgt, codes)
         return [rule.score(kept_src, kept_tgt) for rule in self.in_order]
+
+    def say_cut(
+        self,
+        corpus: str,
+        lines: Sequence[int],
+        src: Sequence[str],
+        tgt: Sequence[str],
+        codes: np.ndarray,
+    ) -> None:
+        """Say once (a warning) that langid judges a side over `JUDGED_CHARS` characters on its
+        first ones, at the first such pair it judged (`codes`: the workers' codes of a chunk of
+        `corpus`, its 0-based `lines`); in the process that reads the corpus."""
+        if self._cut_said:
+            return
+        judged = (codes == 0) | (codes == rule_code(Langid.name))
+        for row in np.flatnonzero(judged).tolist():
+            if max(len(src[row]), len(tgt[row])) > JUDGED_CHARS:
+                self._cut_said = True
+                log.warning(
+                    "%s line %d: a side over %d characters; data.filters.langid judges it (and "
+                    "any other) on its first %d",
+                    corpus,
+                    lines[row] + 1,
+                    JUDGED_CHARS,
+                    JUDGED_CHARS,
+                )
+                return
 
     def in_order_rules(self) -> list[ChunkRule]:
         """New rules `in_order`, for one pass of the process that reads the corpus in order."""

@@ -58,6 +58,7 @@ from attn_mt.data.text import check_text_file, iter_lines, iter_parallel
 from attn_mt.data.tokenizer import Tokenizer, build_tokenizers, train_tokenizer
 from attn_mt.errors import DataError, UserError
 from attn_mt.fileio import os_reason, sigterm_unwinds
+from attn_mt.text.normalize import invisible
 
 log = logging.getLogger("attn_mt")
 
@@ -67,8 +68,9 @@ def prepared_root(cfg: DataConfig) -> Path:
     return Path(cfg.prepared_dir) if cfg.prepared_dir else cache_dir() / "prepared"
 
 
-def plan(cfg: Config) -> Plan:
-    """Hash the inputs and name the folder that holds (or will hold) their shards."""
+def plan(cfg: Config, tokenizers: tuple[Tokenizer, Tokenizer] | None = None) -> Plan:
+    """Hash the inputs and name the folder that holds (or will hold) their shards (a run from
+    train.init_from's checkpoint: with its SentencePiece `tokenizers`)."""
     corpora = train_corpora(cfg.data)
     tags = [source_tags(cfg.data, c) for c in corpora]
     entries = [{"src": _digest(c.src), "tgt": _digest(c.tgt), "tag": c.tag} for c in corpora]
@@ -81,7 +83,7 @@ def plan(cfg: Config) -> Plan:
     identity = {
         "format": FORMAT,
         "corpora": entries,
-        "tokenizer": _tokenizer_identity(cfg),
+        "tokenizer": _tokenizer_identity(cfg, tokenizers),
         "max_len": cfg.data.max_len,
         "max_len_ratio": cfg.data.max_len_ratio,
     }
@@ -91,8 +93,14 @@ def plan(cfg: Config) -> Plan:
     return Plan(corpora, identity, prepared_root(cfg.data) / key, tags)
 
 
-def _tokenizer_identity(cfg: Config) -> dict[str, Any]:
-    """The tokenizer keys that decide the stored tokens: sampling happens per batch, later."""
+def _tokenizer_identity(
+    cfg: Config, tokenizers: tuple[Tokenizer, Tokenizer] | None
+) -> dict[str, Any]:
+    """What decides the stored tokens: the SentencePiece models of the checkpoint a run starts
+    from (train.init_from: their sha256), else the tokenizer keys that train them (sampling
+    happens per batch, later). A resumed run's models are those its keys trained."""
+    if cfg.train.init_from and tokenizers is not None:
+        return {"sha256": model_hashes(tokenizers)}
     keys = dataclasses.asdict(cfg.tokenizer)
     keys.pop("sampling_alpha")
     return keys
@@ -116,12 +124,18 @@ def prepare_shards(
 ) -> Shards:
     """The shards of `cfg`'s training corpora: reused when up to date, else (re)built.
 
-    tokenizers: use these (a resumed run's, or rank 0's) instead of training SentencePiece.
+    tokenizers: use these (a resumed run's, train.init_from's, or rank 0's) instead of training
+    SentencePiece; a run from train.init_from must give its checkpoint's.
     workers: encoding processes (0 = every core). repair: rebuild a damaged folder instead
     of refusing it (what `attn-mt prepare` does).
     """
     workers = worker_count(workers)
-    target = plan(cfg)
+    if cfg.train.init_from and tokenizers is None:
+        raise DataError(
+            f"train.init_from {cfg.train.init_from}: a run started from a checkpoint encodes "
+            "its data with that checkpoint's SentencePiece models; `attn-mt train` prepares them"
+        )
+    target = plan(cfg, tokenizers)
     if shards := _reusable(target, tokenizers, repair):
         return shards
     with _build_lock(target.folder) as waited:
@@ -236,9 +250,12 @@ def shards_for_run(
     return shards
 
 
-def prepared_corpus_lines(cfg: Config) -> list[str]:
-    """`corpus_lines` of the prepared data, or of the raw files when not prepared yet."""
-    target = plan(cfg)
+def prepared_corpus_lines(
+    cfg: Config, tokenizers: tuple[Tokenizer, Tokenizer] | None = None
+) -> list[str]:
+    """`corpus_lines` of the prepared data, or of the raw files when not prepared yet
+    (`tokenizers`: train.init_from's, as `plan` takes them)."""
+    target = plan(cfg, tokenizers)
     if not (target.folder / MANIFEST).is_file():
         entries = []
         for c, ident in zip(target.corpora, target.identity["corpora"], strict=True):
@@ -313,7 +330,7 @@ def language_sample(
         rng = random.Random(f"{seed}-{lang}")
         kept: list[tuple[int, str]] = []
         read = (
-            line
+            invisible(line)  # as the shards read it (`kept_lines`)
             for path, dropped in paths.items()
             for number, line in enumerate(iter_lines(path))
             if dropped is None or not dropped[number]

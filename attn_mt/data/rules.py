@@ -11,8 +11,10 @@ reads it. `score` runs a model: `attn-mt clean` builds it (`attn_mt.decode.pairs
 Short lines and scripts other than Latin are the rules' hard cases: the length ratio judges
 no pair whose sides are both under 20 characters, and counts a Han character 3 times and a
 kana or Hangul one twice (about the Latin letters each carries); langid judges only sides of
-`langid_min_chars` characters or more; a side whose language writes without spaces has no long
-words; a side without letters has no script; the digits compared are 1-9 of any script.
+`langid_min_chars` characters or more, and a side longer than `attn_mt.langid.JUDGED_CHARS` on
+its first ones (its time and memory stay bounded whatever the line); a side whose language
+writes without spaces has no long words; a side without letters has no script; the digits
+compared are 1-9 of any script. Every rule takes time linear in a line's length.
 """
 
 from __future__ import annotations
@@ -35,10 +37,14 @@ log = logging.getLogger("attn_mt")
 # Markup, URLs and site chrome: an HTML/XML tag or comment, a URL, an e-mail address, a
 # copyright sign, a menu bar ("Home | About | Contact"). Not an entity (&amp;): clean corpora
 # hold them escaped (Multi30k does), and the pair is still a translation.
+# Every alternative is linear in the line's length: a tag is looked for over at most 200
+# characters, and an address's user part only from the start of its run of characters (the
+# look-behind), so a run of N word characters before an "@" is read once, not from each of
+# its N starts (quadratic: 40,000 of them took seconds).
 _MARKUP = re.compile(
     r"<[A-Za-z!/][^<>]{0,200}>"
     r"|\b(?:https?|ftp)://|\bwww\.[\w-]+\."
-    r"|[\w.+-]+@[\w-]+\.[A-Za-z]{2,}"
+    r"|(?<![\w.+-])[\w.+-]+@[\w-]+\.[A-Za-z]{2,}"
     r"|©"
     r"|\s\|\s.*\s\|\s"
 )
@@ -247,7 +253,8 @@ class Script(PairRule):
 
 class Langid(ChunkRule):
     """`langid`: a side py3langid finds unlikely in its language (a side under
-    `langid_min_chars` non-space characters is not judged)."""
+    `langid_min_chars` non-space characters is not judged, one over `langid.JUDGED_CHARS`
+    characters is judged on its first ones)."""
 
     name = "langid"
 

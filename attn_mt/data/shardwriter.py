@@ -31,6 +31,7 @@ from attn_mt.data.shards import FORMAT, MANIFEST, SHARD_FILES, sha256_file
 from attn_mt.data.text import FilterStats, clean_pairs, iter_parallel
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import DataError
+from attn_mt.text.normalize import invisible
 
 log = logging.getLogger("attn_mt")
 
@@ -101,10 +102,11 @@ def encode_chunk(
 
 def kept_lines(src: str, tgt: str, codes: np.ndarray | None) -> Iterator[tuple[int, str, str]]:
     """(line, source, target) of the pairs of a corpus that data.filters kept (`codes`: each
-    line's rule code, None for all), lines numbered from 0."""
+    line's rule code, None for all), lines numbered from 0, read as translation reads a line:
+    without the invisible characters SentencePiece keeps (`attn_mt.text.normalize`)."""
     for line, (s, t) in enumerate(iter_parallel(src, tgt)):
         if codes is None or not codes[line]:
-            yield line, s, t
+            yield line, invisible(s), invisible(t)
 
 
 def _tasks(target: Plan) -> Iterator[tuple[int, list[str], list[int], list[str], list[str]]]:

@@ -59,9 +59,20 @@ class Tokenizer:
         """Number of pieces, special symbols included."""
         return self.sp.get_piece_size()
 
+    @cached_property
+    def by_pieces(self) -> bool:
+        """Whether ids come from the pieces' strings: a model whose vocabulary holds pieces its
+        segmentation never makes (unused: the other side's pieces of an imported Marian
+        vocabulary, `export/marian.py`), where a run of characters the model does not know is
+        looked up as a piece, as MarianTokenizer does, instead of becoming <unk>."""
+        return any(self._text.is_unused(i) for i in range(self.vocab_size))
+
     def encode(self, lines: Sequence[str]) -> list[list[int]]:
         """Text -> piece ids (no <bos>/<eos>; the batcher adds them); a tag's string in the text
         is text, never the tag's piece."""
+        if self.by_pieces:
+            pieces = self._text.encode(list(lines), out_type=str)
+            return [[self._text.piece_to_id(piece) for piece in seq] for seq in pieces]
         return self._text.encode(list(lines), out_type=int)
 
     def sample(self, lines: Sequence[str], alpha: float, seed: int) -> list[list[int]]:

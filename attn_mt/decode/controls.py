@@ -47,15 +47,17 @@ def line_controls(
     for name, given in (("constraints", constraints), ("prefixes", prefixes)):
         if given is not None and (isinstance(given, str) or len(given) != lines):
             raise UserError(f"{name}: give one entry per line ({lines}), [] or None for none")
-    avoid_ids = target_ids(tokenizer, [_checked(a, "avoided word") for a in avoid])
+    avoid_ids = target_ids(tokenizer, [checked_text(a, "avoided word") for a in avoid])
     if any(not ids for ids in avoid_ids):
         raise UserError("avoid: an avoided word is empty")
     result: list[Controls | None] = []
     for i in range(lines):
         number = first_line + i
-        terms = [_checked(t, f"line {number}: a term") for t in (constraints or [()] * lines)[i]]
+        terms = [
+            checked_text(t, f"line {number}: a term") for t in (constraints or [()] * lines)[i]
+        ]
         prefix = (prefixes or [None] * lines)[i]
-        prefix = _checked(prefix, f"line {number}: the prefix") if prefix else ""
+        prefix = checked_text(prefix, f"line {number}: the prefix") if prefix else ""
         if not (terms or prefix or avoid_ids):
             result.append(None)
             continue
@@ -85,7 +87,7 @@ def character(char: str) -> str:
     return f"U+{ord(char):04X} {name}".rstrip()
 
 
-def _checked(text: object, what: str) -> str:
+def checked_text(text: object, what: str) -> str:
     """`text` stripped, or a UserError if it is not a non-empty one-line str."""
     if not isinstance(text, str):
         raise UserError(f"{what}: {text!r} is not a str")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attn_mt.decode.packed import rows_of
 from attn_mt.model.attention import padding_mask
 from attn_mt.model.transformer import Transformer
 from attn_mt.model.vocab import BOS_ID, EOS_ID, PAD_ID
@@ -41,12 +42,36 @@ class Hypothesis:
 
     tokens: list[int]
     logprob: float  # log P(tokens, <eos> | source)
-    score: float  # logprob / length_penalty(len(tokens) + 1)
+    score: float  # logprob / lp(len(tokens) + 1) (`Scoring`)
 
 
 def length_penalty(length: int, alpha: float) -> float:
     """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016)."""
     return ((5.0 + length) / 6.0) ** alpha
+
+
+def plain_length_penalty(length: int, alpha: float) -> float:
+    """lp(Y) = |Y| ** alpha: the penalty of transformers, fairseq, Marian and CTranslate2."""
+    return float(length) ** alpha
+
+
+# decode.length_penalty_kind -> lp(|Y|, alpha); a score is logprob / lp(|Y|), |Y| with <eos>
+LENGTH_PENALTIES = {"gnmt": length_penalty, "plain": plain_length_penalty}
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How the search scores a hypothesis: logprob / lp(length) with the length penalty `kind`
+    (`LENGTH_PENALTIES`) and exponent `alpha`; with `free_end`, the <eos> forced at the output
+    limit costs nothing (transformers' `forced_eos_token_id`), else its own log-probability."""
+
+    alpha: float = 0.0
+    kind: str = "gnmt"
+    free_end: bool = False
+
+    def penalty(self, length: int) -> float:
+        """lp(length), `length` counting the <eos>."""
+        return LENGTH_PENALTIES[self.kind](length, self.alpha)
 
 
 def max_output_lengths(src: torch.Tensor, a: float, b: int, cap: int | None = None) -> torch.Tensor:
@@ -78,7 +103,14 @@ class StepDecoder:
     keys and values: from then on it is not kept in step with the rows.
     """
 
-    def __init__(self, models: Models, src: torch.Tensor, use_cache: bool, repeat: int = 1):
+    def __init__(
+        self,
+        models: Models,
+        src: torch.Tensor,
+        use_cache: bool,
+        repeat: int = 1,
+        rows: torch.Tensor | None = None,
+    ):
         self.models = [models] if isinstance(models, Transformer) else list(models)
         self.use_cache = use_cache
         src_mask = padding_mask(src, PAD_ID)  # (B, 1, 1, S)
@@ -87,16 +119,30 @@ class StepDecoder:
             model.encode(src, src_mask).repeat_interleave(repeat, dim=0) for model in self.models
         ]
         self.caches = [model.new_cache() if use_cache else None for model in self.models]
+        # A shortlist's rows (U,): each model's output layer cut to them (`rows_of`).
+        self.rows, self.vocab = rows, self.models[0].output.out_features
+        self.outputs = [
+            None if rows is None else rows_of(model.output, rows) for model in self.models
+        ]
 
     def log_probs(self, prefix: torch.Tensor) -> torch.Tensor:
-        """prefix (N, t) -> log P(next token | prefix, source) (N, V), in float32."""
+        """prefix (N, t) -> log P(next token | prefix, source) (N, V), in float32; with a
+        shortlist, the softmax over its rows, every other token -inf."""
         step_input = prefix[:, -1:] if self.use_cache else prefix
-        per_model = [
-            # Mask after the softmax, so that scores are the models' own log-probabilities.
-            model.decode(step_input, memory, self.src_mask, cache)[:, -1].float().log_softmax(-1)
-            for model, memory, cache in zip(self.models, self.memories, self.caches, strict=True)
-        ]  # each (N, V)
+        per_model = []  # each (N, V), or (N, U) with a shortlist
+        for model, output, memory, cache in zip(
+            self.models, self.outputs, self.memories, self.caches, strict=True
+        ):
+            if output is None:
+                logits = model.decode(step_input, memory, self.src_mask, cache)[:, -1]
+            else:
+                states = model.decoder_states(step_input, memory, self.src_mask, cache)
+                logits = output(states[:, -1])
+            per_model.append(_log_softmax(logits))
         log_probs = torch.stack(per_model).mean(dim=0) if len(per_model) > 1 else per_model[0]
+        if self.rows is not None:  # the rows back among all V ids
+            full = log_probs.new_full((log_probs.size(0), self.vocab), float("-inf"))
+            log_probs = full.index_copy_(1, self.rows, log_probs)
         log_probs[:, PAD_ID] = float("-inf")  # never generated (two column fills: a list
         log_probs[:, BOS_ID] = float("-inf")  # index would take an index_put over the rows)
         return log_probs
@@ -120,6 +166,14 @@ class StepDecoder:
             for self_cache, cross_cache in cache or ():
                 self_cache.select(rows)
                 cross_cache.select(shared)
+
+
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax of logits (N, V) in float32, written over them where they are float32: a
+    second tensor of the output layer's size would be fresh memory at every step. Masks come
+    after it, so that scores are the models' own log-probabilities."""
+    logits = logits.float().contiguous()  # a view of the last position, without a cache
+    return torch.log_softmax(logits, -1, out=logits)
 
 
 @dataclass
@@ -182,21 +236,25 @@ def generate(
     src: torch.Tensor,
     max_lengths: torch.Tensor,
     strategy: Strategy,
-    alpha: float = 0.0,
+    alpha: float | Scoring = 0.0,
     use_cache: bool = True,
+    rows: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Search with `strategy`: the hypotheses of every source row, the `strategy.nbest` best of
     each of its groups, best first (its `strategy.repeat` samples: one each, in the order drawn).
 
     Args:
         src: (B, S) source ids, right-padded.  max_lengths: (B,) output limits in tokens.
-        alpha: length-penalty exponent of the scores.
+        alpha: how hypotheses are scored (`Scoring`), or the exponent of the GNMT penalty.
+        rows: the target ids the output layer scores (a shortlist's rows for this batch, on
+            src's device); None: every id.
     """
+    scoring = alpha if isinstance(alpha, Scoring) else Scoring(alpha)
     if not 1 <= strategy.nbest <= strategy.beam_size:
         raise ValueError(
             f"nbest ({strategy.nbest}) must be between 1 and the beam size ({strategy.beam_size})"
         )
-    decoder = StepDecoder(models, src, use_cache, strategy.repeat)
+    decoder = StepDecoder(models, src, use_cache, strategy.repeat, rows)
     device = src.device
     limits = max_lengths.repeat_interleave(strategy.repeat).long().tolist()  # per group
     alive = list(range(len(limits)))  # the original group of each live group
@@ -212,17 +270,19 @@ def generate(
             last = indices(at_limit, device)
             log_probs[last, :, :EOS_ID] = float("-inf")
             log_probs[last, :, EOS_ID + 1 :] = float("-inf")
+            if scoring.free_end:
+                log_probs[last, :, EOS_ID] = 0.0
         strategy.mask(log_probs, prefix, alive, step)
         chosen = strategy.step(step, log_probs, scores, alive, alive_index)
         if chosen.ended:
-            _finish(chosen, prefix, [finished[alive[i]] for i, _ in chosen.ended], alpha)
+            _finish(chosen, prefix, [finished[alive[i]] for i, _ in chosen.ended], scoring)
         if chosen.source_row is not None:
             source_row = chosen.source_row.view(-1)  # (N',)
             prefix = prefix.index_select(0, source_row)
             decoder.reorder_beams(source_row)  # at a beam's first step, 1 row becomes K
         prefix = torch.cat([prefix, chosen.token.view(-1, 1)], dim=1)  # (N', t + 1)
         scores = chosen.scores
-        open_lp = length_penalty(step + 1, alpha)  # the open rows hold step + 1 tokens
+        open_lp = scoring.penalty(step + 1)  # the open rows hold step + 1 tokens
         keep = [
             i
             for i, group in enumerate(alive)
@@ -248,7 +308,9 @@ def generate(
     ]
 
 
-def _finish(chosen: Step, prefix: torch.Tensor, into: list[list[Hypothesis]], alpha: float) -> None:
+def _finish(
+    chosen: Step, prefix: torch.Tensor, into: list[list[Hypothesis]], scoring: Scoring
+) -> None:
     """Append each ended hypothesis to its group's list `into` (one per ended): its score and
     its tokens (no <bos>, no <eos>) read in one transfer, exact in float64."""
     assert chosen.ended_scores is not None, "called only when hypotheses ended"
@@ -257,7 +319,7 @@ def _finish(chosen: Step, prefix: torch.Tensor, into: list[list[Hypothesis]], al
     read = torch.cat([scores, prefix.index_select(0, rows)[:, 1:].double()], dim=1).tolist()
     for hyps, (total, *path) in zip(into, read, strict=True):
         tokens = [int(t) for t in path]
-        hyps.append(Hypothesis(tokens, total, total / length_penalty(len(tokens) + 1, alpha)))
+        hyps.append(Hypothesis(tokens, total, total / scoring.penalty(len(tokens) + 1)))
 
 
 def _sentence_done(finished: list[Hypothesis], beam_size: int, best_open_score: float) -> bool:

@@ -23,6 +23,7 @@ from attn_mt.config.schema import Config
 from attn_mt.decode.packed import pack, packing_pays
 from attn_mt.decode.packed import quantize as quantize_model
 from attn_mt.decode.translator import Translator
+from attn_mt.decode.written import text_rules
 from attn_mt.errors import UserError
 from attn_mt.model.transformer import Transformer, parameter_count
 from attn_mt.paths import resolve_checkpoint
@@ -96,7 +97,10 @@ def load(
         models = [quantize_model(m, quantize, device) for m in models]
     elif dtype is None and device.type == "cpu" and _packs(prepack, models[0]):
         models = [pack(m) for m in models]
-    return Translator(list(models), config, src_tok, tgt_tok, device, dtype, paths, parameters)
+    text = text_rules(config, states[0].get("casing"), src_tok, given[0])  # the first's table
+    return Translator(
+        list(models), config, src_tok, tgt_tok, device, dtype, paths, parameters, text
+    )
 
 
 def _packs(prepack: bool | str, model: Transformer) -> bool:
@@ -115,7 +119,7 @@ def with_decode(config: Config, decode: dict[str, Any] | None) -> Config:
         return config
     raw = config.to_dict()
     raw["decode"].update(decode)
-    return config_from_dict(raw)
+    return config_from_dict(raw, files=False)
 
 
 def _ensemble_mismatch(first: dict, other: dict) -> str | None:

@@ -118,20 +118,25 @@ def _on_padded_rows(x: torch.Tensor, product, out_features: int) -> torch.Tensor
 
 
 # oneDNN post-ops for the activations of `FeedForward`: the same functions, applied to the
-# product inside the kernel ("gelu" with algorithm "none" is the exact, erf form of F.gelu).
-FUSED_ACTIVATIONS = {F.relu: "relu", F.gelu: "gelu"}
+# product inside the kernel ("gelu" with algorithm "none" is the exact, erf form of F.gelu;
+# "swish" is x * sigmoid(x), F.silu).
+FUSED_ACTIVATIONS = {F.relu: "relu", F.gelu: "gelu", F.silu: "swish"}
 
 
 class PackedLinear(nn.Module):
     """y = act(x W^T + b) with W held in oneDNN's blocked layout (inference only: no gradient,
-    and the packed weight is not in the state dict); `activation` "none", "relu" or "gelu".
+    and the packed weight is not in the state dict); `activation` "none", "relu", "gelu" or
+    "swish".
     Inputs are padded to `padded_rows` rows."""
 
-    def __init__(self, linear: nn.Linear, activation: str = "none"):
+    def __init__(self, linear: nn.Linear, activation: str = "none", keep_weight: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float().contiguous()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        # The plain weight too, for `rows_of` (the output layer's, which a shortlist reads;
+        # tied to the target embedding, it is that table, not a copy).
+        self.weight = weight if keep_weight else None
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.activation = activation
         self.algorithm = "none" if activation == "gelu" else ""  # gelu's exact (erf) form
@@ -203,8 +208,36 @@ def pack(model: Transformer) -> Transformer:
             if (owner := _submodule(layer, parent)) is not None:
                 setattr(owner, leaf, PackedLinear(getattr(owner, leaf)))
         layer.ff = PackedFeedForward(layer.ff)
-    model.output = PackedLinear(model.output)  # type: ignore[assignment]  # for inference
+    model.output = PackedLinear(model.output, keep_weight=True)  # type: ignore[assignment]
     return model
+
+
+def rows_of(layer: nn.Module, rows: torch.Tensor) -> nn.Module:
+    """The output rows `rows` (U,) of a linear layer (`nn.Linear`, `PackedLinear` or int8) as a
+    layer of their own: its outputs are layer(x)[..., rows]. An int8 layer's rows stay int8;
+    a packed layer's rows multiply through nn.Linear (packing them would cost oneDNN a new
+    kernel for every shortlist)."""
+    if isinstance(layer, nn.Linear | PackedLinear):
+        weight, bias = layer.weight, layer.bias
+        if weight is None:
+            raise ValueError("a PackedLinear made without keep_weight has no rows to take")
+        part = nn.Linear(layer.in_features, rows.numel(), bias=bias is not None, device="meta")
+        part.weight = nn.Parameter(weight.detach().index_select(0, rows), requires_grad=False)
+        if bias is not None:
+            part.bias = nn.Parameter(bias.detach().index_select(0, rows), requires_grad=False)
+        return part.to(weight.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecation notices of torch.ao.quantization
+        from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
+    if not isinstance(layer, Int8Linear):
+        raise TypeError(f"rows_of: not a linear layer: {type(layer).__name__}")
+    int8_bias = layer.bias()
+    int8_part = Int8Linear(layer.in_features, rows.numel(), bias_=int8_bias is not None)
+    int8_part.set_weight_bias(
+        layer.weight().index_select(0, rows),
+        None if int8_bias is None else int8_bias.index_select(0, rows),
+    )
+    return int8_part
 
 
 def _submodule(module: nn.Module, name: str) -> nn.Module | None:

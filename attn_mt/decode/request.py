@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from attn_mt.config.schema import DecodeConfig
 from attn_mt.decode.controls import Controls
 from attn_mt.decode.generate import Strategy
+from attn_mt.decode.glossary import Glossary
 from attn_mt.decode.search import Beam, Draw, Greedy, Sampling
 from attn_mt.decode.steered import SteeredBeam
 from attn_mt.errors import UserError
@@ -25,7 +26,8 @@ class Request:
     beam: the beam size (1 = greedy); None means decode.beam, widened to `nbest` if that is
     larger.  nbest: outputs per line (with `sampling`, samples per line, in the order drawn).
     constraints[i]: terms (plain text) line i's output must hold; prefixes[i]: the text it must
-    start with (None or "" for none); avoid: words no output may hold; alignment: fill each
+    start with (None or "" for none); glossary: source terms whose target term becomes a
+    constraint of each line that holds one; avoid: words no output may hold; alignment: fill each
     Translation's `alignment` (see docs/decoding.md).  tgt_lang: the language to translate
     into (a multilingual model needs it; a bilingual one takes only its own).  first_line: the
     number of the first line in the user's input, for warnings and the samples' random streams
@@ -43,6 +45,7 @@ class Request:
     sampling: Sampling | None = None
     constraints: Sequence[Sequence[str]] | None = None
     prefixes: Sequence[str | None] | None = None
+    glossary: Glossary | None = None
     avoid: Sequence[str] = ()
     alignment: bool = False
     tgt_lang: str | None = None
@@ -56,7 +59,7 @@ class Request:
         where they are None. Each line's terms and prefix are checked as it is segmented
         (`controls.line_controls`)."""
         beam, nbest = self.beam, self.nbest
-        terms = any(self.constraints or ())  # a line with terms to keep
+        terms = any(self.constraints or ()) or self.glossary is not None  # terms to keep
         if self.sampling is not None:
             if beam is not None:
                 raise UserError(f"--beam {beam}: sampling searches no beam; leave --beam out")

@@ -73,7 +73,7 @@ class Greedy(Strategy):
 
     def choose(self, log_probs: torch.Tensor, alive_index: torch.Tensor, step: int) -> torch.Tensor:
         """The next token of each row of log_probs (G, V); (G,)."""
-        return log_probs.argmax(-1)
+        return first_argmax(log_probs)
 
     def step(self, step, log_probs, scores, alive, alive_index) -> Step:
         """Each row's chosen token; a row that chose <eos> ends (one read: the tokens)."""
@@ -168,11 +168,11 @@ class Beam(Strategy):
         )
 
 
-# `top_candidates`' chunk sizes, best first: whole vector registers (a chunk size that is not
-# ran far slower; docs/history.md, "CPU decoding speed"), and short enough that the second
-# ranking is small; any divisor of the vocabulary up to MAX_CHUNK where none of them divides it.
+# `top_candidates`' and `first_argmax`'s chunk sizes, best first: whole vector registers (a
+# chunk size that is not ran far slower; docs/history.md, "CPU decoding speed"), and short enough
+# that the second ranking is small. The last V mod C tokens of a row, no whole chunk, are ranked
+# as they are.
 CHUNK_SIZES = (64, 128, 32, 256, 16)
-MAX_CHUNK = 256
 
 
 def top_candidates(
@@ -184,10 +184,11 @@ def top_candidates(
     scores the index may differ.
 
     torch's topk copies all W * V (value, index) pairs of a row before it selects; this reads
-    log_probs once. Each beam's V tokens are cut into chunks of C; the `count` chunks whose
-    maxima (plus their beam's score) rank highest hold the `count` best candidates: a chunk
-    holding one of them has a maximum at least as high, and the chosen chunks' maxima are
-    `count` candidates that high or higher. Only those count * C candidates are then ranked.
+    log_probs once. Each beam's first V - V mod C tokens are cut into chunks of C; the `count`
+    chunks whose maxima (plus their beam's score) rank highest hold the best candidates of
+    those tokens: a chunk holding one of them has a maximum at least as high, and the chosen
+    chunks' maxima are `count` candidates that high or higher. Only those count * C candidates
+    and each beam's last V mod C tokens (the tail, R of them) are then ranked.
 
     Args:
         log_probs: (B, W, V), contiguous.  beam_scores: (B, W).
@@ -197,24 +198,51 @@ def top_candidates(
     if size is None:  # no useful chunking of this vocabulary: rank every candidate
         candidates = (log_probs + beam_scores[:, :, None]).view(batch, width * vocab)
         return candidates.topk(count, dim=1)
-    chunks = log_probs.view(batch, width * (vocab // size), size)  # (B, W * V / C, C)
-    shift = beam_scores.repeat_interleave(vocab // size, dim=1)  # (B, W * V / C) each chunk's
-    best = (chunks.amax(dim=2) + shift).topk(count, dim=1).indices  # (B, count) chunks
-    picked = chunks.gather(1, best[:, :, None].expand(-1, -1, size))  # (B, count, C)
-    picked = picked + shift.gather(1, best)[:, :, None]  # the same sums as above, bit for bit
-    scores, position = picked.view(batch, count * size).topk(count, dim=1)  # (B, count)
-    return scores, best.gather(1, position // size) * size + position % size
+    per_beam, tail = vocab // size, vocab % size
+    chunks = log_probs[:, :, : vocab - tail].unflatten(2, (per_beam, size))  # (B, W, V/C, C)
+    shift = beam_scores.repeat_interleave(per_beam, dim=1)  # (B, W * V/C) each chunk's
+    maxima = chunks.amax(dim=3).view(batch, width * per_beam) + shift
+    best = maxima.topk(min(count, width * per_beam), dim=1).indices  # (B, count) chunks
+    # a chunk's first candidate: beam * V + chunk * C
+    first = (best // per_beam) * vocab + (best % per_beam) * size  # (B, count)
+    offsets = torch.arange(size, device=log_probs.device)
+    index = (first[:, :, None] + offsets).view(batch, -1)  # (B, count * C)
+    flat = log_probs.view(batch, width * vocab)
+    picked = flat.gather(1, index) + shift.gather(1, best).repeat_interleave(size, dim=1)
+    if tail:  # (B, W * R) the tail's candidates, the same sums
+        tail_index = (
+            torch.arange(width, device=log_probs.device)[:, None] * vocab
+            + torch.arange(vocab - tail, vocab, device=log_probs.device)
+        ).view(-1)
+        tail_scores = (log_probs[:, :, vocab - tail :] + beam_scores[:, :, None]).view(batch, -1)
+        picked = torch.cat([picked, tail_scores], dim=1)
+        index = torch.cat([index, tail_index.expand(batch, -1)], dim=1)
+    scores, position = picked.topk(count, dim=1)  # (B, count)
+    return scores, index.gather(1, position)
+
+
+def first_argmax(values: torch.Tensor) -> torch.Tensor:
+    """values.argmax(-1) of values (R, V): the first position of each row's maximum; (R,).
+    torch's argmax over a long row runs far below the speed of a reduction such as amax, so
+    the maximum is found among chunk maxima (`CHUNK_SIZES`), then in its first chunk."""
+    rows, vocab = values.shape
+    size = CHUNK_SIZES[0]
+    per_row, tail = vocab // size, vocab % size
+    if per_row < 2:
+        return values.argmax(-1)
+    maxima = values[:, : vocab - tail].unflatten(1, (per_row, size)).amax(dim=2)  # (R, V/C)
+    if tail:  # the tail as one more chunk
+        maxima = torch.cat([maxima, values[:, vocab - tail :].amax(dim=1, keepdim=True)], 1)
+    top = maxima.amax(dim=1, keepdim=True)  # (R, 1)
+    chunk = (maxima == top).int().argmax(dim=1)  # (R,) the first chunk holding it
+    # Positions past the row's end (the tail chunk) read its last value again: a repeat of a
+    # value comes after it, so the first maximum is never one of them.
+    index = (chunk[:, None] * size + torch.arange(size, device=values.device)).clamp(max=vocab - 1)
+    return chunk * size + values.gather(1, index).argmax(dim=1)
 
 
 @functools.cache
 def _chunk_size(vocab: int, width: int, count: int) -> int | None:
-    """A divisor C of `vocab` leaving at least `count` chunks over `width` beams: the first of
-    CHUNK_SIZES that does, else the largest up to MAX_CHUNK; None where only C = 1 does
-    (nothing to gain over a plain topk)."""
-    divisors = [
-        size
-        for size in range(2, MAX_CHUNK + 1)
-        if vocab % size == 0 and width * vocab // size >= count
-    ]
-    preferred = [size for size in CHUNK_SIZES if size in divisors]
-    return preferred[0] if preferred else max(divisors, default=None)
+    """The first of CHUNK_SIZES that cuts each of `width` beams of `vocab` tokens into chunks
+    at least `count` in all; None where none does (nothing to gain over a plain topk)."""
+    return next((size for size in CHUNK_SIZES if width * (vocab // size) >= count), None)

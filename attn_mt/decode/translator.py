@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,14 @@ from attn_mt.decode.alignment import (
     word_alignment,
 )
 from attn_mt.decode.controls import Controls, line_controls
-from attn_mt.decode.generate import Models, generate, max_output_lengths
+from attn_mt.decode.generate import Models, Scoring, generate, max_output_lengths
 from attn_mt.decode.packed import linear_layers
 from attn_mt.decode.request import Request
+from attn_mt.decode.written import given_back
 from attn_mt.errors import LINE_BREAKS, UserError
 from attn_mt.model.transformer import Transformer, parameter_count
 from attn_mt.precision import autocast_context
+from attn_mt.text.form import TextRules
 
 # A run of line breaks in an output, written as one space: a caller that splits the output
 # either way gets one line per input line.
@@ -62,6 +64,7 @@ class Translator:
         dtype: torch.dtype | None = None,
         checkpoints: Sequence[Path] = (),
         parameters: int | None = None,
+        text: TextRules | None = None,
     ):
         self.device = torch.device(device) if isinstance(device, str) else device
         models = [model] if isinstance(model, Transformer) else list(model)
@@ -74,6 +77,14 @@ class Translator:
         self.checkpoints = list(checkpoints)  # the .pt files loaded, if known (evaluate's output)
         bounded = [m.max_positions for m in self.models if m.max_positions]
         self.max_output_len = min(bounded) if bounded else None  # every model's table fits
+        # decode.recase and decode.protect (`decode/written.py`); None: lines read as given
+        self.text = text
+        # decode.shortlist (`decode/shortlist.py`), read and checked against the vocabularies
+        self.shortlist = None
+        if config.decode.shortlist:
+            from attn_mt.decode.shortlist import read_shortlist
+
+            self.shortlist = read_shortlist(config.decode.shortlist, src_tokenizer, tgt_tokenizer)
 
     @property
     def max_input_len(self) -> int:
@@ -132,6 +143,12 @@ class Translator:
         if request is not None and options:
             raise TypeError("translate_nbest: give a Request or its fields as keywords, not both")
         request = self.resolve(request or Request(**options))
+        if request.glossary is not None:  # its terms join the constraints of the lines
+            terms = request.glossary.constraints(lines, request.constraints)
+            request = replace(request, constraints=terms, glossary=None)
+        forms = None if self.text is None else self.text.read(lines, request.tgt_lang)
+        if forms is not None:  # what the model reads; outputs are written back (given_back)
+            lines = [form.text for form in forms]
         controls = line_controls(  # per line: None, or what its output must hold
             self.tgt_tokenizer,
             len(lines),
@@ -149,7 +166,8 @@ class Translator:
         todo = [i for i, seq in enumerate(ids) if seq]
         done = request.on_line or (lambda row, entries: None)
         for row in sorted(set(range(len(lines))) - set(todo)):
-            results[row] = [Translation("", 0.0, [], empty) for _ in range(request.nbest)]
+            kept = (forms[row].kept if forms is not None else None) or ""  # spans alone
+            results[row] = [Translation(kept, 0.0, [], empty) for _ in range(request.nbest)]
             done(row, results[row])
         if request.on_batch is not None and len(todo) < len(lines):
             request.on_batch(len(lines) - len(todo))
@@ -161,6 +179,8 @@ class Translator:
             for rows in (plain, steered):
                 if rows:
                     found = self._search(lines, ids, rows, [controls[r] for r in rows], request)
+                    if forms is not None:
+                        found = given_back(self, forms, lines, ids, rows, controls, found, request)
                     for row, entries in zip(rows, found, strict=True):
                         results[row] = entries
                         done(row, entries)
@@ -211,8 +231,13 @@ class Translator:
             needed = torch.tensor([c.needed_length() for c in steering], device=self.device)
             limits = torch.maximum(limits, needed)
         strategy = request.strategy([request.first_line + row for row in rows], steering)
+        scoring = Scoring(alpha, cfg.length_penalty_kind, cfg.end_at_limit == "free")
+        # A shortlist's rows for plain lines; steered ones (a prefix, terms) score every piece.
+        shortlist = None if steering or self.shortlist is None else self.shortlist.rows(src)
         with autocast_context(self.device, self.dtype):
-            hyps = generate(self.models, src, limits, strategy, alpha, request.use_cache)
+            hyps = generate(
+                self.models, src, limits, strategy, scoring, request.use_cache, shortlist
+            )
         for row, row_hyps, limit in zip(rows, hyps, limits.tolist(), strict=True):
             if not row_hyps:  # only steering can leave a line without any output
                 raise UserError(

@@ -16,6 +16,7 @@ import contextlib
 import gzip
 import random
 from array import array
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import IO, Any
 
 from attn_mt.config.data import DataConfig, TrainCorpus
 from attn_mt.data.corpora import pair_name, train_corpora
-from attn_mt.data.text import iter_lines
+from attn_mt.data.text import iter_lines, iter_parallel
 from attn_mt.errors import DataError, UserError, named
 from attn_mt.fileio import atomic_write
 from attn_mt.jobs.nbest import read_nbest
@@ -91,14 +92,19 @@ def check_teacher(teacher: DataConfig, pair: str, name: str) -> str | None:
 
 
 def student_corpora(data: DataConfig) -> list[TrainCorpus]:
-    """The student's training corpora, whose sources the teacher translates; each file is
-    checked here, before any translation."""
+    """The student's training corpora, whose sources the teacher translates; each file, and
+    that a corpus's two files hold as many lines, checked here, before any translation."""
     corpora = train_corpora(data)
     for corpus in corpora:
         for side in (corpus.src, corpus.tgt):
             path = Path(str(side))
             if not path.is_file():
                 raise DataError(f"data.train: {named(path)}: file not found")
+    for corpus in corpora:  # read through: a pair a line, before the teacher translates any
+        try:
+            deque(iter_parallel(str(corpus.src), str(corpus.tgt)), maxlen=0)
+        except DataError as err:
+            raise DataError(f"data.train: {err}") from None
     return corpora
 
 

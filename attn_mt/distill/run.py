@@ -16,6 +16,7 @@ replaced by that corpus (`Distillation.train`).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,10 +37,10 @@ from attn_mt.fileio import atomic_write, os_reason
 from attn_mt.jobs.job import Job, LineFields, run_job
 from attn_mt.jobs.nbest import NbestFormat
 from attn_mt.jobs.pace import Progress, unseen
-from attn_mt.jobs.partial import difference
+from attn_mt.jobs.partial import PartialOutput, difference
 from attn_mt.jobs.translate import record_settings
 from attn_mt.paths import check_output_dir, resolve_checkpoint
-from attn_mt.runfolder import RUN_ENTRIES, check_run_start, is_locked
+from attn_mt.runfolder import RUN_ENTRIES, busy, check_run_start, holder, lock_run_folder
 from attn_mt.train.run import start_run
 from attn_mt.world import World, world_from_env
 
@@ -74,27 +75,37 @@ class Distillation:
         if self.folder.assembled():
             return
         assert self.teacher is not None, "translate() before train()"
-        for index, corpus in enumerate(self.corpora):
-            output = self.folder.translation(index)
-            count = f"{index + 1}/{len(self.corpora)}"
-            if output.is_file():
-                print(
-                    f"distill: corpus {count} already translated ({named(output)})",
-                    file=sys.stderr,
-                )
-                continue
-            resume = output.with_name(output.name + ".partial.json").is_file()
-            print(
-                f"distill: the teacher {'continues translating' if resume else 'translates'} "
-                f"corpus {count} ({named(str(corpus.src))}) into {named(output)}",
-                file=sys.stderr,
-            )
-            again = "the same distill command"
-            source = Path(str(corpus.src))
-            job = Job(source, output, None, resume, World(), self.settings, again)
-            run_job(self.teacher, self.request, self.fields, job, progress)
-        summary = assemble(self.corpora, self.folder, self.options).summary()
+        with lock_run_folder(self.folder.root.parent, "distill"):  # a second distill waits
+            for index, corpus in enumerate(self.corpora):
+                self._translate(index, corpus, progress)
+            try:
+                summary = assemble(self.corpora, self.folder, self.options).summary()
+            except OSError as err:  # a full disk, a file-size limit
+                name = named(err.filename or self.folder.root)
+                raise UserError(
+                    f"{name}: cannot write ({os_reason(err)}); the teacher's translations are "
+                    "kept: the same distill command writes the student's corpus from them"
+                ) from None
         print(f"distill: {summary}", file=sys.stderr)
+
+    def _translate(self, index: int, corpus: TrainCorpus, progress: Progress) -> None:
+        """The teacher's n-best of corpus `index` (continued, if a run began it)."""
+        assert self.teacher is not None
+        output = self.folder.translation(index)
+        count = f"{index + 1}/{len(self.corpora)}"
+        if output.is_file():
+            print(f"distill: corpus {count} already translated ({named(output)})", file=sys.stderr)
+            return
+        resume = PartialOutput(output).record_path.is_file()
+        print(
+            f"distill: the teacher {'continues translating' if resume else 'translates'} "
+            f"corpus {count} ({named(str(corpus.src))}) into {named(output)}",
+            file=sys.stderr,
+        )
+        again = "the same distill command"
+        source = Path(str(corpus.src))
+        job = Job(source, output, None, resume, World(), self.settings, again)
+        run_job(self.teacher, self.request, self.fields, job, progress)
 
     def train(self, monitor: Monitor | None = None) -> TrainResult:
         """Train the student on the distilled corpus (its run continued, if it has begun),
@@ -135,7 +146,10 @@ def start_distillation(
     pair = student_pair(cfg.data)
     corpora = student_corpora(cfg.data)
     folder = DistilledFolder.of_run(cfg.train.out_dir, pair)
+    _check_outside_teachers(Path(cfg.train.out_dir), teachers, checkpoints)
     resume = _check_run_folder(cfg, folder)
+    for index, corpus in enumerate(corpora):  # attn-mt's own partial translations, or none
+        PartialOutput(folder.translation(index)).check([("data.train", Path(str(corpus.src)))])
     student = _student_config(cfg, folder)
     teacher, request = _teachers(checkpoints, str(teachers[0]), device, options, pair)
     fields = LineFields(options.nbest, NbestFormat.marian, prefix=False, constraints=False)
@@ -145,6 +159,32 @@ def start_distillation(
     return Distillation(
         teacher, request, fields, settings, options, corpora, folder, resume, device
     )
+
+
+def _check_outside_teachers(
+    out: Path, teachers: Sequence[str | Path], checkpoints: list[Path]
+) -> None:
+    """The student's run folder may not be a teacher's run folder or lie inside one: it would
+    write its checkpoints among the teacher's (`--model TEACHER/checkpoints` would then mean
+    the student)."""
+    inside = Path(os.path.realpath(out))
+    for given, checkpoint in zip(teachers, checkpoints, strict=True):
+        run = _run_folder(Path(os.path.realpath(checkpoint)))
+        if run is not None and (inside == run or run in inside.parents):
+            raise UserError(
+                f"train.out_dir {named(out)}: {'is' if inside == run else 'lies inside'} the "
+                f"run folder of the teacher {named(str(given))} ({named(run)}); give the "
+                "student a train.out_dir of its own, outside it"
+            )
+
+
+def _run_folder(checkpoint: Path) -> Path | None:
+    """The run folder a checkpoint file belongs to: RUN of RUN/checkpoints/NAME.pt, or the
+    folder beside a run's config.yaml; None for a checkpoint on its own."""
+    folder = checkpoint.parent
+    if folder.name == "checkpoints":
+        return folder.parent
+    return folder if (folder / "config.yaml").is_file() else None
 
 
 def _check_run_folder(cfg: Config, folder: DistilledFolder) -> bool:
@@ -157,11 +197,8 @@ def _check_run_folder(cfg: Config, folder: DistilledFolder) -> bool:
             f"{out}: already holds a run not trained by distill (no distilled corpus in it); "
             "choose another train.out_dir"
         )
-    if is_locked(out):
-        raise UserError(
-            f"{out}: another attn-mt train or distill is training in this folder; wait for it "
-            "to end or choose another train.out_dir"
-        )
+    if (who := holder(out)) is not None:
+        raise busy(out, who)
     started = [name for name in RUN_ENTRIES if (out / name).exists()]
     if not resume and started and folder.assembled():  # killed before its first checkpoint
         raise UserError(

@@ -7,10 +7,12 @@ The page is read with Python's own `html.parser`, which gives a best effort on a
 (`<p>`, `<li>`, `<br>`, `<td>`, ...). A block's text, its inline tags (`<b>`, `<a>`, `<span>`,
 ...) taken out, is translated as one paragraph (a sentence spanning `<b>` is one sentence);
 the inline tags are put back around the output words that the word alignment links to the
-source words they held, in their own order. `<script>`, `<style>`, `<pre>`, `<textarea>`,
-`<template>`, `<code>` and any element marked `translate="no"` or `class="notranslate"` are
-kept whole, as are blocks of whitespace only. Characters the page wrote as entities (`&amp;`,
-`&copy;`) are written so again in the translation; `<`, `>` and `&` are always escaped.
+source words they held (less a word at an edge that a source word beside the element, left
+without any output word by the alignment, must have given), in their own order. `<script>`,
+`<style>`, `<pre>`, `<textarea>`, `<template>`, `<code>` and any element marked
+`translate="no"` or `class="notranslate"` are kept whole, as are blocks of whitespace only.
+Characters the page wrote as entities (`&amp;`, `&copy;`) are written so again in the
+translation; `<`, `>` and `&` are always escaped.
 """
 
 from __future__ import annotations
@@ -245,6 +247,7 @@ def _positions(block: _Block, outputs: int, alignment: Sequence[tuple[int, int]]
         later = [t for s, ts in targets.items() if s >= boundary for t in ts]
         return min(later, default=outputs)
 
+    sources = len(block.words())
     wanted: dict[int, int] = {}
     for number, item in enumerate(block.items):
         if number in wanted:  # a close tag, placed with its open tag
@@ -253,9 +256,12 @@ def _positions(block: _Block, outputs: int, alignment: Sequence[tuple[int, int]]
         if item.partner is not None:
             end = block.items[item.partner].boundary
             covered = [t for s in range(item.boundary, end) for t in targets.get(s, [])]
+            outside = (item.boundary - 1 if item.boundary > 0 else None, end)
             if covered:
-                wanted[number] = min(covered)
-            wanted[item.partner] = max(covered) + 1 if covered else wanted[number]
+                first, last = _span(covered, *outside, targets, sources)
+                wanted[number], wanted[item.partner] = first, last + 1
+            else:
+                wanted[item.partner] = wanted[number]
     positions: list[int] = []
     opened_at: dict[int, int] = {}
     for number, item in enumerate(block.items):
@@ -266,6 +272,26 @@ def _positions(block: _Block, outputs: int, alignment: Sequence[tuple[int, int]]
             position += 1  # an element that held words holds at least one
         positions.append(min(position, outputs))
     return positions
+
+
+def _span(
+    covered: list[int],
+    before: int | None,
+    after: int,
+    targets: dict[int, list[int]],
+    sources: int,
+) -> tuple[int, int]:
+    """The first and last output word an element wraps: those of `covered`, the output words
+    aligned to the source words it wrapped, less a word at an edge that the source word just
+    outside on that side (`before`; `after`, if not past the `sources` words) must have
+    given: one the alignment linked to no output word at all (its argmax often links the "A"
+    of "Ein kleiner Hund" to "kleiner", leaving "Ein" without a word)."""
+    first, last = min(covered), max(covered)
+    if last > first and before is not None and before not in targets:
+        first = min(t for t in covered if t > first)
+    if last > first and after < sources and after not in targets:
+        last = max(t for t in covered if t < last)
+    return first, last
 
 
 def _escaped(text: str, entities: dict[str, str]) -> str:

@@ -32,6 +32,7 @@ class Segment:
 
     start: int  # its offset in the paragraph
     end: int  # the offset after its last character (whitespace around it left out)
+    part: bool = False  # a piece of a sentence longer than the model reads, cut between words
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,17 @@ def split_paragraph(text: str, lang: str | None, limit: int, encode: Encode) -> 
     for line in _LINES.finditer(text):
         for start, end in _sentences(line.group(), lang):
             sentence = text[line.start() + start : line.start() + end]
+            pieces = _pieces(sentence, limit, encode)
             segments += [
-                Segment(line.start() + start + a, line.start() + start + b)
-                for a, b in _pieces(sentence, limit, encode)
+                Segment(line.start() + start + a, line.start() + start + b, len(pieces) > 1)
+                for a, b in pieces
             ]
     return Paragraph(text, segments)
+
+
+def sentence_count(text: str, lang: str) -> int:
+    """How many sentences of `lang` the segmenter finds in `text` (a line break ends one)."""
+    return sum(len(_sentences(line.group(), lang)) for line in _LINES.finditer(text))
 
 
 def _sentences(line: str, lang: str | None) -> list[tuple[int, int]]:

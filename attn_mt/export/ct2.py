@@ -67,7 +67,7 @@ QUANTIZATIONS = ("none", *ACCEPTED_MODEL_TYPES)
 SUPPORTED = {
     "attention": ("dot",),
     "norm": ("pre", "post"),
-    "activation": ("relu", "gelu"),
+    "activation": ("relu", "gelu", "swish"),
     "positions": ("sinusoidal", "learned"),
 }
 PAD_PIECE = "<blank>"  # CTranslate2's converters name the padding piece so
@@ -96,7 +96,11 @@ class AttnMTConverter(Converter):
     def _load(self) -> transformer_spec.TransformerSpec:
         """The TransformerSpec of our model, weights, vocabularies and special tokens filled."""
         model, m = self.model.eval(), self.config.model
-        activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
+        activation = {
+            "relu": common_spec.Activation.RELU,
+            "gelu": common_spec.Activation.GELU,
+            "swish": common_spec.Activation.SWISH,
+        }
         spec = transformer_spec.TransformerSpec.from_config(
             (m.encoder_layers, m.decoder_layers),
             m.heads,
@@ -119,7 +123,7 @@ class AttnMTConverter(Converter):
             assert isinstance(model.decoder_norm, nn.LayerNorm)
             _set_layer_norm(spec.encoder.layer_norm, model.encoder_norm)
             _set_layer_norm(spec.decoder.layer_norm, model.decoder_norm)
-        _set_linear(spec.decoder.projection, model.output.weight)
+        _set_linear(spec.decoder.projection, model.output.weight, model.output.bias)
 
         spec.register_source_vocabulary(_vocabulary(self.src_tokenizer))
         spec.register_target_vocabulary(_vocabulary(self.tgt_tokenizer))

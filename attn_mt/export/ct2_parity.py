@@ -12,7 +12,7 @@ import torch
 
 from attn_mt.decode.generate import max_output_lengths
 from attn_mt.decode.translator import Translator
-from attn_mt.export.hf_parity import random_sources
+from attn_mt.export.hf_parity import models_only, random_sources
 from attn_mt.model.vocab import EOS_ID
 
 # The share of the sample's greedy outputs that must be identical. A wrong mapping of a weight
@@ -57,6 +57,7 @@ def check_agreement(
     Both read the ids `Translator.encode` gives each text (a multilingual model's with the tag
     of its first target language): the exported source.model is our own SentencePiece model.
     """
+    translator = models_only(translator)
     engine = engine_module.Translator(str(folder), device="cpu")
     cfg, lang = translator.config.decode, translator.target_languages[0]
     texts = random_sources(translator)

@@ -60,7 +60,7 @@ INSTALL_HINT = "pip install 'attn-mt[hf]'"
 SUPPORTED = {
     "attention": ("dot",),
     "norm": ("pre", "post"),
-    "activation": ("relu", "gelu"),
+    "activation": ("relu", "gelu", "swish"),
     "positions": ("sinusoidal",),
 }
 
@@ -162,6 +162,8 @@ def to_transformers(translator: Translator):
         decoder_start_token_id=BOS_ID,  # our decoder input: <bos> y
         forced_eos_token_id=EOS_ID,
         tie_word_embeddings=m.tie_embeddings,
+        # the run's own settings (decode.*, languages), which `attn-mt import` restores
+        attn_mt_config=cfg.to_dict(),
     )
     if m.norm == "post":
         hf_config = tf.MarianConfig(
@@ -233,6 +235,8 @@ def hf_weights(model: Transformer) -> dict[str, torch.Tensor]:
     if src_embedding is tgt_embedding:
         reads("model.shared", src_embedding.weight)
     reads("lm_head", model.output.weight)
+    if model.output.bias is not None:  # an imported Marian model's output bias
+        weights["final_logits_bias"] = model.output.bias.view(1, -1)
     for i, enc in enumerate(model.encoder_layers):
         prefix = f"model.encoder.layers.{i}"
         attention(f"{prefix}.self_attn", enc.self_attn)

@@ -135,6 +135,8 @@ def training_data_line(data) -> str:
     if data.dataset:
         return data.dataset
     corpora = data.train if isinstance(data.train, list) else [data.train]
+    if any(c.src is None for c in corpora):  # an imported model: no files of attn-mt's
+        return "not recorded (a pretrained model imported with `attn-mt import`)"
     return "; ".join(
         f"{Path(c.src).name} / {Path(c.tgt).name}"
         + (f" (weight {c.weight:g})" if getattr(c, "weight", 1.0) != 1.0 else "")

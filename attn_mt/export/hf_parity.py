@@ -4,6 +4,7 @@ sample of random sources that `export --format ct2`'s check (`ct2_parity`) share
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def check_parity(tf, translator: Translator, folder: Path) -> Parity:
     runs with length penalty 0 on both sides, where both rank by the summed log-probability,
     and with our rule at the limit (`_end_at_limit`).
     """
+    translator = models_only(translator)
     hf_model = tf.AutoModelForSeq2SeqLM.from_pretrained(folder, local_files_only=True).eval()
     tokenizer = tf.AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model, cfg = translator.model, translator.config.decode
@@ -114,6 +116,15 @@ def check_parity(tf, translator: Translator, folder: Path) -> Parity:
         theirs_lp = hf_model(input_ids=src, decoder_input_ids=tgt_in).logits.log_softmax(-1)
         max_diff = max(max_diff, float((ours_lp - theirs_lp).abs().max()))
     return Parity(len(sample), greedy_same, beam_same, beam, max_diff, tokenizer_same, len(lines))
+
+
+def models_only(translator: Translator) -> Translator:
+    """The translator with the lines read as given (decode.recase and decode.protect off) and
+    every piece scored (no decode.shortlist): the parity checks compare the models' searches,
+    which an exported model carries, not the text rules around them."""
+    plain = copy.copy(translator)
+    plain.text, plain.shortlist = None, None
+    return plain
 
 
 def random_sources(translator: Translator, gen: torch.Generator | None = None) -> list[str]:

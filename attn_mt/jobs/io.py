@@ -59,13 +59,12 @@ def stdin_path() -> Path | None:
 def check_output(path: Path | None, inputs: Inputs = ()) -> None:
     """Refuse, before any work, an --output (or stdout) that cannot be written or that is one of
     the files the command reads, `inputs` ((option, path) pairs: `paths.check_output_file`)."""
-    from attn_mt.paths import check_output_file, same_file
+    from attn_mt.paths import check_output_file, check_stdout, same_file
 
     if path is not None:
         check_output_file(path, "--output", inputs)
         return
-    if sys.stdout is None:  # the shell closed it (>&-)
-        raise UserError("stdout: cannot write (it is closed); give --output FILE")
+    check_stdout("give --output FILE")
     try:
         stdout = f"/dev/fd/{sys.stdout.fileno()}"
     except (AttributeError, OSError, ValueError):  # replaced by a test harness

@@ -2,7 +2,9 @@
 --shard's, a torchrun rank's share), read in chunks as they arrive, translated, and written in
 input order as they finish (a chunk's lines are searched shortest first, so each batch writes
 the run of lines now done from the first one not yet written), to stdout, a stream or device in
-place, or an --output file through its resumable partial (`jobs/partial.py`). Under torchrun
+place, or an --output file through its resumable partial (`jobs/partial.py`), which also keeps
+the lines done ahead of the first one not yet written, so that an interruption loses none and a
+resume searches none of them again. Under torchrun
 each process writes its part and rank 0 joins them in order (`split.join_parts`). How far it
 is, the job tells the `Progress` it is given (`jobs/pace.py`).
 """
@@ -21,8 +23,8 @@ from itertools import count, islice, takewhile
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO
 
-from attn_mt.errors import named
-from attn_mt.fileio import atomic_write, sigterm_unwinds
+from attn_mt.errors import UserError, named
+from attn_mt.fileio import atomic_write, os_reason, sigterm_unwinds
 from attn_mt.jobs import io, split
 from attn_mt.jobs.nbest import NbestFormat, format_entries
 from attn_mt.jobs.pace import Pace, Progress, unseen, weight
@@ -56,14 +58,22 @@ class Job:
     world: World
     settings: dict[str, Any] | None = None
     again: str = "the same command with --resume"  # what continues an interrupted --output
+    complete: bool = False  # `resume` of an --output that is whole: nothing to do
 
 
 class Sink(Protocol):
-    """Where translated lines go, in input order: `lines` counts the input lines written."""
+    """Where translated lines go, in input order: `lines` counts the input lines written. A
+    line finished before those ahead of it is told to `finished` (which may keep it, so that
+    an interruption loses no finished line), and `kept` gives what an earlier run finished of
+    a line (None: translate it). Lines are numbered from 0 among the sink's."""
 
     lines: int
 
     def write(self, text: str, sources: list[str]) -> None: ...
+
+    def finished(self, line: int, source: str, text: str) -> None: ...
+
+    def kept(self, line: int, source: str) -> str | None: ...
 
 
 class StreamSink:
@@ -77,6 +87,12 @@ class StreamSink:
         self.out.write(text)
         self.out.flush()
         self.lines += len(sources)
+
+    def finished(self, line: int, source: str, text: str) -> None:
+        """A stream keeps nothing ahead: lines are written in order, or not at all."""
+
+    def kept(self, line: int, source: str) -> str | None:
+        return None
 
 
 def run_job(
@@ -121,39 +137,52 @@ class _Work:
 
     def translate(self, sink: Sink) -> None:
         """The process's lines not yet in `sink`, translated into it."""
-        todo = self.lines.count if self.lines.count is not None else self.total
-        todo = None if todo is None else todo - sink.lines
+        every = self.lines.count if self.lines.count is not None else self.total
+        todo = None if every is None else every - sink.lines
         source = self.reader if todo is None else islice(self.reader, todo)
         name = named(self.job.input) if self.job.input else "stdin"
         first = self.lines.start + sink.lines + 1
-        shown = todo if self.job.world.is_main else None
+        shown = every if self.job.world.is_main else None
         with self.progress(shown) as pace:
+            pace.resumed(sink.lines)
             for chunk in io.line_chunks(source, name, first_line=first):
                 pace.read(chunk)
                 self.chunk(chunk, self.lines.start + sink.lines, sink, pace)
 
     def chunk(self, chunk: list[str], index: int, sink: Sink, pace: Pace) -> None:
         """Translate `chunk`, whose first line is input line `index` (from 0), writing after
-        each batch the lines done in order."""
+        each batch the lines done in order; a line an earlier run finished (`Sink.kept`) is
+        taken as it is (searched as a blank line: at once, the other lines' numbers kept)."""
         fields = self.fields
+        first = sink.lines  # the chunk's first line among the sink's
         sources, prefixes, terms = io.line_fields(
             chunk, fields.prefix, fields.constraints, index + 1
         )
-        done: dict[int, list[Translation]] = {}
+        done: dict[int, str] = {}  # row -> its output text
+        for row, line in enumerate(chunk):
+            if (text := sink.kept(first + row, line)) is not None:
+                done[row] = text
+                sources[row] = ""
+                if prefixes is not None:
+                    prefixes[row] = ""
+                if terms is not None:
+                    terms[row] = []
+        earlier = set(done)
         written = 0
 
         def finished(row: int, entries: list[Translation]) -> None:
-            done[row] = entries
+            if row in earlier:
+                pace.resumed(1, weight(chunk[row]))
+                return
+            done[row] = format_entries(index + row, entries, fields.nbest, fields.nbest_format)
+            sink.finished(first + row, chunk[row], done[row])
             pace.finished(1, weight(chunk[row]))
 
         def write_ready(_: int = 0) -> None:
             nonlocal written
             ready = list(takewhile(done.__contains__, count(written)))
             if ready:
-                text = "".join(
-                    format_entries(index + row, done.pop(row), fields.nbest, fields.nbest_format)
-                    for row in ready
-                )
+                text = "".join(done.pop(row) for row in ready)
                 sink.write(text, chunk[written : written + len(ready)])
                 written += len(ready)
 
@@ -191,25 +220,32 @@ def _to_file(work: _Work) -> None:
                 split.join_parts(part, out, job.world)
             distributed.barrier(job.world)  # the output is whole before any part is removed
             partial.remove()
+    except OSError as err:  # a full disk, a file-size limit: one line, the lines done kept
+        name = named(err.filename or partial.data)
+        raise UserError(f"{name}: cannot write ({os_reason(err)}); {_kept(job, partial)}") from None
     except BaseException as err:
         _say_kept(err, job, partial)
         raise
 
 
-def _say_kept(err: BaseException, job: Job, partial: PartialOutput) -> None:
-    """One line on what a failed or interrupted run leaves of --output's translation."""
+def _kept(job: Job, partial: PartialOutput) -> str:
+    """What a failed or interrupted run leaves of --output's translation, in words."""
     output = job.output
     assert output is not None
-    start = "attn-mt: interrupted; " if isinstance(err, KeyboardInterrupt) else "attn-mt: "
-    if not partial.checked or not partial.lines:
-        if isinstance(err, KeyboardInterrupt):
-            print(f"{start}--output {named(output)} not written", file=sys.stderr)
-        return
-    print(
-        f"{start}--output {named(output)} not written yet; {partial.lines} line(s) done are "
-        f"kept in {named(partial.data)}: {job.again} continues them",
-        file=sys.stderr,
+    if not partial.checked or not partial.kept_lines:
+        return f"--output {named(output)} not written"
+    return (
+        f"--output {named(output)} not written yet; {partial.kept_lines} line(s) done are "
+        f"kept in {named(partial.data)}: {job.again} continues them"
     )
+
+
+def _say_kept(err: BaseException, job: Job, partial: PartialOutput) -> None:
+    """One line on what a failed or interrupted run leaves of --output's translation."""
+    if isinstance(err, KeyboardInterrupt):
+        print(f"attn-mt: interrupted; {_kept(job, partial)}", file=sys.stderr)
+    elif partial.checked and partial.kept_lines:
+        print(f"attn-mt: {_kept(job, partial)}", file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,8 @@ class Pace:
     not from a window of the last seconds, which jumps, as each chunk's lines are searched
     shortest first (a fast start, a slow end). The time left weighs each line by its length
     (`read`): the lines read and not yet done by theirs, the lines not yet read by the mean of
-    those read; lines never `read` weigh one each."""
+    those read; lines never `read` weigh one each. Lines an earlier run did (a resumed job's)
+    are shown as done and left out of the pace."""
 
     total: int | None
     clock: Callable[[], float] = time.monotonic
@@ -29,6 +30,7 @@ class Pace:
     weight_read: int = 0
     lines_done: int = 0
     weight_done: int = 0
+    before: int = 0  # lines an earlier run did (`resumed`): shown as done, not in the pace
     on_change: Callable[[], None] = lambda: None  # a display's redraw
 
     def __post_init__(self) -> None:
@@ -45,6 +47,20 @@ class Pace:
         self.weight_done += lines if weight is None else weight
         self.on_change()
 
+    def resumed(self, lines: int, weight: int | None = None) -> None:
+        """`lines` were done by an earlier run: done, but no part of this run's pace;
+        `weight`: theirs, where they were `read`."""
+        self.before += lines
+        if weight is not None:
+            self.lines_read -= lines
+            self.weight_read -= weight
+        self.on_change()
+
+    @property
+    def shown(self) -> int:
+        """The lines done, by this run and earlier ones: what a bar shows."""
+        return self.before + self.lines_done
+
     @property
     def rate(self) -> float | None:
         """Lines a second since the start; None before the first."""
@@ -58,9 +74,10 @@ class Pace:
             return None
         if self.lines_read:
             mean = self.weight_read / self.lines_read
-            left = self.weight_read - self.weight_done + (self.total - self.lines_read) * mean
+            unread = self.total - self.before - self.lines_read
+            left = self.weight_read - self.weight_done + unread * mean
         else:
-            left = self.total - self.weight_done
+            left = self.total - self.before - self.weight_done
         return max(left, 0) * (self.clock() - self.start) / self.weight_done
 
 

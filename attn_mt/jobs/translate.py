@@ -14,20 +14,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attn_mt.errors import UserError
-from attn_mt.fileio import os_reason, written_in_place
+from attn_mt.decode.glossary import Glossary
+from attn_mt.errors import UserError, named
+from attn_mt.fileio import drop_stdout, os_reason, written_in_place
 from attn_mt.jobs import io, split
 from attn_mt.jobs.job import Job, LineFields, run_job
 from attn_mt.jobs.nbest import NbestFormat
 from attn_mt.jobs.pace import Progress, unseen
-from attn_mt.jobs.partial import file_digest
-from attn_mt.paths import resolve_checkpoint
-from attn_mt.world import world_from_env
+from attn_mt.jobs.partial import PartialOutput, file_digest
+from attn_mt.paths import Inputs, resolve_checkpoint
+from attn_mt.world import World, world_from_env
 
 if TYPE_CHECKING:  # torch: loaded by `run`, once the paths are known to be good
     from attn_mt.decode.request import Request
@@ -50,8 +51,10 @@ class FileTranslation:
     `device`, `precision`, `quantize`, `prepack` and `decode` as `attn_mt.load` takes them, or
     a loaded `Translator`. The other fields are `attn-mt translate`'s options of the same
     names: the search (`beam`, `nbest`, `sampling`, `avoid`: words, or a file of them one a
-    line, `alignment`, `tgt_lang`), the lines (`prefix` and `constraints`: read after TABs;
-    `nbest_format`; `split_sentences`), which of them (`shard`: (I, N) or "I/N") and whether
+    line, `glossary`: source -> target terms, or a file of `source<TAB>target` lines,
+    `alignment`, `tgt_lang`), the lines (`prefix` and `constraints`: read after TABs;
+    `nbest_format`; `split_sentences`: each line's sentences translated one by one, the
+    default), which of them (`shard`: (I, N) or "I/N") and whether
     the partial of an interrupted `output` is continued (`resume`). `progress` is told how far
     the job is (`jobs/pace.py`)."""
 
@@ -65,8 +68,9 @@ class FileTranslation:
     prefix: bool = False
     constraints: bool = False
     avoid: str | Path | Sequence[str] | None = None
+    glossary: str | Path | Mapping[str, str] | None = None
     alignment: bool = False
-    split_sentences: bool = False
+    split_sentences: bool = True
     tgt_lang: str | None = None
     shard: str | tuple[int, int] | None = None
     resume: bool = False
@@ -94,11 +98,14 @@ class FileTranslation:
         read: list[tuple[str, Path | None]] = [("--model", path) for path in checkpoints]
         read += [("--input", source) if source else ("stdin", io.stdin_path())]
         read += [("--avoid", Path(self.avoid) if isinstance(self.avoid, str | Path) else None)]
+        read += [("--glossary", self._glossary_file())]
         io.check_output(target, read)
         if self.resume and (target is None or written_in_place(target)):
             raise UserError(
                 "--resume continues an --output FILE (a regular file); a stream cannot be continued"
             )
+        if target is not None and not written_in_place(target):
+            job.complete = _whole(target, job.world, read) and self.resume
         if self._loaded() is not None:
             loading = [f for f in dataclasses.fields(self) if f.name in LOADING]
             if given := [f.name for f in loading if getattr(self, f.name) != f.default]:
@@ -117,6 +124,14 @@ class FileTranslation:
         from attn_mt.decode.request import Request
         from attn_mt.precision import resolve_device
 
+        glossary = self._glossary()  # a mistake in it: before the model loads
+        if job.complete:
+            print(
+                f"attn-mt: --resume: {named(job.output or '')} is complete (no partial "
+                "translation of it to continue); leave out --resume to translate it again",
+                file=sys.stderr,
+            )
+            return
         loaded = self._loaded()
         device = loaded.device if loaded is not None else resolve_device(self.device)
         with distributed.process_group(device, split.WAIT) as (_, place):
@@ -133,15 +148,16 @@ class FileTranslation:
                 )
             )
             translator.language_prefix(self.tgt_lang)  # a missing or unknown one: before input
-            if self.split_sentences:
-                from attn_mt.documents.paragraphs import ParagraphTranslator
+            from attn_mt.documents.paragraphs import ParagraphTranslator
 
-                translator = ParagraphTranslator.splitting(translator)
+            # A line split into its sentences (or whole), as the server splits a paragraph.
+            translator = ParagraphTranslator.splitting(translator, None, self.split_sentences)
             request = Request(
                 beam=self.beam,  # None: the decode.beam, widened to `nbest`
                 nbest=self.nbest,
                 sampling=self.sampling,
                 avoid=self._avoided(),
+                glossary=glossary,
                 alignment=self.alignment,
                 tgt_lang=self.tgt_lang,
             )
@@ -159,7 +175,7 @@ class FileTranslation:
                 gone = isinstance(err, BrokenPipeError)
                 if job.output is not None and not gone:
                     raise  # --output's errors are its own
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+                drop_stdout()
                 if not gone:
                     raise UserError(f"stdout: cannot write ({os_reason(err)})") from None
 
@@ -174,6 +190,16 @@ class FileTranslation:
         if isinstance(self.model, Sequence):
             return list(self.model)
         return list(self.model.checkpoints)
+
+    def _glossary_file(self) -> Path | None:
+        """The file `glossary` names, if it names one."""
+        return Path(self.glossary) if isinstance(self.glossary, str | Path) else None
+
+    def _glossary(self) -> Glossary | None:
+        """The glossary: `glossary`'s terms, or its file's."""
+        if isinstance(self.glossary, str | Path):
+            return Glossary.read(Path(self.glossary))
+        return None if self.glossary is None else Glossary.of(self.glossary)
 
     def _avoided(self) -> list[str]:
         """The words no output may hold: `avoid`'s, or its file's."""
@@ -202,6 +228,18 @@ def translate_file(
     translation.run(translation.check())
 
 
+def _whole(target: Path, world: World, inputs: Inputs) -> bool:
+    """Whether the --output `target` is there with no partial translation of any process
+    beside it; each partial checked first (`PartialOutput.check`: attn-mt's own, none of the
+    `inputs`)."""
+    real = Path(os.path.realpath(target))
+    parts = [split.Lines(rank=rank, ranks=world.size).part_name for rank in range(world.size)]
+    partials = [PartialOutput(real, part) for part in parts]
+    for partial in partials:
+        partial.check(inputs)
+    return real.is_file() and not any(os.path.lexists(p.data) for p in partials)
+
+
 def record_settings(translator: Translator, request: Request, fields: LineFields) -> dict[str, Any]:
     """What a partial translation's record keeps of how it was made, for `resume` to compare:
     the checkpoints' sha256, every decode.* setting but the batch size (which does not change
@@ -212,7 +250,7 @@ def record_settings(translator: Translator, request: Request, fields: LineFields
     return {
         "models": [file_digest(path) for path in translator.checkpoints],
         "decode": decode,
-        "request": {name: _plain(getattr(resolved, name)) for name in wanted},
+        "request": {name: _plain(getattr(resolved, name)) for name in (*wanted, "glossary")},
         "lines": {
             "nbest_format": fields.nbest_format.value,
             "prefix": fields.prefix,
@@ -223,7 +261,10 @@ def record_settings(translator: Translator, request: Request, fields: LineFields
 
 
 def _plain(value: Any) -> Any:
-    """A request's value as JSON keeps it (a Sampling as its fields, a tuple as a list)."""
+    """A request's value as JSON keeps it (a Sampling as its fields, a tuple as a list, a
+    glossary as its sha256)."""
+    if isinstance(value, Glossary):
+        return value.digest()
     if is_dataclass(value) and not isinstance(value, type):
         return asdict(value)
     return list(value) if isinstance(value, tuple) else value

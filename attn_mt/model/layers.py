@@ -66,13 +66,22 @@ class Dropout(nn.Module):
         return f"p={self.p}"
 
 
+# model.activation -> the feed-forward non-linearity; swish(x) = x * sigmoid(x) (SiLU), as the
+# OPUS-MT models use it.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "swish": F.silu,
+}
+
+
 class FeedForward(nn.Module):
     """FFN(x) = W_2 dropout(act(W_1 x + b_1)) + b_2, applied at every position."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str):
         super().__init__()
         self.w_1, self.w_2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-        self.activation = F.gelu if activation == "gelu" else F.relu
+        self.activation = ACTIVATIONS[activation]
         self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +120,7 @@ class LayerSpec:
     attention_dropout: float = 0.0  # on attention weights
     scoring: str = "dot"  # "dot" or "additive"
     pre_norm: bool = True  # LayerNorm before (pre) or after (post) each block
-    activation: str = "relu"  # "relu" or "gelu"
+    activation: str = "relu"  # a name of ACTIVATIONS
     fused_attention: bool = True  # torch's scaled_dot_product_attention kernel where it applies
 
     def attention(self) -> MultiHeadAttention:

@@ -272,7 +272,10 @@ class SmoothedObjective(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`projected_loss` of the states (B, T, D), run eagerly under torch.compile: its chunk
         loop depends on the number of tokens."""
-        weight = self.model.output.weight
+        weight, bias = self.model.output.weight, self.model.output.bias
+        if bias is not None:  # W y + b = [W, b] [y, 1]: the bias as a column over a constant 1
+            weight = torch.cat([weight, bias.unsqueeze(1)], dim=1)  # (V, D + 1)
+            hidden = torch.cat([hidden, hidden.new_ones(*hidden.shape[:-1], 1)], dim=-1)
         return projected_loss(hidden, weight, tgt_out, self.epsilon, self.tokens, self.fused)
 
 

@@ -40,6 +40,7 @@ class Transformer(nn.Module):
         max_positions: int = 1024,
         share_embeddings: bool = True,
         tie_output: bool = True,
+        output_bias: bool = False,
     ):
         super().__init__()
         # A training choice, not the architecture (build_model sets it from train.): training
@@ -67,7 +68,10 @@ class Transformer(nn.Module):
         # Pre-norm stacks end with a LayerNorm; post-norm layers already end normalised.
         self.encoder_norm = nn.LayerNorm(d_model) if layer.pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d_model) if layer.pre_norm else nn.Identity()
-        self.output = nn.Linear(d_model, tgt_vocab, bias=False)
+        # logits = W y (+ b: a learned bias per target piece, Marian's `final_logits_bias`)
+        self.output = nn.Linear(d_model, tgt_vocab, bias=output_bias)
+        if output_bias:
+            nn.init.zeros_(self.output.bias)
         if tie_output:
             self.output.weight = tgt_embedding.weight
         else:
@@ -119,16 +123,17 @@ class Transformer(nn.Module):
         padding): earlier keys and values come from the cache and positions continue where
         the cache ends. `src_mask` None: every memory position is a real one (no padding).
         """
-        return self.output(self._decoder_states(tgt, memory, src_mask, cache))  # (B, T, V)
+        return self.output(self.decoder_states(tgt, memory, src_mask, cache))  # (B, T, V)
 
-    def _decoder_states(
+    def decoder_states(
         self,
         tgt: torch.Tensor,
         memory: torch.Tensor,
         src_mask: torch.Tensor | None,
         cache: DecoderCache | None = None,
     ) -> torch.Tensor:
-        """`decode` short of the output projection: the decoder's final states (B, T, D)."""
+        """`decode` short of the output projection: the decoder's final states (B, T, D) (a
+        search with a shortlist projects them onto some rows of the output layer)."""
         offset = cache[0][0].length if cache else 0
         y = self._stream(self.tgt_embed(tgt, offset))  # (B, T, D)
         if cache is not None and tgt.size(1) > 1:
@@ -169,7 +174,7 @@ class Transformer(nn.Module):
         """Teacher forcing short of the output projection: the decoder's final states (B, T, D)
         (the training loss projects them a chunk at a time: `loss.projected_loss`)."""
         src_mask = (src != PAD_ID)[:, None, None, :]  # (B, 1, 1, S)
-        return self._decoder_states(tgt_in, self.encode(src, src_mask), src_mask)  # (B, T, D)
+        return self.decoder_states(tgt_in, self.encode(src, src_mask), src_mask)  # (B, T, D)
 
     def new_cache(self) -> DecoderCache:
         """An empty key/value cache for step-by-step decoding."""
@@ -207,6 +212,7 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> Transformer:
         max_positions=m.max_positions,
         share_embeddings=cfg.tokenizer.joint and m.tie_embeddings,
         tie_output=m.tie_embeddings,
+        output_bias=m.output_bias,
     )
     model.activation_checkpointing = cfg.train.activation_checkpointing
     model.bf16_stream = cfg.train.bf16_stream

@@ -4,8 +4,9 @@
 
 Every refusal is a JSON object `{"error": "..."}` with a 4xx status: a request past a limit is
 413 (the error names the limit's option), a malformed or mistyped one 422, a wrong API key 401
-(`serve.guard`), a pair the server does not translate 422 (400 on LibreTranslate's routes);
-503 while the decode worker is down. A 500 is a bug.
+(`serve.guard`), a pair the server does not translate, or `auto` text in a language no model
+translates from, 422 (400 on LibreTranslate's routes); 503 while the decode worker is down.
+A 500 is a bug.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from attn_mt.decode.glossary import Glossary
 from attn_mt.decode.request import Request as DecodeRequest
 from attn_mt.errors import UserError
 from attn_mt.serve.batcher import WorkerDown
 from attn_mt.serve.guard import BodyGuard, Text, key_checker
 from attn_mt.serve.libre import add_libre_routes
-from attn_mt.serve.service import Disconnected, Service
+from attn_mt.serve.service import Disconnected, Documents, PastLimit, Service
 
 log = logging.getLogger("attn_mt")
 PAGE = resources.files("attn_mt.serve").joinpath("page.html").read_text(encoding="utf-8")
@@ -53,6 +55,11 @@ class TranslateRequest(Strict):
         None, description="Per entry: the text the output must start with (null: none)."
     )
     avoid: list[Text] = Field([], description="Words or phrases no output may hold.")
+    glossary: dict[Text, Text] | None = Field(
+        None,
+        description="Source term -> target term: a sentence holding a source term (whole "
+        "words, any case) gets its target term as a constraint.",
+    )
     alignment: bool = Field(False, description="Add Pharaoh word pairs [source, target].")
     src_lang: Text | None = Field(
         None, description="The source language, or 'auto' (needed where models differ)."
@@ -75,6 +82,7 @@ class TranslateRequest(Strict):
             alignment=self.alignment,
             constraints=self.constraints,
             prefixes=self.prefix,
+            glossary=None if self.glossary is None else Glossary.of(self.glossary),
         )
 
 
@@ -108,7 +116,7 @@ def create_app(service: Service, api_key: str | None = None) -> FastAPI:
     _add_error_handlers(app)
     app.add_middleware(BodyGuard, limit=service.limits.max_body_bytes, stopping=app.state.stopping)
     _add_routes(app, service)
-    add_libre_routes(app, service, lambda lines: check_lines(service, lines))
+    add_libre_routes(app, service, key_required=api_key is not None)
     return app
 
 
@@ -144,14 +152,13 @@ def _add_routes(app: FastAPI, service: Service) -> None:
         """Translate `text`; `{"translations": [...]}` as `attn-mt translate --split-sentences`
         writes them."""
         check_translate(service, body)
-        detected, asked = _route(service, body.src_lang, body.tgt_lang, body.text)
-        disconnected = request.is_disconnected
-        if body.format == "html":
-            found = await service.translate_html(body.text, body.settings(), disconnected, asked)
-        else:
-            found = await service.translate(
-                body.text, body.settings(), disconnected, asked, body.split_sentences
-            )
+        settings = body.settings()
+        documents = await service.documents(body.text, body.format == "html")
+        service.check_chars(documents.texts, settings)
+        detected, asked = _route(service, body.src_lang, body.tgt_lang, documents)
+        found = await service.translate(
+            documents, settings, request.is_disconnected, asked, body.split_sentences
+        )
         reply = translations_json(found, body.nbest, body.alignment)
         if body.scores:
             reply["sentences"] = [
@@ -165,27 +172,28 @@ def _add_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/attention")
     async def attention(body: AttentionRequest) -> dict[str, Any]:
         """The translation of one sentence and its cross-attention (output x source pieces)."""
-        check_lines(service, [body.text])
+        service.check_text([body.text])
         _check_width(service, body.beam or 0)
-        _, asked = _route(service, body.src_lang, body.tgt_lang, [body.text])
+        _, asked = _route(service, body.src_lang, body.tgt_lang, Documents([body.text]))
         return await service.call(lambda: service.attention(body.text, body.beam, asked))
 
 
 def _route(
-    service: Service, src_lang: str | None, tgt_lang: str | None, texts: list[str]
+    service: Service, src_lang: str | None, tgt_lang: str | None, documents: Documents
 ) -> tuple[dict[str, Any] | None, Any]:
-    """The detected source language (for 'auto', identified from all `texts`) and where the
+    """The detected source language (for 'auto', identified from all the text) and where the
     request goes."""
     detected = None
     if src_lang == "auto":
-        detected = service.router.detect("\n".join(texts))[0]
+        detected = service.router.source_of("\n".join(documents.texts))
         src_lang = detected["language"]
     return detected, service.find(src_lang, tgt_lang)
 
 
 def check_translate(service: Service, body: TranslateRequest) -> None:
-    """413 for a /v1/translate request past a limit, 422 for options that exclude each other."""
-    check_lines(service, body.text)
+    """413 for a /v1/translate request past a limit, 422 for options that exclude each other;
+    its characters are counted once its pages are read (`Service.check_chars`)."""
+    service.check_entries(body.text)
     _check_width(service, max(body.beam or 0, body.nbest))
     limits = service.limits
     for name, given in (("constraints", body.constraints), ("prefix", body.prefix)):
@@ -198,36 +206,10 @@ def check_translate(service: Service, body: TranslateRequest) -> None:
             raise HTTPException(
                 413, f"line {number}: {len(terms)} terms, more than --max-terms {limits.max_terms}"
             )
-    for number, line in enumerate(body.text):
-        steering = [*(body.constraints or [[]] * len(body.text))[number]]
-        steering.append((body.prefix or [None] * len(body.text))[number] or "")
-        chars = len(line) + sum(len(text) for text in steering)
-        if chars > limits.max_chars:
-            raise HTTPException(
-                413,
-                f"line {number + 1}: {chars} characters with its terms and prefix, more than "
-                f"--max-chars {limits.max_chars}",
-            )
-    avoided = sum(len(word) for word in body.avoid)
-    if len(body.avoid) > limits.max_avoid or avoided > limits.max_chars:
+    if len(body.avoid) > limits.max_avoid:
         raise HTTPException(
-            413,
-            f"avoid: {len(body.avoid)} words of {avoided} characters, more than --max-avoid "
-            f"{limits.max_avoid} or --max-chars {limits.max_chars}",
+            413, f"avoid: {len(body.avoid)} words, more than --max-avoid {limits.max_avoid}"
         )
-
-
-def check_lines(service: Service, lines: list[str]) -> None:
-    """413 for a request with more lines, or a line with more characters, than allowed."""
-    limits = service.limits
-    if len(lines) > limits.max_lines:
-        raise HTTPException(413, f"{len(lines)} lines: more than --max-lines {limits.max_lines}")
-    for number, line in enumerate(lines, start=1):
-        if len(line) > limits.max_chars:
-            raise HTTPException(
-                413,
-                f"line {number}: {len(line)} characters, more than --max-chars {limits.max_chars}",
-            )
 
 
 def _check_width(service: Service, width: int) -> None:
@@ -266,11 +248,16 @@ def _pairs(entry: Any) -> list[list[int]]:
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    """Every refusal as `{"error": ...}`: user errors of the library 422, validation 422."""
+    """Every refusal as `{"error": ...}`: user errors of the library 422 (past a limit 413),
+    validation 422."""
 
     @app.exception_handler(UserError)
     async def user_error(_request: Request, err: UserError) -> JSONResponse:
         return JSONResponse({"error": str(err)}, status_code=422)
+
+    @app.exception_handler(PastLimit)
+    async def past_limit(_request: Request, err: PastLimit) -> JSONResponse:
+        return JSONResponse({"error": str(err)}, status_code=413)
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, err: HTTPException) -> JSONResponse:

@@ -4,10 +4,15 @@ that arrived close together as one batch.
 A request is a `Job` (its lines, the model that translates them, the decode `Request` they
 share, per-line constraints and prefixes). The worker takes the oldest job, waits at most
 `max_wait` after its arrival for others of the same model with an equal Request, and decodes up
-to the source tokens its `line_budget()` allows of them in one call (the library sorts them
-into length buckets). A job larger than that budget is decoded a budget at a time and goes to
-the back of the queue after each part, so a long request does not hold short ones; a steered
-one (terms, a prefix, avoided words: a slower search) is decoded a line at a time.
+to the source tokens its `line_budget()` allows of them in one call, summed: a batch's work is
+its sentences', as finished sentences leave the search. The call searches them as one batch
+(its budget widened to the batch's padded size, up to WIDEST budgets), not in the length
+buckets a file's lines are cut into: sentences of mixed lengths from many requests would make
+several small searches one after another, each paying every step's fixed cost, where one
+search pays it once (padding a source costs only cross-attention). A job larger than that
+budget is decoded a budget at a time and goes to the back of the queue after each part, so a
+long request does not hold short ones; a steered one (terms, a prefix, avoided words: a slower
+search) is decoded a line at a time.
 Anything else that uses the model (the attention map) runs on the same thread as a `Call`:
 attention recording hooks into the model, so two threads must never decode at once.
 """
@@ -23,6 +28,8 @@ from typing import Any
 
 from attn_mt.decode.request import Request
 from attn_mt.errors import UserError
+
+WIDEST = 4  # times its budget a batch's padded size may reach to be searched as one
 
 
 class WorkerDown(RuntimeError):
@@ -215,6 +222,7 @@ class Batcher:
         lines = [line for p in parts for line in p.job.lines[p.start : p.end]]
         request = replace(
             parts[0].job.request,
+            batch_tokens=_one_search(parts),
             constraints=_joined(parts, "constraints", []),
             prefixes=_joined(parts, "prefixes", None),
             first_line=parts[0].start + 1 if len(parts) == 1 else 1,  # errors name the job's line
@@ -228,6 +236,22 @@ class Batcher:
             offset += count
             if len(part.job.results) == len(part.job.lines) and not part.job.future.done():
                 part.job.future.set_result(part.job.results)
+
+
+def _one_search(parts: Sequence[Part]) -> int | None:
+    """The batch budget (decode.batch_tokens) under which the library searches the parts'
+    lines as one batch: theirs, doubled until it holds their padded size (lines x the
+    longest), up to WIDEST times (beyond, the library cuts them as it would: a batch of many
+    short lines and one long one stays bounded in memory)."""
+    request = parts[0].job.request
+    sizes = [size for p in parts for size in p.job.sizes[p.start : p.end]]
+    budget = request.batch_tokens
+    if budget is None:  # not resolved: the library's own
+        return None
+    padded, widest = len(sizes) * max(sizes), WIDEST * budget
+    while budget < widest and replace(request, batch_tokens=budget).line_budget() < padded:
+        budget *= 2
+    return min(budget, widest)
 
 
 def _joined(parts: Sequence[Part], name: str, empty: Any) -> list | None:

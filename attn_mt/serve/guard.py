@@ -10,6 +10,7 @@ import hmac
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
+from urllib.parse import parse_qsl
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -18,7 +19,9 @@ from starlette.exceptions import HTTPException
 
 BODY_WAIT_S = 30.0  # how long a body may pause between two of its chunks
 STOPPING_WAIT_S = 2.0  # ... once the server is stopping
-OPEN_PATHS = ("/health",)  # the routes that need no key
+# The routes that need no key (LibreTranslate's front end reads its settings to learn that
+# one is needed).
+OPEN_PATHS = ("/health", "/frontend/settings")
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
@@ -77,8 +80,16 @@ async def _body_key(request: Request) -> bytes | None:
 
 
 async def read_body(request: Request) -> dict[str, Any]:
-    """A JSON object or a form as a dict (a ValueError if it is neither)."""
+    """A JSON object or a form as a dict (a ValueError if it is neither). A urlencoded form is
+    read as UTF-8, its raw bytes and its %-escapes alike (as LibreTranslate reads it; starlette
+    takes raw bytes as Latin-1)."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == FORMS[0]:
+        try:
+            text = (await request.body()).decode("utf-8")
+            return dict(parse_qsl(text, keep_blank_values=True, errors="strict"))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"a form that is not UTF-8 ({err.reason})") from None
     if kind in FORMS:
         form = await request.form()
         return {k: v for k, v in form.multi_items() if isinstance(v, str)}

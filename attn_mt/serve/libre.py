@@ -1,7 +1,9 @@
 """LibreTranslate's API as its clients call it: `POST /translate` (`q`, `source` or `auto`,
-`target`, `format` text or html, `alternatives`, `api_key`), `POST /detect`, `GET /languages`,
-each body JSON or a form (urlencoded or multipart). A pair the server does not translate, or a
-source it cannot tell, is refused with 400 as LibreTranslate refuses it.
+`target`, `format` text or html, `alternatives`, `api_key`, and `glossary`, which LibreTranslate
+has been asked for), `POST /detect`, `GET /languages` and the web front end's
+`GET /frontend/settings`, each body JSON or a form (urlencoded, read as UTF-8, or multipart;
+`glossary` in JSON only). A pair the server does not translate, or `auto` text in a language no
+model here translates from, is refused with 400 as LibreTranslate refuses it.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
+from attn_mt.decode.glossary import Glossary
 from attn_mt.decode.request import Request as DecodeRequest
 from attn_mt.errors import UserError
 from attn_mt.serve.guard import FORMS, Text, read_body
-from attn_mt.serve.service import Asked, Service
+from attn_mt.serve.routing import language_name
+from attn_mt.serve.service import Asked, Documents, Service
+
+FRONTEND_TIMEOUT_MS = 500  # the front end's pause after typing before it translates
 
 
 class LibreRequest(BaseModel):
@@ -30,6 +36,11 @@ class LibreRequest(BaseModel):
     format: Literal["text", "html"] = Field("text", description="'html': keep the markup.")
     api_key: Text | None = None
     alternatives: int = Field(0, ge=0, description="Other translations to add, best first.")
+    glossary: dict[Text, Text] | None = Field(
+        None,
+        description="Source term -> target term: a sentence holding a source term (whole "
+        "words, any case) gets its target term as a constraint (JSON bodies).",
+    )
 
 
 class DetectRequest(BaseModel):
@@ -58,8 +69,8 @@ async def parsed(request: Request, model: type[BaseModel]) -> Any:
         raise HTTPException(422, "; ".join(problems)) from None
 
 
-def add_libre_routes(app: FastAPI, service: Service, check_lines: Any) -> None:
-    """LibreTranslate's routes; `check_lines(lines)` refuses what is past the limits."""
+def add_libre_routes(app: FastAPI, service: Service, key_required: bool) -> None:
+    """LibreTranslate's routes; `key_required`: whether the server asks for an API key."""
     schema = {"requestBody": _body_schema(LibreRequest)}
 
     @app.get("/languages")
@@ -67,32 +78,61 @@ def add_libre_routes(app: FastAPI, service: Service, check_lines: Any) -> None:
         """LibreTranslate: `[{"code", "name", "targets"}]`, every pair served."""
         return service.router.languages()
 
+    @app.get("/frontend/settings")
+    async def frontend_settings() -> dict[str, Any]:
+        """LibreTranslate's web front end: the character limit, whether a key is needed, the
+        pair it starts with (the first served); no suggestions, no files."""
+        source, target = service.router.pairs[0]
+        return {
+            "charLimit": service.limits.max_chars,
+            "frontendTimeout": FRONTEND_TIMEOUT_MS,
+            "apiKeys": False,  # no database of keys: one key, from --api-key-file
+            "keyRequired": key_required,
+            "suggestions": False,
+            "filesTranslation": False,
+            "supportedFilesFormat": [],
+            "language": {
+                "source": {"code": source, "name": language_name(source)},
+                "target": {"code": target, "name": language_name(target)},
+            },
+        }
+
     @app.post("/detect", openapi_extra={"requestBody": _body_schema(DetectRequest)})
     async def detect(request: Request) -> list[dict[str, Any]]:
-        """LibreTranslate: the served source languages `q` may be in, likeliest first."""
+        """LibreTranslate: the languages `q` is likeliest in, among all py3langid knows."""
         body = await parsed(request, DetectRequest)
-        check_lines([body.q])
+        service.check_text([body.q])
         return service.router.detect(body.q)
 
     @app.post("/translate", openapi_extra=schema)
     async def translate(request: Request) -> dict[str, Any]:
         """LibreTranslate: `q` (a str or a list), `source`, `target` -> `translatedText`."""
         body = await parsed(request, LibreRequest)
-        lines = [body.q] if isinstance(body.q, str) else body.q
-        check_lines(lines)
+        entries = [body.q] if isinstance(body.q, str) else body.q
+        service.check_entries(entries)
         widest = service.limits.max_beam
         if body.alternatives + 1 > widest:
             raise HTTPException(
                 413, f"alternatives {body.alternatives}: more than --max-beam {widest} - 1"
             )
-        detected = (
-            [service.router.detect(line)[0] for line in lines] if body.source == "auto" else None
+        glossary = None if body.glossary is None else Glossary.of(body.glossary)
+        documents = await service.documents(entries, body.format == "html")
+        settings = DecodeRequest(nbest=body.alternatives + 1, glossary=glossary)
+        service.check_chars(documents.texts, settings)
+        detected = None
+        if body.source == "auto":
+            texts = [documents.text_of(row) for row in range(len(entries))]
+            try:
+                detected = [service.router.source_of(text) for text in texts]
+            except UserError as err:
+                raise HTTPException(400, str(err)) from None
+        sources = [d["language"] for d in detected] if detected else [body.source] * len(entries)
+        found = await _translate(
+            service, documents, sources, body.target, settings, request.is_disconnected
         )
-        sources = [d["language"] for d in detected] if detected else [body.source] * len(lines)
-        found = await _translate(service, lines, sources, body, request.is_disconnected)
-        reply: dict[str, Any] = {"translatedText": [entries[0].text for entries in found]}
+        reply: dict[str, Any] = {"translatedText": [nbest[0].text for nbest in found]}
         if body.alternatives:
-            reply["alternatives"] = [[e.text for e in entries[1:]] for entries in found]
+            reply["alternatives"] = [[e.text for e in nbest[1:]] for nbest in found]
         if detected is not None:
             reply["detectedLanguage"] = detected
         if isinstance(body.q, str):
@@ -101,27 +141,30 @@ def add_libre_routes(app: FastAPI, service: Service, check_lines: Any) -> None:
 
 
 async def _translate(
-    service: Service, lines: list[str], sources: list[str], body: LibreRequest, disconnected: Any
+    service: Service,
+    documents: Documents,
+    sources: list[str],
+    target: str,
+    request: DecodeRequest,
+    disconnected: Any,
 ) -> list[list[Any]]:
-    """The n-best of each line, each group of one source language on its own route."""
+    """The n-best of each entry, each group of one source language on its own route."""
     groups: dict[str, list[int]] = {}
     for row, source in enumerate(sources):
         groups.setdefault(source, []).append(row)
     asked: dict[str, Asked] = {}
     for source in groups:
         try:
-            asked[source] = service.find(source, body.target, ("source", "target"))
+            asked[source] = service.find(source, target, ("source", "target"))
         except UserError as err:
             raise HTTPException(400, str(err)) from None
-    request = DecodeRequest(nbest=body.alternatives + 1)
-    translate = service.translate_html if body.format == "html" else service.translate
     found = await asyncio.gather(
         *(
-            translate([lines[r] for r in rows], request, disconnected, asked[source])
+            service.translate(documents.subset(rows), request, disconnected, asked[source])
             for source, rows in groups.items()
         )
     )
-    results: list[list[Any]] = [[] for _ in lines]
+    results: list[list[Any]] = [[] for _ in sources]
     for rows, entries in zip(groups.values(), found, strict=True):
         for row, line_entries in zip(rows, entries, strict=True):
             results[row] = line_entries

@@ -2,7 +2,8 @@
 models of one set of directions are loaded as one ensemble (as `translate` loads them), models
 of other directions beside it, each answering its own pairs; a multilingual model answers
 every pair it has. A request names its pair (either side may be left out where only one pair
-fits), or `auto` for the source, identified among the served source languages (py3langid).
+fits), or `auto` for the source, identified by py3langid among every language it knows: a
+language no model here translates from is refused, named.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ LANGUAGE_NAMES = {
     "ro": "Romanian",
     "ru": "Russian",
 }
+DETECTED = 3  # languages /detect names, likeliest first
+
+
+def language_name(code: str) -> str:
+    """A language's name, as /languages shows it (a code without one: the code)."""
+    return LANGUAGE_NAMES.get(code, code)
 
 
 @dataclass(eq=False)
@@ -143,20 +150,41 @@ class Router:
         return [
             {
                 "code": code,
-                "name": LANGUAGE_NAMES.get(code, code),
+                "name": language_name(code),
                 "targets": [tgt for src, tgt in self.pairs if src == code],
             }
             for code in codes
         ]
 
     def detect(self, text: str) -> list[dict[str, Any]]:
-        """The served source languages `text` may be in, likeliest first, as LibreTranslate's
-        /detect gives them (`confidence` in percent): ranked by py3langid among those it knows
-        (a language it does not know is never found); one served source language is certain."""
-        from attn_mt.langid import rank
+        """LibreTranslate's /detect: the DETECTED languages `text` is likeliest in, among all
+        py3langid knows (a served language by its served code), with py3langid's probability
+        in percent (`confidence`), likeliest first."""
+        from attn_mt.langid import base_code, identify
+
+        served = {base_code(lang): lang for lang in reversed(self.source_languages())}
+        return [
+            {"confidence": round(100 * p, 1), "language": served.get(lang, lang)}
+            for lang, p in identify(text)[:DETECTED]
+        ]
+
+    def source_of(self, text: str) -> dict[str, Any]:
+        """`auto`: the language /detect finds `text` likeliest in, if a model here translates
+        from it; a UserError naming the language otherwise. A blank text is in the first
+        source language (it translates to blank in any)."""
+        from attn_mt.langid import known
 
         sources = self.source_languages()
-        ranked = rank(text, sources) if len(sources) > 1 else []
-        if not ranked:  # one source language, or none that py3langid knows: all alike
-            ranked = [(lang, 1 / len(sources)) for lang in sources]
-        return [{"confidence": round(100 * p, 1), "language": lang} for lang, p in ranked]
+        if not text.strip():
+            return {"confidence": 0.0, "language": sources[0]}
+        found = self.detect(text)[0]
+        if found["language"] in sources:
+            return found
+        lang = found["language"]
+        unseen = [source for source in sources if not known(source)]
+        never = f"; py3langid never finds {', '.join(unseen)}: name the source" if unseen else ""
+        raise UserError(
+            f"source auto: the text is in {language_name(lang)} ({lang}, "
+            f"{found['confidence']}% by py3langid), which no model here translates from; "
+            f"the sources are {', '.join(sources)}{never}"
+        )

@@ -51,11 +51,13 @@ def log_start(
         precision + "".join(note for note, holds in notes.items() if holds),
         state.world.size,
     )
+    general = corpus.general
     log.info(
-        "data: %d training pairs kept, %s; %d validation pairs",
+        "data: %d training pairs kept, %s; %d validation pairs%s",
         stats.kept,
         stats.describe(),
         len(corpus.valid_src),
+        f" and {len(general.valid_src)} of data.valid_general" if general else "",
     )
     for line in corpus.describe():  # each training corpus: what its rules dropped, its share
         log.info("data: %s", line)
@@ -75,7 +77,19 @@ def log_start(
         state.source.describe(),
     )
     if cfg.train.init_from and not resumed:
-        log.info("weights and SentencePiece models from %s; a new run", cfg.train.init_from)
+        log.info(
+            "weights and SentencePiece models from %s; a new run (the model, tokenizer and "
+            "decode keys its config leaves out are the checkpoint's)",
+            cfg.train.init_from,
+        )
+    if cfg.train.freeze:
+        trained = sum(p.numel() for p in state.model.parameters() if p.requires_grad)
+        log.info(
+            "frozen (train.freeze): %s; %s of the %s parameters train",
+            ", ".join(cfg.train.freeze),
+            f"{trained:,}",
+            f"{params:,}",
+        )
     if state.ema:
         log.info("weight EMA, decay %g: validation and best.pt use the average", state.ema.decay)
     if resumed:
@@ -187,6 +201,21 @@ def log_finish(
         share,
     )
     log.info("run folder: %s; %s", t.out_dir, continue_command(t.out_dir, stopped_by))
+
+
+def log_general(start: dict[str, float], at_best: dict[str, float], metric: str) -> None:
+    """The closing line on data.valid_general (when given): its `metric` where best.pt was,
+    and against the run's start where it was measured there (a fine-tuned run's: how much
+    of the general domain the model kept)."""
+    if metric not in at_best:
+        return
+    before = f", {start[metric]:.2f} at step 0 ({at_best[metric] - start[metric]:+.2f})"
+    log.info(
+        "general set (data.valid_general): %s %.2f at best.pt%s",
+        metric,
+        at_best[metric],
+        before if metric in start else "",
+    )
 
 
 def log_timesheet(sheet: dict[str, float]) -> None:

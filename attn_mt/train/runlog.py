@@ -29,6 +29,7 @@ class Validation:
     seconds: dict[str, float] = field(default_factory=dict)  # per phase: loss, search, score
     hypotheses: list[str] = field(default_factory=list)  # every output, in order
     pairs: dict[str, dict[str, float]] = field(default_factory=dict)  # per direction (multilingual)
+    general: dict[str, float] = field(default_factory=dict)  # data.valid_general's, if given
 
 
 class RunLog:
@@ -104,6 +105,25 @@ class RunLog:
         self.jsonl.write(json.dumps({"step": step, "split": "valid", "pair": pair, **metrics}))
         self.jsonl.write("\n")
 
+    def general(
+        self, step: int, metrics: dict[str, float], start: dict[str, float], metric: str
+    ) -> None:
+        """data.valid_general's figures: a log line, with the change in `metric` since the
+        run's start where it was measured there (`start`: how much a fine-tuned model forgot),
+        `valid_general/name` TensorBoard scalars and a metrics.jsonl line of split
+        "valid_general" (written before the run's own "valid" line of the step)."""
+        change = ""
+        if metric in start and metric in metrics:
+            change = f"  ({metric} {metrics[metric] - start[metric]:+.2f} since step 0)"
+        log.info(
+            "  general: loss %.3f  ppl %.2f  %s%s",
+            metrics["loss"],
+            metrics["ppl"],
+            figures_line(metrics),
+            change,
+        )
+        self.scalars(step, "valid_general", metrics)
+
     def text(self, tag: str, text: str, step: int) -> None:
         """A TensorBoard text entry."""
         if self.enabled:
@@ -145,9 +165,11 @@ class RunLog:
         improved: bool,
         best: tuple[str, float | None],
         share: str,
+        general_start: dict[str, float] | None = None,
     ) -> None:
         """A validation's line and samples to the log, its figures and samples to TensorBoard
-        and metrics.jsonl; `best` is the selection metric and its best score so far."""
+        and metrics.jsonl; `best` is the selection metric and its best score so far,
+        `general_start` data.valid_general's figures at the run's start (`general`)."""
         m, (metric, best_score) = result.metrics, best
         phases = ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in result.seconds.items())
         log.info(
@@ -160,6 +182,8 @@ class RunLog:
             "  (best)" if improved else f"  (best {metric} {best_score:.2f})",
             f"  {sum(result.seconds.values()):.1f} s: {phases}" if phases else "",
         )
+        if result.general:
+            self.general(step, result.general, general_start or {}, metric)
         for pair, figures in result.pairs.items():
             self.direction(step, pair, figures)
         for src, hyp, ref in result.samples:

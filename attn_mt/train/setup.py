@@ -4,13 +4,15 @@ without torch: the run folder checked, CUDA's environment set. Then, here:
 - `train`: the process group (this process alone, or one rank under torchrun) and the run
   folder's lock, which rank 0 holds for the whole run; the run set up and run;
 - `setup`: what the run starts from (`starting_point`: on resume its last.pt, once it is known
-  to fit the config, else the checkpoint train.init_from names); the precision, the kernels'
-  settings, the threads and the seed; the data, with that checkpoint's SentencePiece models,
-  and the validation pairs; the training state (`build_state`: the model, its EMA, the
-  optimizer, the loss scaler and the batches), which last.pt then restores on resume; what a
-  CPU's float32 products run through; checkpoints/ and config.yaml, made only once all that is
-  known to be good; the update (`loop.UpdateStep`), the signals that stop the run, the rule for
-  skipped updates and, under torchrun, the ranks' agreement on the stop.
+  to fit the config, else the checkpoint train.init_from names), whose model, tokenizer and
+  decode keys fill those the config leaves out; the precision, the kernels' settings, the
+  threads and the seed; the data, with that checkpoint's SentencePiece models, and the
+  validation pairs; the training state (`build_state`: the model, train.freeze's parts frozen,
+  its EMA, the optimizer, the loss scaler and the batches), which last.pt then restores on
+  resume; the casing table of the training sources (`casing.py`); what a CPU's float32
+  products run through; checkpoints/, config.yaml and casing.json, made only once all that is
+  known to be good; the update (`loop.UpdateStep`), the signals that stop the run, the rule
+  for skipped updates and, under torchrun, the ranks' agreement on the stop.
 What needs the run's log open, `Trainer.run` does as it begins: the start-up lines, the largest
 batch tried on a GPU, compiled or eager, the run's clock and the validator.
 """
@@ -36,10 +38,11 @@ from attn_mt.checkpoint import (
     tokenizers_from,
     translation_weights,
 )
-from attn_mt.config.file import save_config
+from attn_mt.config.file import inherit_keys, save_config
 from attn_mt.config.schema import Config, TrainConfig
 from attn_mt.data.corpus import stage, training_data, valid_subset
 from attn_mt.data.epochs import ShardBatches
+from attn_mt.data.prepare import prepare_shards, prepared_corpus_lines
 from attn_mt.data.shards import Shards
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import UserError
@@ -49,27 +52,29 @@ from attn_mt.paths import resolve_checkpoint
 from attn_mt.precision import DTYPES, configure_kernels, resolve_device, resolve_precision
 from attn_mt.runfolder import check_run_start, lock_run_folder
 from attn_mt.train import speed
+from attn_mt.train.casing import casing_table, write_casing_file
 from attn_mt.train.loop import Trainer, TrainResult, UpdateStep
 from attn_mt.train.runlog import Monitor, QuietMonitor
 from attn_mt.train.skips import SkipRule
-from attn_mt.train.state import TrainState, WeightEMA
+from attn_mt.train.state import TrainState, WeightEMA, freeze
 from attn_mt.train.stopping import RankAgreement, StopSignals
 from attn_mt.world import World
 
 log = logging.getLogger("attn_mt")
 
 # Config keys a resumed run must share with its checkpoint (the rest may change, and so may
-# the subword sampling, which changes no piece).
-RESUME_KEYS = ("model", "tokenizer", "data.src_lang", "data.tgt_lang")
+# the subword sampling, which changes no piece); the frozen parts decide the optimizer's state.
+RESUME_KEYS = ("model", "tokenizer", "data.src_lang", "data.tgt_lang", "train.freeze")
 SAMPLING_KEY = "tokenizer.sampling_alpha"
 # Model and tokenizer keys a run started from a checkpoint (train.init_from) may change: none
-# shapes a weight or a piece.
+# shapes a weight or a piece (its SentencePiece models are given, never trained).
 INIT_FREE_KEYS = (
     "model.dropout",
     "model.activation_dropout",
     "model.attention_dropout",
     "model.fused_attention",
     SAMPLING_KEY,
+    "tokenizer.max_sentences",
 )
 
 
@@ -115,10 +120,14 @@ def setup(
     state = build_state(cfg, (src_tok, tgt_tok), corpus.shards, precision, device, world, init)
     if last:
         state.restore(last)
+    if world.is_main:  # the casing tables every checkpoint holds; a resumed run keeps its own
+        with stage("the casing table of the training sources"):
+            state.casing = (last or {}).get("casing") or casing_table(cfg)
     speed.choose_kernels(state.model, cfg, state.progress, device, dtype, world)
     if world.is_main:  # created only once the config, data and last.pt are known to be good
         state.ckpt_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, Path(t.out_dir) / "config.yaml")
+        write_casing_file(state.casing or {}, t.out_dir)
 
     objective = SmoothedObjective(state.model, t.label_smoothing)
     step = UpdateStep(
@@ -150,10 +159,12 @@ def starting_point(
     checked = _checked_on_main(resumable, world)
     last = checked[1] if checked else None
     # A new run may start from a checkpoint's weights; a resumed one keeps its own record.
+    # Either takes the model, tokenizer and decode keys its config leaves out from there.
     init = None if last else _checked_on_main(lambda: init_checkpoint(cfg), world)
     if init:
-        cfg = with_init_from(cfg, init[0])
-    elif last:
+        cfg = with_init_from(started_config(cfg, init[1], init[0]), init[0])
+    elif checked and last:
+        cfg = resumed_config(cfg, last, checked[0])
         cfg = with_init_from(cfg, last["config"]["train"].get("init_from"))
     return cfg, last, init
 
@@ -190,34 +201,75 @@ def check_run_folder(out: Path, cfg: Config, resume: bool) -> dict[str, Any] | N
     state = load_checkpoint(last)
     if not isinstance(state.get("train_state"), dict):
         raise UserError(f"{last}: holds no training state, so it cannot be resumed")
-    old = checkpoint_config(state, last).to_dict()  # validated like a config file
-    diff = [k for k in config_differences(old, cfg.to_dict(), RESUME_KEYS) if k != SAMPLING_KEY]
-    if diff:
-        raise UserError(
-            f"{out}: cannot resume with a changed config ({', '.join(diff)} differ "
-            "from the checkpoint); restore them or start a new train.out_dir"
-        )
+    resumed_config(cfg, state, last)
     return state
 
 
+def resumed_config(cfg: Config, state: dict[str, Any], path: str | Path) -> Config:
+    """`cfg` resuming the run whose last.pt (at `path`) holds `state`: with the model,
+    tokenizer and decode keys it leaves out taken from there (`inherit_keys`), once the
+    RESUME_KEYS it writes are known to be last.pt's."""
+    old = checkpoint_config(state, path)  # validated like a config file
+    new = inherit_keys(cfg, old)
+    differ = config_differences(old.to_dict(), new.to_dict(), RESUME_KEYS)
+    if diff := [k for k in differ if k != SAMPLING_KEY]:
+        raise UserError(
+            f"{Path(path).parent.parent}: cannot resume with a changed config ({', '.join(diff)} "
+            "differ from the checkpoint); restore them or start a new train.out_dir"
+        )
+    return new
+
+
 def init_checkpoint(cfg: Config) -> tuple[str, dict[str, Any]] | None:
-    """The checkpoint `train.init_from` names (its absolute path and contents), once its model
-    and tokenizer keys are known to equal `cfg`'s (but for INIT_FREE_KEYS); None without one."""
+    """The checkpoint `train.init_from` names (its absolute path and contents), once `cfg`
+    is known to fit it (`started_config`); None without one."""
     if cfg.train.init_from is None:
         return None
     path = resolve_checkpoint(cfg.train.init_from).resolve()
     state = load_checkpoint(path)
-    old, new = state["config"], cfg.to_dict()
-    differ = config_differences(old, new, ("model", "tokenizer"))
+    started_config(cfg, state, path)
+    return str(path), state
+
+
+def started_config(cfg: Config, state: dict[str, Any], path: str | Path) -> Config:
+    """`cfg` for a new run from the checkpoint `state` (at `path`): the model, tokenizer and
+    decode keys and the languages it leaves out are the checkpoint's (`inherit_keys`); one it
+    writes that shapes a weight or a piece must be the checkpoint's (INIT_FREE_KEYS may
+    differ), and its data must be in the model's directions."""
+    source = checkpoint_config(state, path)
+    new = inherit_keys(cfg, source)
+    old, ours = source.to_dict(), new.to_dict()
+    differ = config_differences(old, ours, ("model", "tokenizer"))
     if keys := [key for key in differ if key not in INIT_FREE_KEYS]:
-        values = ", ".join(f"{k} ({_value(new, k)!r} here, {_value(old, k)!r} there)" for k in keys)
+        values = ", ".join(
+            f"{k} ({_value(ours, k)!r} here, {_value(old, k)!r} there)" for k in keys
+        )
         raise UserError(
             f"{path}: cannot start from this checkpoint, the config differs in {values}; a run "
-            "started from it keeps its model and SentencePiece models (only model.dropout, "
-            "model.activation_dropout, model.attention_dropout, tokenizer.sampling_alpha and "
-            "train.* may change)"
+            "started from it keeps its model and SentencePiece models (leave those keys out: "
+            f"they come from the checkpoint; only {', '.join(INIT_FREE_KEYS)} and train.* may "
+            "change)"
         )
-    return str(path), state
+    model, data = source.data, new.data
+    if not set(data.directions()) <= set(model.directions()) or (
+        data.language_tags() != model.language_tags()
+    ):
+        raise UserError(
+            f"{path}: the model translates {model.in_words()}, the config's data "
+            f"{data.in_words()}; fine-tune it on its own directions (data.src_lang and "
+            "data.tgt_lang, or each data.train entry's)"
+        )
+    return new
+
+
+def prepare_run_data(cfg: Config, workers: int = 0) -> list[str]:
+    """`attn-mt prepare`: the shards `train` reads for `cfg`, built ahead of it (a damaged
+    folder rebuilt) and encoded as it encodes them: with the SentencePiece models of the
+    checkpoint train.init_from names, when it names one. Returns the corpora's lines."""
+    init = cfg.train.init_from
+    tokenizers = tokenizers_from(load_checkpoint(resolve_checkpoint(init))) if init else None
+    prepare_shards(cfg, tokenizers, workers=workers, repair=True)
+    return prepared_corpus_lines(cfg, tokenizers)
 
 
 def _value(config: dict[str, Any], key: str) -> Any:
@@ -249,6 +301,7 @@ def build_state(
         model.to(device)
     if init:
         load_weights(model, translation_weights(init[1]), init[0])
+    freeze(model, cfg.train.freeze)  # before the optimizer: a frozen tensor has no state
     ema = WeightEMA(model, cfg.train.ema_decay) if cfg.train.ema_decay else None
     optimizer = make_optimizer(model, cfg.train)
     scaler = make_scaler(precision, device)
@@ -257,12 +310,14 @@ def build_state(
 
 
 def make_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; weight decay only on matrices (not biases, norms)."""
-    params = list({id(p): p for p in model.parameters()}.values())  # tied weights once
+    """AdamW over the parameters that train (not train.freeze's); weight decay only on matrices
+    (not biases, norms)."""
+    params = [p for p in {id(p): p for p in model.parameters()}.values() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+    groups = [group for group in groups if group["params"]]  # a part frozen may empty one
     # The fused kernel updates every tensor in one pass: the per-tensor loop it replaces was a
     # visible share of a CPU step (docs/performance.md).
     return torch.optim.AdamW(

@@ -70,6 +70,10 @@ class TrainProgress:
     # (last.pt files written before the name carry it as "products")
     matmul_backend: str = ""
     compiled: str = ""  # "eager" or "compiled" (train.compile): chosen at the start, kept
+    # data.valid_general's figures at a fine-tuned run's start (step 0) and where best.pt was:
+    # what the model knew before, and how much of it the run kept
+    general_start: dict[str, float] = field(default_factory=dict)
+    general_at_best: dict[str, float] = field(default_factory=dict)
 
     def record(self, score: float, higher_is_better: bool) -> bool:
         """Count one validation score; True when it beats the best so far."""
@@ -117,6 +121,22 @@ class WeightEMA:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from saved averaged weights."""
         self.model.load_state_dict(state)
+
+
+def freeze(model: Transformer, parts: Sequence[str]) -> None:
+    """Stop training the `parts` of `model` that train.freeze names: their parameters get no
+    gradient (requires_grad off), so the optimizer holds no state for them (`make_optimizer`
+    leaves them out). `embeddings`: the source and target tables (and learned positions) and
+    the output layer, weight and bias: with tied embeddings the output weight is the target
+    table, one matrix frozen for both; `encoder`, `decoder`: their layers and final norms."""
+    holds: dict[str, list[nn.Module]] = {
+        "embeddings": [model.src_embed, model.tgt_embed, model.output],
+        "encoder": [model.encoder, model.encoder_norm],
+        "decoder": [model.decoder, model.decoder_norm],
+    }
+    for part in parts:
+        for module in holds[part]:
+            module.requires_grad_(False)
 
 
 def cpu_copy(value: Any, copies: dict[int, torch.Tensor] | None = None) -> Any:
@@ -202,6 +222,7 @@ class TrainState:
     progress: TrainProgress = field(default_factory=TrainProgress)
     saved_step: int = -1  # the step last.pt was last written at by this process
     writer: CheckpointWriter = field(default_factory=CheckpointWriter)  # writes in the background
+    casing: dict[str, Any] | None = None  # the casing tables every checkpoint holds (rank 0's)
 
     @property
     def ckpt_dir(self) -> Path:
@@ -230,7 +251,13 @@ class TrainState:
         if not self.world.is_main:
             return
         state = make_checkpoint(
-            self.eval_model, self.cfg, step, self.source.epoch, self.tokenizers, metrics or {}
+            self.eval_model,
+            self.cfg,
+            step,
+            self.source.epoch,
+            self.tokenizers,
+            metrics or {},
+            self.casing,
         )
         files = [(state, self.ckpt_dir / "best.pt")] if best else []
         keep, dropped = self.cfg.train.keep_checkpoints, []

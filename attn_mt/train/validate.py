@@ -1,7 +1,9 @@
 """Validation during training: `Validator`, rank 0's validation at intervals (what it measures:
 `measure.py`), its log lines and the checkpoints written after it, the loss alone between
 validations, the attention plot within its share of the run's time (`PlotBudget`), and the
-end of a run.
+end of a run. With data.valid_general a second set is validated beside the run's own, never
+selecting best.pt; a run started from a checkpoint then validates once before its first
+update too (step 0), so every later line says how much of the general set it kept.
 
 `Validator` runs it under `torch.random.fork_rng`, so validation never moves the training RNG.
 """
@@ -19,7 +21,7 @@ from attn_mt import distributed
 from attn_mt.data.corpus import Corpus
 from attn_mt.decode.translator import Translator
 from attn_mt.train.clock import RunClock
-from attn_mt.train.loglines import log_finish, log_timesheet, valid_share
+from attn_mt.train.loglines import log_finish, log_general, log_timesheet, valid_share
 from attn_mt.train.measure import Interrupted, LossSums, validate, validate_directions
 from attn_mt.train.runlog import Monitor, RunLog, Validation
 from attn_mt.train.state import TrainState, fork_rng
@@ -90,18 +92,27 @@ class Validator:
         self.monitor, self.signals, self.runlog, self.clock = monitor, signals, runlog, clock
         self.valid_total = valid_total
         self.share = valid_share(len(corpus.valid_src), valid_total)  # said in the log lines
+        self.best_share = self.share  # the sentences the best score so far was measured on
         self.plots = PlotBudget(PLOT_SHARE)
         self.loss_due = False  # the loss alone is due at the step last read (`loss_if_due`)
 
     def validate(self) -> Validation | None:
         """Validation loss/perplexity (teacher forcing) and the scores of the search output, of
-        each direction and their mean for a multilingual run, in the time the run's budget
-        allows (`RunClock.allowance`); on rank 0 (None on the other ranks, which search their
-        share of the sentences)."""
+        each direction and their mean for a multilingual run, then of data.valid_general
+        (`Validation.general`), in the time the run's budget allows (`RunClock.allowance`,
+        half of it for each set when there are two); on rank 0 (None on the other ranks,
+        which search their share of the sentences)."""
         state, allowance = self.state, self.clock.allowance(self.state.cfg.train)
         translator, t, world = translator_of(state, self.dtype), state.cfg.train, state.world
         measure = validate_directions if self.corpus.pairs else validate
-        result = measure(translator, self.corpus, t, self._follow, world, allowance)
+        watched = self.corpus.general
+        own = allowance.part(2) if allowance and watched else allowance
+        result = measure(translator, self.corpus, t, self._follow, world, own)
+        if watched is not None:
+            part = allowance.part(1) if allowance else None
+            general = validate(translator, watched, t, self._follow_general, world, part)
+            if result is not None and general is not None:
+                result.general = general.metrics
         state.model.train()
         return result
 
@@ -110,14 +121,22 @@ class Validator:
             raise Interrupted
         self.monitor.validating(phase, done, total)
 
+    def _follow_general(self, phase: str, done: int, total: int) -> None:
+        self._follow(f"{phase} general", done, total)
+
     def at_step(self) -> float | None:
-        """After an update: a validation at eval_every (`validate_and_save`, timed on the run's
-        clock, which then holds back as much time for the final one); the seconds it took,
-        None when none was due. The loss alone, when due, waits for `loss_if_due`."""
+        """After an update: a validation at eval_every (`_timed_validation`); the seconds it
+        took, None when none was due. The loss alone, when due, waits for `loss_if_due`."""
         t, progress = self.state.cfg.train, self.state.progress
         self.loss_due = t.checks_loss_alone(progress.step)
         if progress.step % t.eval_every:
             return None
+        return self._timed_validation()
+
+    def _timed_validation(self) -> float:
+        """`validate_and_save`, timed on the run's clock (which then holds back as much time
+        for the final one); the seconds it took."""
+        progress = self.state.progress
         began = self.clock.now()
         self.clock.record(progress)
         self.validate_and_save()
@@ -125,10 +144,21 @@ class Validator:
         self.clock.validated(took)
         return took
 
+    def start_due(self) -> bool:
+        """Whether the run validates before its first update: a new run from a checkpoint
+        (train.init_from) with data.valid_general, whose later lines compare with it."""
+        cfg, progress = self.state.cfg, self.state.progress
+        new = progress.step == 0 and progress.last_valid_step < 0
+        return new and cfg.train.init_from is not None and self.corpus.general is not None
+
     def loss_if_due(self) -> float:
-        """The loss alone (`loss_at_interval`) if the update last read was due one; the loop
-        asks once it knows the run goes on, as a run that stops there validates at that step,
-        its loss included. The seconds it took on this rank (0 when none was due)."""
+        """What is due before the next update: the validation of a fine-tuned run's start
+        (`start_due`), else the loss alone (`loss_at_interval`) if the update last read was
+        due one; the loop asks once it knows the run goes on, as a run that stops there
+        validates at that step, its loss included. The seconds it took on this rank (0 when
+        nothing was due)."""
+        if self.start_due():
+            return self._timed_validation()
         due, self.loss_due = self.loss_due, False
         if not due:
             return 0.0
@@ -171,7 +201,14 @@ class Validator:
             if result is not None:
                 improved = progress.record(result.metrics[metric], state.cfg.train.higher_is_better)
                 best = (metric, progress.best_score)
-                self.runlog.validation(step, result, improved, best, self._share_of(result))
+                share = self._share_of(result)
+                self.best_share = share if improved else self.best_share
+                if step == 0 and result.general:  # a fine-tuned run's start: the reference
+                    progress.general_start = result.general
+                if improved:
+                    progress.general_at_best = result.general
+                start = progress.general_start if step else {}  # no change to say at step 0
+                self.runlog.validation(step, result, improved, best, share, start)
         progress.last_valid_step = step
         with self.clock.phase("checkpoints"):
             state.save(best=improved, metrics=result.metrics if result else None)
@@ -223,4 +260,5 @@ class Validator:
         distributed.barrier(state.world)  # no rank leaves before rank 0 has written last.pt
         log_timesheet(clock.timesheet())
         t, signal = state.cfg.train, self.signals.name
-        log_finish(stopped_by, signal, step, t, progress.best_score, self.share)
+        log_finish(stopped_by, signal, step, t, progress.best_score, self.best_share)
+        log_general(progress.general_start, progress.general_at_best, t.select_metric)

@@ -64,6 +64,8 @@ def test_help_examples_name_the_run_folders_the_shipped_configs_make():
     made = {yaml.safe_load(p.read_text())["train"]["out_dir"] for p in REPO.glob("configs/*.yaml")}
     made.add(Config().train.out_dir)  # `attn-mt train` without a config
     root = typer.main.get_command(app)
+    # and the folder `attn-mt import`'s own example writes (--out)
+    made |= set(re.findall(r"--out (runs/[\w.-]+)", root.commands["import"].epilog or ""))
     epilogs = [
         c.epilog or "" for c in [*root.commands.values(), *root.commands["data"].commands.values()]
     ]

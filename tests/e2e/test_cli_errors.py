@@ -72,7 +72,7 @@ def test_a_lock_held_by_another_process_dies_with_it(world: World, tmp_path: Pat
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     with lock_run_folder(out):  # no stale lock: the kernel dropped it with the process
-        assert (out / ".lock").read_text() == f"{os.getpid()}\n"
+        assert (out / ".lock").read_text() == f"{os.getpid()} train\n"
     assert list(out.iterdir()) == []  # and a folder holding only a lock file counts as new
 
 

@@ -2,7 +2,8 @@
 de->en and en->fr and two models of en->de (the same weights under another pair's name),
 which form an ensemble. Each pair is answered by its own model, as that model alone answers
 it; /languages lists every pair and nothing else is accepted; `auto` finds the source among
-the served ones; the page offers a target picker per source, swaps a pair both ways, and
+every language py3langid knows, and refuses, named, one that no model here translates from; the
+page offers a target picker per source, swaps a pair both ways, and
 fits a phone-width window.
 """
 
@@ -25,6 +26,7 @@ from attn_mt.config.file import config_from_dict
 from attn_mt.documents.paragraphs import ParagraphTranslator
 
 GERMAN, ENGLISH = "Ein Mann fährt Fahrrad. Eine Frau liest.", "A man rides a bike."
+SPANISH = "Un perro corre en la nieve con un niño."
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +97,7 @@ def test_a_pair_not_served_is_refused(routed: Server) -> None:
     assert vague.status_code == 422 and "tgt_lang: give it" in vague.json()["error"]
 
 
-def test_auto_finds_the_source_among_the_served_ones(routed: Server) -> None:
+def test_auto_finds_the_source_and_refuses_one_not_served(routed: Server) -> None:
     body = {"q": [GERMAN, ENGLISH], "source": "auto", "target": "en"}
     mixed = post(routed, "/translate", body)
     assert mixed.status_code == 400  # en -> en: not served, as LibreTranslate says
@@ -105,8 +107,10 @@ def test_auto_finds_the_source_among_the_served_ones(routed: Server) -> None:
     known = post(routed, "/translate", {"q": GERMAN, "source": "de", "target": "en"}).json()
     assert reply["translatedText"] == known["translatedText"]
     detected = post(routed, "/detect", {"q": ENGLISH}).json()
-    assert [d["language"] for d in detected][0] == "en"
-    assert {d["language"] for d in detected} == {"de", "en"}  # the served sources only
+    assert [d["language"] for d in detected][0] == "en" and len(detected) == 3
+    spanish = post(routed, "/translate", {"q": SPANISH, "source": "auto", "target": "en"})
+    assert spanish.status_code == 400
+    assert "Spanish (es" in spanish.json()["error"] and "de, en" in spanish.json()["error"]
     own = post(routed, "/v1/translate", {"text": [ENGLISH], "src_lang": "auto", "tgt_lang": "fr"})
     assert own.json()["detected_language"]["language"] == "en"
 

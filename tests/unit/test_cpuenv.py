@@ -1,5 +1,6 @@
 """The environment the `attn-mt` command sets for torch's CPU libraries (`attn_mt/cpuenv.py`):
-the defaults, a user's own value kept, and the kernel caches' memory bounded by them."""
+the defaults (OpenMP threads that sleep at barriers among them), a user's own value kept, and
+the kernel caches' memory bounded by them."""
 
 from __future__ import annotations
 
@@ -41,13 +42,17 @@ print(json.dumps((libc.mallinfo2().uordblks - before) / 2**20))
 
 
 def test_defaults_are_set_and_a_users_value_kept():
-    environ = {"LRU_CACHE_CAPACITY": "7"}
+    environ = {"LRU_CACHE_CAPACITY": "7", "OMP_WAIT_POLICY": "ACTIVE"}
     cpuenv.set_cpu_environment(environ)
     assert environ == {
         "THP_MEM_ALLOC_ENABLE": "1",
         "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(cpuenv.KERNEL_CACHE),
         "LRU_CACHE_CAPACITY": "7",
+        "OMP_WAIT_POLICY": "ACTIVE",
     }
+    fresh: dict[str, str] = {}
+    cpuenv.set_cpu_environment(fresh)
+    assert fresh["OMP_WAIT_POLICY"] == "PASSIVE"  # threads sleep at barriers: a busy machine
 
 
 def test_the_command_sets_them_before_torch_loads():

@@ -28,6 +28,7 @@ LAYERS = [
     "kernels",  # the MKL-vs-oneDNN timing rule
     "langid",  # py3langid: the off-target rate
     "distributed",
+    "text",  # text as people write it: casing, spans, normalisation (pure rules; prepare uses them)
     "model",
     "data",
     "checkpoint",

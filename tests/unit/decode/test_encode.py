@@ -23,7 +23,7 @@ from attn_mt.decode.translator import Translator
 from attn_mt.evaluate import evaluate_split
 from attn_mt.model.vocab import EOS_ID
 from attn_mt.serve.routing import Route
-from attn_mt.serve.service import Limits, Service
+from attn_mt.serve.service import Documents, Limits, Service
 from attn_mt.viz import attention_maps
 
 MAX_INPUT = 12  # decode.max_input_len of the translator here
@@ -117,7 +117,7 @@ def test_the_server_reads_through_encode(translator: Translator, reads_other) ->
     service.batcher.submit = lambda job: submitted.append(job) or submit(job)  # type: ignore
     service.batcher.start()
     try:
-        [[found]] = asyncio.run(service.translate([LINE], Request()))
+        [[found]] = asyncio.run(service.translate(Documents([LINE]), Request()))
         attention = service.attention(LINE, beam=None)
     finally:
         service.batcher.stop()

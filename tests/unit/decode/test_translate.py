@@ -7,6 +7,7 @@ huge line, invalid UTF-8, thousands of lines; n-best blocks; a closed stdout; fl
 from __future__ import annotations
 
 import random
+import re
 import select
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from helpers.toy import invoke
 
 import attn_mt
 from attn_mt.data.text import read_lines
+from attn_mt.documents.paragraphs import ParagraphTranslator
 from attn_mt.errors import UserError
 
 ATTN_MT = Path(sys.executable).parent / "attn-mt"
@@ -76,17 +78,36 @@ def test_one_output_line_per_input_line(tricky) -> None:
     assert all(lines[i] for i in (0, 3, 4, 5, 7))
 
 
+# The long line is one sentence longer than the model reads: translated in parts cut between
+# words (never truncated), the first whose output is cut short named once for the line.
+LONG_LINE_WARNING = (
+    "line 4, part 1: an output of .* the translation may have stopped early; the line holds a "
+    "sentence longer than the model reads .*, translated in parts cut between words"
+)
+
+
 def test_cli_gives_what_the_api_gives(tricky, translator) -> None:
-    with pytest.warns(UserWarning, match="line 4: .* truncated"):
-        expected = translator.translate([line for _, line in TRICKY_INPUT])
+    """The CLI splits a line into sentences by default: as the API's ParagraphTranslator does;
+    with --no-split-sentences the long line is still translated in parts, nothing truncated."""
+    lines = [line for _, line in TRICKY_INPUT]
+    with pytest.warns(UserWarning, match=LONG_LINE_WARNING):
+        expected = ParagraphTranslator.splitting(translator).translate(lines)
     assert tricky.stdout.decode("utf-8") == "".join(text + "\n" for text in expected)
+    with pytest.warns(UserWarning) as caught:
+        plain = translator.translate(lines)  # the Translator alone cuts the long line short
+    assert any("line 4:" in str(w.message) and "truncated" in str(w.message) for w in caught)
+    assert plain[3] != expected[3] and len(plain[3]) < len(expected[3])
+    assert [plain[i] for i in (0, 1, 2, 4, 5, 6, 7)] == [expected[i] for i in (0, 1, 2, 4, 5, 6, 7)]
 
 
 def test_long_line_and_invalid_utf8_warn_on_stderr(tricky) -> None:
     warnings = tricky.stderr.decode().splitlines()
-    assert any("line 4:" in w and "truncated" in w for w in warnings), warnings
+    prefix = "attn-mt: warning: "
+    assert all(w.startswith(prefix) for w in warnings), warnings
+    long = [w for w in warnings if w.startswith(f"{prefix}line 4")]
+    assert len(long) == 1 and re.match(prefix + LONG_LINE_WARNING, long[0]), warnings
+    assert not any("truncated" in w for w in warnings), warnings
     assert any("line 5:" in w and "UTF-8" in w for w in warnings), warnings
-    assert all(w.startswith("attn-mt: warning: ") for w in warnings), warnings
 
 
 def test_thousands_of_shuffled_lines_keep_their_order(trained_run: Path, translator) -> None:

@@ -8,9 +8,10 @@ from dataclasses import replace
 import pytest
 
 from attn_mt.config.schema import DecodeConfig
+from attn_mt.data.batching import length_batches
 from attn_mt.decode.request import Request
 from attn_mt.decode.search import Sampling
-from attn_mt.serve.batcher import Batcher, Job
+from attn_mt.serve.batcher import WIDEST, Batcher, Job
 
 LINE_TOKENS = 8  # each line's source tokens with its <eos>
 
@@ -110,3 +111,52 @@ def test_health_says_when_the_decode_worker_is_down() -> None:
         assert down.status_code == 503 and "worker is down" in down.json()["error"]
         refused = client.post("/v1/attention", json={"text": "qb"})
         assert refused.status_code in (422, 503)
+
+
+def test_a_batch_of_mixed_lengths_is_searched_as_one() -> None:
+    """The lines a batch takes (their summed tokens within the budget) reach the library with a
+    budget that holds their padded size, so it searches them in one batch, not in the length
+    buckets it would cut them into; the request is otherwise the same."""
+    request = Request(batch_tokens=90).resolved(DecodeConfig(beam=5), vocab=100)
+    sizes = [2, 3, 18, 2, 4]  # 29 tokens, within the budget of 30; padded 5 x 18 = 90
+    assert len(length_batches([(s,) for s in sizes], request.line_budget())) > 1
+    seen: list[tuple[list[str], Request]] = []
+
+    def decode(_model, lines: list[str], asked: Request) -> list[list[str]]:
+        seen.append((lines, asked))
+        return [[line] for line in lines]
+
+    batcher = Batcher(decode, max_wait_ms=0)
+    lines = [f"line {i}" for i in range(5)]
+    future = batcher.submit(Job(lines, request, None, None, sizes))
+    batcher.start()
+    try:
+        future.result(timeout=60)
+    finally:
+        batcher.stop()
+    [(taken, asked)] = seen
+    assert taken == lines
+    assert len(length_batches([(s,) for s in sizes], asked.line_budget())) == 1
+    assert replace(asked, batch_tokens=request.batch_tokens, first_line=1) == request
+
+
+def test_a_batch_is_widened_no_further_than_a_few_budgets() -> None:
+    """Many short lines beside one long one would pad to a large batch: past WIDEST budgets,
+    the library cuts them as it would (memory stays bounded)."""
+    request = Request(batch_tokens=300).resolved(DecodeConfig(beam=5), vocab=100)
+    sizes = [1] * 40 + [60]  # 100 tokens, the budget's; padded 41 x 60, past 4 budgets
+    seen: list[Request] = []
+
+    def decode(_model, lines: list[str], asked: Request) -> list[list[str]]:
+        seen.append(asked)
+        return [[line] for line in lines]
+
+    batcher = Batcher(decode, max_wait_ms=0)
+    future = batcher.submit(Job([f"l{i}" for i in range(41)], request, None, None, sizes))
+    batcher.start()
+    try:
+        future.result(timeout=60)
+    finally:
+        batcher.stop()
+    [asked] = seen  # one batch of the batcher's
+    assert asked.batch_tokens == WIDEST * 300

@@ -682,7 +682,7 @@ def test_a_trainer_built_but_not_run_holds_nothing(toy_config) -> None:
     setup(cfg)
     assert logger.handlers == handlers and signal.getsignal(signal.SIGTERM) is sigterm
     out = Path(cfg.train.out_dir)
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == ["casing.json", "checkpoints", "config.yaml"]
 
 
 def test_a_signal_during_validation_abandons_it_and_writes_last_once(
