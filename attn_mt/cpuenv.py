@@ -11,19 +11,21 @@ these before Python starts). A value the user set is kept.
   grew with every new shape and its heap fragmented around the long-lived entries (figures:
   docs/performance.md, "Training memory"). KERNEL_CACHE still holds the products of one
   update of the default model, forward and backward, which reuse them.
-- `OMP_WAIT_POLICY=PASSIVE`: a thread of torch's OpenMP pool (which MKL and oneDNN share) that
-  reaches a barrier first sleeps instead of spinning. By default libgomp spins some 300,000
-  times before it sleeps: on an idle machine that saves a wake-up per operation, but beside
-  other busy processes the spinning thread burns the CPU time its partner needs to reach the
-  barrier, and each of a search's thousands of small operations waits for a thread the
-  kernel has set aside. Beside other CPU-bound processes a search slowed many times more
-  than the CPU share it lost with the spinning default, far less with passive waits (side by
-  side: docs/performance.md, "A busy machine"). Intel's OpenMP reads the same variable.
+- `OMP_WAIT_POLICY=PASSIVE` **where the machine is busy when the command starts** (another
+  process runnable, `machine_busy`): a thread of torch's OpenMP pool (which
+  MKL and oneDNN share) that reaches a barrier first then sleeps instead of spinning. libgomp
+  spins some 300,000 times before it sleeps: on an idle machine that saves a wake-up at each
+  of a search's thousands of small operations (passive waits made an idle beam search 1.4-1.6x
+  slower), but beside other busy processes the spinning thread burns the CPU time its partner
+  needs to reach the barrier (a search slowed 6-17x beside one competitor, 1.1x passive). A
+  short spin (GOMP_SPINCOUNT=30000) kept neither: 1.2x idle, 3.6x busy. Side by side:
+  docs/performance.md, "A busy machine". Intel's OpenMP reads the same variable.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import MutableMapping
 
 KERNEL_CACHE = 128  # kernels per cache
@@ -31,11 +33,41 @@ DEFAULTS = {
     "THP_MEM_ALLOC_ENABLE": "1",
     "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(KERNEL_CACHE),
     "LRU_CACHE_CAPACITY": str(KERNEL_CACHE),
-    "OMP_WAIT_POLICY": "PASSIVE",
 }
 
 
-def set_cpu_environment(environ: MutableMapping[str, str] = os.environ) -> None:
-    """Set each of DEFAULTS in `environ` that is not set there already."""
+def set_cpu_environment(
+    environ: MutableMapping[str, str] = os.environ, busy: bool | None = None
+) -> None:
+    """Set each of DEFAULTS in `environ` that is not set there already, and OMP_WAIT_POLICY
+    PASSIVE where the machine is `busy` (None: `machine_busy()`) and the user set no wait."""
     for name, value in DEFAULTS.items():
         environ.setdefault(name, value)
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return
+    if machine_busy() if busy is None else busy:
+        environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+def machine_busy(read=None, samples: int = 3) -> bool:
+    """Whether other work runs on this machine now: a process runnable beside this one in each
+    of `samples` reads of /proc/loadavg 10 ms apart (its fourth field, runnable/total, counts
+    this one; the least of the reads, so that a process of a moment does not count). Not the
+    load average: it trails the last minute's work by a minute. False where /proc/loadavg
+    cannot be read. `read` returns the file's text (tests)."""
+
+    def from_proc() -> str:
+        with open("/proc/loadavg", encoding="ascii") as handle:
+            return handle.read()
+
+    read = read or from_proc
+    try:
+        least = None
+        for i in range(samples):
+            if i:
+                time.sleep(0.01)
+            running = int(read().split()[3].split("/")[0])
+            least = running if least is None else min(least, running)
+        return least is not None and least > 1
+    except (OSError, ValueError, IndexError):
+        return False

@@ -10,7 +10,8 @@ Rows, each timed in a fresh process of its own (the OpenMP runtime reads its env
 
 attn-mt passive   `attn_mt.translate_file` with a loaded translator (what `attn-mt translate`
                   runs), in the environment the `attn-mt` command sets (`attn_mt/cpuenv.py`:
-                  OpenMP threads that sleep at barriers)
+                  OpenMP threads that sleep at barriers where the machine is busy as the row
+                  starts, libgomp's spinning wait where it is idle)
 attn-mt spin      the same with OMP_WAIT_POLICY unset: libgomp's own spinning wait, as before
 attn-mt 1 thread  passive on one thread: no barrier at all (only where --threads > 1)
 CTranslate2       the `attn-mt export` folder, one `translate_batch` (bench_decode's engine),
@@ -127,6 +128,7 @@ def in_child(spec: dict) -> float:
     """Run one row in a fresh Python process (the entry script with --row): its seconds."""
     env = dict(os.environ)
     env.pop("OMP_WAIT_POLICY", None)  # the row's policy is its own
+    env.pop("GOMP_SPINCOUNT", None)
     command = [sys.executable, str(ENTRY), "--model", spec["model"], "--row", json.dumps(spec)]
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -140,9 +142,9 @@ def child_main(spec: dict) -> None:
     if spec["engine"] == "attn-mt":
         from attn_mt.cpuenv import set_cpu_environment
 
-        set_cpu_environment()  # as the `attn-mt` command sets it
+        set_cpu_environment()  # as the `attn-mt` command sets it, reading the machine's load
         if spec["policy"] == "spin":
-            del os.environ["OMP_WAIT_POLICY"]
+            os.environ.pop("OMP_WAIT_POLICY", None)
     import torch
 
     torch.set_num_threads(spec["threads"])

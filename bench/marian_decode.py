@@ -7,7 +7,8 @@ with its own converter (`ct2-transformers-converter`).
 import    `attn-mt import FOLDER --out RUN` in a process of its own: wall seconds and peak RSS,
           beside the size of model.safetensors.
 parity    the first --parity lines of Multi30k test_2016_flickr (de): attn-mt's best output
-          (float32, weights as imported, no prepacking) against `generate` with the folder's
+          (float32, weights as imported, no prepacking, decode.recase and decode.protect off;
+          and with them on, attn-mt's default) against `generate` with the folder's
           generation_config.json, one line at a time, greedy (and beams 4 and 5 on the first
           --parity-beam lines): the share of lines whose pieces are identical.
 speed     --lines sentences, every row in a fresh process: attn-mt (`Translator.translate`
@@ -81,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--parity-beam", type=int, default=100, help="Lines compared with beams 4 and 5."
     )
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--max-length", type=int, default=32)
     parser.add_argument("--eos-bias", type=float, default=4.0)
     parser.add_argument("--quick", action="store_true", help="100 lines timed, parity on 20.")
     parser.add_argument("--skip", default="", help="Comma-separated: import,parity,speed.")
@@ -157,7 +158,13 @@ def measure_parity(paths: dict[str, Path], lines: list[str], beam_lines: int, th
     model = MarianMTModel.from_pretrained(folder).eval()
     piece = {i: p for p, i in json.loads((folder / "vocab.json").read_text()).items()}
     special = (tokenizer.pad_token_id, tokenizer.eos_token_id)
-    translator = attn_mt.load(paths["run"], device="cpu", prepack=False)
+    # The model's search (decode.recase and decode.protect off), and attn-mt's defaults: a line
+    # whose output lost one of its numbers is searched again with it as a term, which a random
+    # model always loses.
+    translator = attn_mt.load(
+        paths["run"], device="cpu", prepack=False, decode={"recase": "off", "protect": "off"}
+    )
+    default = attn_mt.load(paths["run"], device="cpu", prepack=False)
     figures = {}
     every = lines
     for beam in (1, 4, 5):
@@ -172,8 +179,13 @@ def measure_parity(paths: dict[str, Path], lines: list[str], beam_lines: int, th
         found = translator.translate_nbest(lines, beam=beam)
         ours = [translator.tgt_tokenizer.pieces(best.tokens) for best, *_ in found]
         same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+        found = default.translate_nbest(lines, beam=beam)
+        as_default = [default.tgt_tokenizer.pieces(best.tokens) for best, *_ in found]
         figures["greedy" if beam == 1 else f"beam{beam}"] = {
             "identical": same,
+            "identical_with_text_rules_on": sum(
+                a == b for a, b in zip(as_default, theirs, strict=True)
+            ),
             "lines": len(lines),
             "mean_output_pieces": round(sum(map(len, theirs)) / len(lines), 1),
             "generate_seconds": round(hf_seconds, 1),
@@ -222,7 +234,8 @@ def ct2_engine(row: Row, paths: dict[str, str]):
     engine = ctranslate2.Translator(str(folder), device="cpu", intra_threads=threads)
     source = spm.SentencePieceProcessor(model_file=str(folder / "source.spm"))
     max_length = json.loads((Path(paths["folder"]) / "generation_config.json").read_text())
-    limit = max_length["max_length"] - 1  # without the decoder's start; </s> not counted
+    # max_length counts the decoder's start and the </s>; max_decoding_length neither
+    limit = max_length["max_length"] - 2
 
     def translate(lines: list[str]) -> list[list[str]]:
         tokens = [pieces + ["</s>"] for pieces in source.encode(lines, out_type=str)]

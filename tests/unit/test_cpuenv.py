@@ -50,9 +50,27 @@ def test_defaults_are_set_and_a_users_value_kept():
         "LRU_CACHE_CAPACITY": "7",
         "OMP_WAIT_POLICY": "ACTIVE",
     }
-    fresh: dict[str, str] = {}
-    cpuenv.set_cpu_environment(fresh)
-    assert fresh["OMP_WAIT_POLICY"] == "PASSIVE"  # threads sleep at barriers: a busy machine
+    busy: dict[str, str] = {}
+    cpuenv.set_cpu_environment(busy, busy=True)
+    assert busy["OMP_WAIT_POLICY"] == "PASSIVE"  # threads sleep at barriers: a busy machine
+    idle: dict[str, str] = {}
+    cpuenv.set_cpu_environment(idle, busy=False)
+    assert "OMP_WAIT_POLICY" not in idle  # libgomp's spinning wait: an idle machine's speed
+    spun = {"GOMP_SPINCOUNT": "1000"}
+    cpuenv.set_cpu_environment(spun, busy=True)
+    assert "OMP_WAIT_POLICY" not in spun  # the user's own wait is kept
+
+
+def test_a_busy_machine_is_one_with_another_process_runnable_in_every_read() -> None:
+    def reads(*texts: str):
+        it = iter(texts)
+        return lambda: next(it)
+
+    assert not cpuenv.machine_busy(reads(*["1.50 0.30 0.25 1/312 4242\n"] * 3))  # alone
+    assert cpuenv.machine_busy(reads(*["0.12 0.30 0.25 2/312 4242\n"] * 3))  # one more
+    moment = ["0.1 0 0 3/312 1", "0.1 0 0 1/312 1", "0.1 0 0 3/312 1"]
+    assert not cpuenv.machine_busy(reads(*moment))  # a process of a moment
+    assert not cpuenv.machine_busy(reads("garbage"))
 
 
 def test_the_command_sets_them_before_torch_loads():
