@@ -15,11 +15,10 @@ these before Python starts). A value the user set is kept.
   process runnable, `machine_busy`): a thread of torch's OpenMP pool (which
   MKL and oneDNN share) that reaches a barrier first then sleeps instead of spinning. libgomp
   spins some 300,000 times before it sleeps: on an idle machine that saves a wake-up at each
-  of a search's thousands of small operations (passive waits made an idle beam search 1.4-1.6x
-  slower), but beside other busy processes the spinning thread burns the CPU time its partner
-  needs to reach the barrier (a search slowed 6-17x beside one competitor, 1.1x passive). A
-  short spin (GOMP_SPINCOUNT=30000) kept neither: 1.2x idle, 3.6x busy. Side by side:
-  docs/performance.md, "A busy machine". Intel's OpenMP reads the same variable.
+  of a search's thousands of small operations, but beside other busy processes the spinning
+  thread burns the CPU time its partner needs to reach the barrier. Passive waits on an idle
+  machine, and a short spin, each lost one side (figures: docs/performance.md, "A busy
+  machine"). Intel's OpenMP reads the same variable.
 """
 
 from __future__ import annotations

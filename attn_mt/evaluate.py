@@ -1,20 +1,17 @@
 """`evaluate_split`: a split or a pair of files -> translate -> score (`attn_mt.scores`) ->
-hypotheses file; `evaluate_variants`: the same test set as people type it (capitals, Title
-Case, no final punctuation, typos, spans), a row of scores per variant."""
+hypotheses file; the checks and files every evaluation shares (`test_set`; the variants of
+`attn_mt.evaluate_variants` too)."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attn_mt.data.augment import title_case, with_typos, without_final_punct
 from attn_mt.errors import UserError
-from attn_mt.scores import DEFAULT_METRICS, METRICS, Scores, check_metrics, score
-from attn_mt.text.normalize import final_punct
+from attn_mt.scores import DEFAULT_METRICS, Scores, check_metrics, score
 
 if TYPE_CHECKING:
     from attn_mt.decode.translator import Translator
@@ -91,25 +88,16 @@ def evaluate_split(
     file), the direction and the beam, e.g. `best.test.beam5.hyp.txt`. A line is split into
     its sentences as `translate` splits it (`split_sentences`).
     """
-    from attn_mt.data.text import read_parallel
     from attn_mt.fileio import write_output
     from attn_mt.paths import check_output_file
 
-    src, ref = (None if src is None else Path(src)), (None if ref is None else Path(ref))
-    check_evaluation_files(split, src, ref, pair, tgt_lang)
-    check_metrics(metrics, comet_model)
-    data = translator.config.data
-    tgt_lang = tgt_lang or (pair.partition("-")[2] if pair else None)
-    src, ref, name = _files(translator, split, src, ref, pair)
-    translator.language_prefix(tgt_lang)  # checked before any translation
-    beam = translator.config.decode.beam
-    out = Path(out) if out is not None else _beside(translator, f"{name}.beam{beam}.hyp.txt")
-    inputs = [("--model", path) for path in translator.checkpoints]
-    check_output_file(out, inputs=[*inputs, ("--src", src), ("--ref", ref)])
-    sources, references = read_parallel(src, ref)
-    if not sources:
-        raise UserError(f"{src}: no lines; there is nothing to evaluate")
-    hypotheses = _translated(translator, sources, tgt_lang, progress, split_sentences, pair)
+    test = test_set(translator, split, src, ref, pair, tgt_lang, metrics, comet_model)
+    data, tgt_lang, beam = translator.config.data, test.tgt_lang, test.beam
+    named = f"{test.name}.beam{beam}.hyp.txt"
+    out = Path(out) if out is not None else beside_checkpoint(translator, named)
+    check_output_file(out, inputs=test.inputs(translator))
+    sources, references = test.lines()
+    hypotheses = translated(translator, sources, tgt_lang, progress, split_sentences, pair)
     write_output(out, "".join(h + "\n" for h in hypotheses))  # kept, whatever scoring does
     scores = score(hypotheses, references, metrics, sources, comet_model)
     off_target = None
@@ -119,6 +107,53 @@ def evaluate_split(
         languages = [lang for direction in data.directions() for lang in direction]
         off_target = off_target_rate(hypotheses, tgt_lang, languages)
     return Evaluation(scores, out, beam, off_target)
+
+
+@dataclass
+class TestSet:
+    """The files an evaluation reads, checked: `src` and `ref`, the `name` outputs beside the
+    checkpoint take, the language translated into and the beam."""
+
+    src: Path
+    ref: Path
+    name: str
+    tgt_lang: str | None
+    beam: int
+
+    def inputs(self, translator: Translator) -> list[tuple[str, Path | None]]:
+        """The command's inputs, which no output may be."""
+        models: list[tuple[str, Path | None]] = [("--model", p) for p in translator.checkpoints]
+        return [*models, ("--src", self.src), ("--ref", self.ref)]
+
+    def lines(self) -> tuple[list[str], list[str]]:
+        """The sources and references, line for line; no lines is a UserError."""
+        from attn_mt.data.text import read_parallel
+
+        sources, references = read_parallel(self.src, self.ref)
+        if not sources:
+            raise UserError(f"{self.src}: no lines; there is nothing to evaluate")
+        return sources, references
+
+
+def test_set(
+    translator: Translator,
+    split: str | None,
+    src: str | Path | None,
+    ref: str | Path | None,
+    pair: str | None,
+    tgt_lang: str | None,
+    metrics: Sequence[str],
+    comet_model: Path | None,
+) -> TestSet:
+    """Every check an evaluation makes before it translates (the options, the metrics, the
+    files, the target language), and the files it reads."""
+    src, ref = (None if src is None else Path(src)), (None if ref is None else Path(ref))
+    check_evaluation_files(split, src, ref, pair, tgt_lang)
+    check_metrics(metrics, comet_model)
+    tgt_lang = tgt_lang or (pair.partition("-")[2] if pair else None)
+    src_path, ref_path, name = _files(translator, split, src, ref, pair)
+    translator.language_prefix(tgt_lang)  # checked before any translation
+    return TestSet(src_path, ref_path, name, tgt_lang, translator.config.decode.beam)
 
 
 def _files(
@@ -151,7 +186,7 @@ def _files(
     return Path(src), Path(ref), name
 
 
-def _beside(translator: Translator, name: str) -> Path:
+def beside_checkpoint(translator: Translator, name: str) -> Path:
     """An output beside the (first) checkpoint: `best.` + `name`."""
     if not translator.checkpoints:
         raise UserError("evaluate: the translator has no checkpoint path; give out=FILE")
@@ -159,7 +194,7 @@ def _beside(translator: Translator, name: str) -> Path:
     return checkpoint.with_name(f"{checkpoint.stem}.{name}")
 
 
-def _translated(
+def translated(
     translator: Translator,
     sources: list[str],
     tgt_lang: str | None,
@@ -178,219 +213,3 @@ def _translated(
         return translator.translate(sources, tgt_lang=tgt_lang)
     with progress(len(sources)) as on_batch:
         return translator.translate(sources, on_batch=on_batch, tgt_lang=tgt_lang)
-
-
-# ---------------------------------------------------------------------------------------------
-# The text people type: the test set in capitals, Title Case, without final punctuation, with
-# typos and with spans (`evaluate --variants`)
-
-VARIANTS = ("plain", "upper", "title", "nopunct", "typos", "spans")
-# What the `spans` variant puts into line i: TEST_SPANS[i % len], at the start of the source and
-# reference alike in one round of the list, at the end (before the final punctuation) in the next.
-TEST_SPANS = (
-    ("url", "https://www.example.com/"),
-    ("email", "info@example.com"),
-    ("number", "1987"),
-    ("handle", "@attn_mt"),
-    ("url", "https://example.org/docs/index.html?id=42"),
-    ("emoji", "🙂"),
-    ("number", "42"),
-    ("email", "anna.schmidt@example.org"),
-    ("tag", "#multi30k"),
-    ("path", "/etc/hosts"),
-    ("number", "250"),
-    ("code", "`make test`"),
-    ("emoji", "👍"),
-    ("url", "www.example.net/path"),
-)
-
-
-def parse_variants(text: str) -> tuple[str, ...]:
-    """`--variants a,b`: known names, plain first (the others' baseline), each once."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in VARIANTS]
-    if unknown or not names:
-        raise UserError(
-            f"--variants {text}: {', '.join(unknown) or 'none given'}; choose from "
-            f"{','.join(VARIANTS)}"
-        )
-    return tuple(dict.fromkeys(["plain", *names]))
-
-
-def with_span(line: str, number: int) -> str:
-    """`line` with the span of line `number` (from 0) of the `spans` variant put in."""
-    _, span = TEST_SPANS[number % len(TEST_SPANS)]
-    if (number // len(TEST_SPANS)) % 2 == 0:
-        return f"{span} {line.lstrip()}"
-    body = line.rstrip()
-    final = final_punct(body)
-    return f"{body[: len(body) - len(final)].rstrip()} {span}{final}"
-
-
-def changed(variant: str, lines: list[str], side: str) -> list[str]:
-    """`lines` (the `side` "src", "ref" or "hyp") as `variant` writes them, by data.augment's
-    own functions: typos on sources alone (a per-line seed), spans on every side."""
-    if variant == "upper":
-        return [line.upper() for line in lines]
-    if variant == "title":
-        return [title_case(line) for line in lines]
-    if variant == "nopunct":
-        return [without_final_punct(line) for line in lines]
-    if variant == "typos" and side == "src":
-        return [with_typos(line, random.Random(n)) for n, line in enumerate(lines)]
-    if variant == "spans":
-        return [with_span(line, n) for n, line in enumerate(lines)]
-    return list(lines)
-
-
-@dataclass
-class VariantScore:
-    """One variant's scores; `alike`: of the plain test's output changed as the variant
-    changes the text (what a perfect reader of the variant would score); for `spans`, the
-    share of spans found verbatim per kind and the scores of the rest of the output."""
-
-    name: str
-    scores: Scores
-    alike: Scores | None = None
-    verbatim: dict[str, float] | None = None
-    rest: Scores | None = None
-
-    def to_dict(self) -> dict:
-        found: dict = {"name": self.name, **self.scores.to_dict()}
-        if self.alike is not None:
-            found["plain_alike"] = self.alike.to_dict()
-        if self.verbatim is not None:
-            found["spans_verbatim"] = self.verbatim
-        if self.rest is not None:
-            found["rest"] = self.rest.to_dict()
-        return found
-
-
-@dataclass
-class VariantEvaluation:
-    """`evaluate --variants`: a row per variant and the folder of their files."""
-
-    rows: list[VariantScore]
-    folder: Path
-    beam: int
-
-    def to_dict(self) -> dict:
-        return {
-            "variants": [row.to_dict() for row in self.rows],
-            "folder": str(self.folder),
-            "beam": self.beam,
-        }
-
-    def table(self, metrics: Sequence[str]) -> str:
-        """A row per variant: its scores, the plain output's changed alike, spans verbatim."""
-        labels = [METRICS[m].label for m in metrics]
-        lines = [
-            f"{'variant':<9}"
-            + "".join(f"{x:>9}" for x in labels)
-            + "".join(f"{'alike ' + x:>15}" for x in labels)
-            + "  spans verbatim"
-        ]
-        for row in self.rows:
-            line = f"{row.name:<9}" + "".join(f"{row.scores.values[m]:9.2f}" for m in metrics)
-            if row.alike is not None:
-                line += "".join(f"{row.alike.values[m]:15.2f}" for m in metrics)
-            if row.verbatim is not None:
-                kinds = ", ".join(f"{k} {v:.1f}%" for k, v in row.verbatim.items() if k != "all")
-                line += f"  {row.verbatim['all']:.1f}% ({kinds})"
-            lines.append(line)
-        return "\n".join(lines)
-
-
-def evaluate_variants(
-    translator: Translator,
-    variants: Sequence[str],
-    split: str | None = None,
-    src: str | Path | None = None,
-    ref: str | Path | None = None,
-    out: str | Path | None = None,
-    progress: Progress | None = None,
-    pair: str | None = None,
-    tgt_lang: str | None = None,
-    metrics: Sequence[str] = DEFAULT_METRICS,
-    comet_model: Path | None = None,
-    split_sentences: bool = True,
-) -> VariantEvaluation:
-    """Translate the test set (as `evaluate_split` picks it) as given and as each variant
-    writes it (`changed`), and score each against its references changed alike. Into the
-    folder `out` (default beside the checkpoint, e.g. `best.test.beam5.variants/`) go each
-    variant's `V.src`, `V.ref`, `V.hyp` and `V.alike` (the plain output changed alike), and
-    for spans `spans.rest` (the output without its spans, against `plain.ref`): the files
-    `attn-mt compare` runs the paired tests on."""
-    from attn_mt.data.text import read_parallel
-    from attn_mt.fileio import write_output
-    from attn_mt.paths import check_output_dir
-
-    src, ref = (None if src is None else Path(src)), (None if ref is None else Path(ref))
-    check_evaluation_files(split, src, ref, pair, tgt_lang)
-    check_metrics(metrics, comet_model)
-    variants = parse_variants(",".join(variants))
-    tgt_lang = tgt_lang or (pair.partition("-")[2] if pair else None)
-    src, ref, name = _files(translator, split, src, ref, pair)
-    translator.language_prefix(tgt_lang)  # checked before any translation
-    beam = translator.config.decode.beam
-    folder = Path(out) if out is not None else _beside(translator, f"{name}.beam{beam}.variants")
-    inputs = [("--model", path) for path in translator.checkpoints]
-    check_output_dir(folder, inputs=[*inputs, ("--src", src), ("--ref", ref)])
-    sources, references = read_parallel(src, ref)
-    if not sources:
-        raise UserError(f"{src}: no lines; there is nothing to evaluate")
-    folder.mkdir(parents=True, exist_ok=True)
-    plain: list[str] = []
-    rows = []
-    for variant in variants:
-        files = {
-            "src": changed(variant, sources, "src"),
-            "ref": changed(variant, references, "ref"),
-        }
-        files["hyp"] = _translated(
-            translator, files["src"], tgt_lang, progress, split_sentences, pair
-        )
-        plain = plain or files["hyp"]
-        row = _scored(variant, files, plain, references, metrics, comet_model)
-        for kind, lines in files.items():
-            write_output(folder / f"{variant}.{kind}", "".join(x + "\n" for x in lines))
-        rows.append(row)
-    return VariantEvaluation(rows, folder, beam)
-
-
-def _scored(
-    variant: str,
-    files: dict[str, list[str]],
-    plain: list[str],
-    references: list[str],
-    metrics: Sequence[str],
-    comet_model: Path | None,
-) -> VariantScore:
-    """A variant's row from its `files` (src, ref, hyp; `alike` and for spans `rest` are
-    added), `plain` the plain test's output and `references` its references."""
-
-    def scored(hypotheses: list[str], refs: list[str]) -> Scores:
-        return score(hypotheses, refs, metrics, files["src"], comet_model)
-
-    row = VariantScore(variant, scored(files["hyp"], files["ref"]))
-    if variant != "plain":
-        files["alike"] = changed(variant, plain, "hyp")
-        row.alike = scored(files["alike"], files["ref"])
-    if variant == "spans":
-        row.verbatim, files["rest"] = _spans_found(files["hyp"])
-        row.rest = scored(files["rest"], references)
-    return row
-
-
-def _spans_found(hypotheses: list[str]) -> tuple[dict[str, float], list[str]]:
-    """The percent of the `spans` variant's spans found verbatim in its outputs, in all and per
-    kind, and each output without its span (where found), its spaces closed."""
-    found: dict[str, list[bool]] = {"all": []}
-    rest = []
-    for number, line in enumerate(hypotheses):
-        kind, span = TEST_SPANS[number % len(TEST_SPANS)]
-        held = span in line
-        found["all"].append(held)
-        found.setdefault(kind, []).append(held)
-        rest.append(" ".join(line.replace(span, " ", 1).split()) if held else line)
-    return {kind: 100 * sum(held) / len(held) for kind, held in found.items()}, rest

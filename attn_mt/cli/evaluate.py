@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -104,12 +104,8 @@ def evaluate(
 ) -> None:
     """Translate a split (or --src/--ref files) and print its scores (sacreBLEU BLEU and chrF,
     or --metrics) with their signatures."""
-    from attn_mt.evaluate import (
-        check_evaluation_files,
-        evaluate_split,
-        evaluate_variants,
-        parse_variants,
-    )
+    from attn_mt.evaluate import check_evaluation_files
+    from attn_mt.evaluate_variants import parse_variants
     from attn_mt.paths import check_output_dir, check_output_file, resolve_checkpoint
     from attn_mt.scores import check_metrics
 
@@ -119,12 +115,10 @@ def evaluate(
     names = parse_metrics(metrics)
     check_metrics(names, comet_model)
     chosen = parse_variants(variants) if variants is not None else None
-    if chosen is not None and out is not None:
+    if out is not None:  # a folder of files with --variants, else one file
         inputs = [("--model", resolve_checkpoint(path)) for path in model]
-        check_output_dir(out, inputs=[*inputs, ("--src", src), ("--ref", ref)])
-    elif out is not None:
-        inputs = [("--model", resolve_checkpoint(path)) for path in model]
-        check_output_file(out, inputs=[*inputs, ("--src", src), ("--ref", ref)])
+        check_output = check_output_file if chosen is None else check_output_dir
+        check_output(out, inputs=[*inputs, ("--src", src), ("--ref", ref)])
     decode = decode_settings(set_, beam, length_penalty)
     import attn_mt  # torch: only once the arguments are known to be good
     from attn_mt.cli import progress
@@ -137,30 +131,8 @@ def evaluate(
         prepack=prepack.value_for_load,
         decode=decode,
     )
-    if chosen is not None:
-        table = evaluate_variants(
-            translator,
-            chosen,
-            split and split.value,
-            src,
-            ref,
-            out,
-            progress=lambda total: progress.sentences(total, "evaluate"),
-            pair=pair,
-            tgt_lang=tgt_lang,
-            metrics=names,
-            comet_model=comet_model,
-            split_sentences=split_sentences,
-        )
-        print(json.dumps(table.to_dict()) if as_json else table.table(names))
-        print(f"variants' files: {table.folder}", file=sys.stderr)
-        return
-    result = evaluate_split(
-        translator,
-        split and split.value,
-        src,
-        ref,
-        out,
+    files = (split and split.value, src, ref, out)
+    options: dict[str, Any] = dict(
         progress=lambda total: progress.sentences(total, "evaluate"),
         pair=pair,
         tgt_lang=tgt_lang,
@@ -168,6 +140,16 @@ def evaluate(
         comet_model=comet_model,
         split_sentences=split_sentences,
     )
+    if chosen is not None:
+        from attn_mt.evaluate_variants import evaluate_variants
+
+        table = evaluate_variants(translator, chosen, *files, **options)
+        print(json.dumps(table.to_dict()) if as_json else table.table(names))
+        print(f"variants' files: {table.folder}", file=sys.stderr)
+        return
+    from attn_mt.evaluate import evaluate_split
+
+    result = evaluate_split(translator, *files, **options)
     if as_json:
         print(json.dumps(result.to_dict()))
     else:

@@ -16,7 +16,7 @@ from helpers.toy import invoke
 from helpers.workspace import World
 
 from attn_mt.data.augment import title_case
-from attn_mt.evaluate import TEST_SPANS, VARIANTS
+from attn_mt.evaluate_variants import TEST_SPANS, VARIANTS
 
 LINES = [
     "QB QC QD QF",

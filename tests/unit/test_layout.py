@@ -38,6 +38,7 @@ LAYERS = [
     "jobs",  # a file translated as `translate` does it: in parts, resumable; n-best formats
     "viz",
     "evaluate",
+    "evaluate_variants",  # the test set as people type it, scored per variant
     "compare",  # systems against a baseline: sacreBLEU's paired tests
     "train",
     "distill",  # a student's corpus from its teacher's n-best, its translation and training
