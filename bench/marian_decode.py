@@ -159,8 +159,8 @@ def measure_parity(paths: dict[str, Path], lines: list[str], beam_lines: int, th
     piece = {i: p for p, i in json.loads((folder / "vocab.json").read_text()).items()}
     special = (tokenizer.pad_token_id, tokenizer.eos_token_id)
     # The model's search (decode.recase and decode.protect off), and attn-mt's defaults: a line
-    # whose output lost one of its numbers is searched again with it as a term, which a random
-    # model always loses.
+    # whose output lost one of its numbers is read again without its numbers (put back after),
+    # which a random model always loses.
     translator = attn_mt.load(
         paths["run"], device="cpu", prepack=False, decode={"recase": "off", "protect": "off"}
     )

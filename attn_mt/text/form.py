@@ -2,7 +2,8 @@
 makes the text the model reads (the line normalised, its spans taken out, recased) and keeps
 what `write` needs to give the output back as the line was written (cased back, the spans put
 back by the alignment, the final punctuation as the source's). A line that none of it
-changes reaches the model as it is.
+changes reaches the model as it is. A line whose output lost a number is read again with its
+numbers taken out as spans (`read(..., numbers=True)`), and its numbers go back as written.
 
 The order: normalised (`normalize.py`) first, so the spans and casing see the characters the
 model reads; spans out before recasing, so a URL in capitals stays as written; cased back
@@ -26,10 +27,11 @@ Alignment = list[tuple[int, int]]  # (source word, target word) pairs
 class LineForm:
     """A line as the model reads it (`text`) and what gives its output back: the casing to
     restore, the spans to put back, the numbers the output must hold, whether the source ends
-    in final punctuation. `kept`: a line with nothing to translate but its spans, given back
-    as it is."""
+    in final punctuation, the line as given (`line`). `kept`: a line with nothing to translate
+    but its spans, given back as it is."""
 
     text: str
+    line: str = ""
     casing: Casing = field(default_factory=Casing)
     taken: Taken | None = None
     numbers: list[str] = field(default_factory=list)
@@ -61,23 +63,26 @@ class TextRules:
         self.typographic = typographic(known) if protect else {}
         self.without_table = ""  # why recasing is off, once said
 
-    def read(self, lines: Sequence[str], tgt_lang: str | None = None) -> list[LineForm]:
+    def read(
+        self, lines: Sequence[str], tgt_lang: str | None = None, numbers: bool = False
+    ) -> list[LineForm]:
         """Each line's form, as translated into `tgt_lang` (whose source languages pick the
-        casing table)."""
-        return [self._read(line, tgt_lang) for line in lines]
+        casing table); with `numbers`, its numbers taken out among its spans."""
+        return [self._read(line, tgt_lang, numbers) for line in lines]
 
-    def _read(self, line: str, tgt_lang: str | None) -> LineForm:
-        form = LineForm(line, final=without_final_punct(line) != line if self.recase else True)
+    def _read(self, line: str, tgt_lang: str | None, numbers_out: bool) -> LineForm:
+        final = without_final_punct(line) != line if self.recase else True
+        form = LineForm(line, line, final=final)
         if not line.strip():
             return form
         text = line
         if self.protect:
             text = invisible(text).translate(self.typographic)
-            form.taken = take_out(text)
+            form.taken = take_out(text, numbers_out)
             if form.taken:
                 text = form.taken.text
                 if not any(c.isalnum() for c in text):
-                    return LineForm("", kept=line.strip())
+                    return LineForm("", line, kept=line.strip())
             form.numbers = numbers(text)
         if self.recase:
             table = self._table(text, tgt_lang)

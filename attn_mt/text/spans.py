@@ -1,6 +1,6 @@
 """Spans kept verbatim: URLs, e-mail addresses, @handles, #tags, file paths, inline `code` and
-emoji are taken out of a line before the model reads it and put back into its output, and the
-numbers of a line, which the output must hold.
+emoji are taken out of a line before the model reads it and put back into its output; so are
+its numbers where the model's output of the whole line lost one (`numbers=True`).
 
 A span takes the punctuation written against it (`(https://x.de)`, `info@x.de,`), but for the
 line's final punctuation, which stays in the text the model reads (`Mehr unter https://x.de.`
@@ -10,8 +10,9 @@ the line's start, before the first output word); one written against the word af
 (`👍Super`) before that word's output; one at the end before the output's final punctuation;
 spans keep their order.
 
-A number counts as kept when the output holds it as written, with `.` and `,` swapped, or
-(where they group thousands) without them: `1.000` as `1,000` or `1000`, `3,5` as `3.5`.
+A number (`28`, `1.000`, `3,5`, `10:30`, `24/7`; not one inside a word, `T4` or `3D`) counts as
+kept when the output holds it as written, with `.` and `,` swapped, or (where they group
+thousands) without them: `1.000` as `1,000` or `1000`, `3,5` as `3.5`.
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ KINDS = {
     "tag": r"(?<![\w#&])#\w*[^\W\d_]\w*",
     "emoji": _EMOJI,
 }
+_NUMBER = r"(?<![\w.,:/])\d+(?:[.,:/]\d+)*(?![\w/])"
 SPANS = re.compile("|".join(f"(?P<{kind}>{rule})" for kind, rule in KINDS.items()))
+WITH_NUMBERS = re.compile(f"{SPANS.pattern}|(?P<number>{_NUMBER})")  # last: 1️⃣ is an emoji
+NUMBER = re.compile(_NUMBER)
 # What every span holds one of: a line without any is searched no further (most lines).
 _CANDIDATE = re.compile(rf"[`@#/\\]|\b(?i:www)\.|\.(?i:{_EXTENSIONS})\b|{_PICTOGRAPH}|\u20e3")
-NUMBER = re.compile(r"(?<![\w.,:])\d+(?:[.,:]\d+)*(?!\w)")
 # Punctuation a URL or path does not end in (unless it closes a bracket it opened).
 _TRAILING = ".,;:!?'\"”’»)]}>"
 _OPENS = {")": "(", "]": "[", "}": "{"}
@@ -92,12 +95,13 @@ def _trimmed(text: str) -> str:
     return text
 
 
-def find(line: str) -> list[tuple[int, int, str]]:
-    """The spans of `line` as (start, end, kind), in order."""
+def find(line: str, numbers: bool = False) -> list[tuple[int, int, str]]:
+    """The spans of `line` as (start, end, kind), in order; its numbers among them with
+    `numbers`."""
     found: list[tuple[int, int, str]] = []
-    if not _CANDIDATE.search(line):
+    if not (numbers and NUMBER.search(line)) and not _CANDIDATE.search(line):
         return found
-    for match in SPANS.finditer(line):
+    for match in (WITH_NUMBERS if numbers else SPANS).finditer(line):
         kind = str(match.lastgroup)
         text = _trimmed(match.group()) if kind in ("url", "path") else match.group()
         if text:
@@ -105,10 +109,11 @@ def find(line: str) -> list[tuple[int, int, str]]:
     return found
 
 
-def take_out(line: str) -> Taken | None:
-    """`line` without its spans (None: it has none); each span with the punctuation written
-    against it up to a space, but the line's final punctuation."""
-    found = find(line)
+def take_out(line: str, numbers: bool = False) -> Taken | None:
+    """`line` without its spans (None: it has none), its numbers among them with `numbers`;
+    each span with the punctuation written against it up to a space, but the line's final
+    punctuation."""
+    found = find(line, numbers)
     if not found:
         return None
     body_end = len(line.rstrip()) - len(final_punct(line))

@@ -85,14 +85,33 @@ def test_a_line_without_spans_gives_none() -> None:
 
 
 def test_numbers_in_their_forms() -> None:
-    assert numbers("Nummer 28, 1.000 Leute, 3,5 kg um 10:30 am 1. Mai") == [
+    assert numbers("Nummer 28, 1.000 Leute, 3,5 kg um 10:30 am 1. Mai, 24/7, T4, 3D") == [
         "28",
         "1.000",
         "3,5",
         "10:30",
         "1",
+        "24/7",
     ]
     assert missing(["1.000", "3,5", "28"], "number 28, 1,000 people, 3.5 kg") == []
     assert missing(["1.000"], "1000 people") == []
     assert missing(["3,5"], "35 kg") == ["3,5"]  # not a grouping: 3.5 is not 35
     assert missing(["28", "7"], "number 28") == ["7"]
+
+
+def test_numbers_are_taken_out_when_asked_with_what_is_written_against_them() -> None:
+    line = "Nummer 28, 1.000 Leute, 3,5 kg um (10:30) am 1. Mai 1️⃣"
+    assert take_out(line) is not None and take_out("Nummer 28 um 10:30") is None
+    taken = take_out(line, numbers=True)
+    assert taken is not None and taken.text == "Nummer Leute, kg um am Mai"
+    spans = [(s.text, s.kind) for s in taken.spans]
+    assert spans == [
+        ("28,", "number"),
+        ("1.000", "number"),
+        ("3,5", "number"),
+        ("(10:30)", "number"),
+        ("1.", "number"),
+        ("1️⃣", "emoji"),
+    ]
+    back = put_back(taken, taken.text.upper(), identity(taken.text))[0]
+    assert back == line.upper()
