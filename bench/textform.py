@@ -3,8 +3,8 @@ translates the same plain sentences with both `auto` (the default) and both `off
 loaded once each and alternating in rounds in this one process, so machine noise hits both
 alike. Reports the median seconds of each, the overhead in percent (the goal: within 3%), and
 how many outputs differ (a plain line in ordinary case is read as given; a line whose output
-lost a number is read again with its numbers taken out, and a source without final punctuation gives an
-output without).
+lost a number is read again with its numbers taken out, and a source without final
+punctuation gives an output without).
 
     python scripts/bench_textform.py --model RUN [--src FILE] [--lines 1000] [--rounds 3]
 

@@ -28,7 +28,7 @@ from attn_mt.decode.controls import Controls, line_controls
 from attn_mt.decode.generate import Models, Scoring, generate, max_output_lengths
 from attn_mt.decode.packed import linear_layers
 from attn_mt.decode.request import Request
-from attn_mt.decode.written import given_back
+from attn_mt.decode.written import given_back, lost_numbers, read_again
 from attn_mt.errors import LINE_BREAKS, UserError
 from attn_mt.model.transformer import Transformer, parameter_count
 from attn_mt.precision import autocast_context
@@ -171,21 +171,42 @@ class Translator:
             done(row, results[row])
         if request.on_batch is not None and len(todo) < len(lines):
             request.on_batch(len(lines) - len(todo))
-        lengths = [(len(seq) + 1,) for seq in ids]  # + <eos>
-        for batch in length_batches(lengths, request.line_budget(), order=todo):
+        later: list[int] = []  # lines whose output lost a number: read again, searched last
+
+        def search(batch: list[int], first: bool) -> None:
             # Steered lines search apart, so plain lines get exactly the plain search.
             plain = [row for row in batch if controls[row] is None]
             steered = [row for row in batch if controls[row] is not None]
             for rows in (plain, steered):
-                if rows:
-                    found = self._search(lines, ids, rows, [controls[r] for r in rows], request)
-                    if forms is not None:
-                        found = given_back(self, forms, lines, ids, rows, controls, found, request)
-                    for row, entries in zip(rows, found, strict=True):
-                        results[row] = entries
-                        done(row, entries)
+                if not rows:
+                    continue
+                found = self._search(lines, ids, rows, [controls[r] for r in rows], request)
+                if forms is not None:
+                    lost = lost_numbers(forms, rows, found) if first else []
+                    later.extend(lost)
+                    keep = [k for k, row in enumerate(rows) if row not in lost]
+                    rows, found = [rows[k] for k in keep], [found[k] for k in keep]
+                    found = given_back(self, forms, lines, ids, rows, found, request)
+                for row, entries in zip(rows, found, strict=True):
+                    results[row] = entries
+                    done(row, entries)
+
+        lengths = [(len(seq) + 1,) for seq in ids]  # + <eos>
+        for batch in length_batches(lengths, request.line_budget(), order=todo):
+            search(batch, first=True)
             if request.on_batch is not None:
                 request.on_batch(len(batch))
+        if forms is not None and later:
+            read_again(self, forms, lines, ids, later, request.tgt_lang)
+            for row in later:
+                if not ids[row]:  # numbers alone: given back as they are
+                    kept = forms[row].kept or ""
+                    results[row] = [Translation(kept, 0.0, [], empty) for _ in range(request.nbest)]
+                    done(row, results[row])
+            lengths = [(len(seq) + 1,) for seq in ids]
+            order = [row for row in later if ids[row]]
+            for batch in length_batches(lengths, request.line_budget(), order=order):
+                search(batch, first=False)
         return results
 
     def resolve(self, request: Request) -> Request:

@@ -2,9 +2,10 @@
 made for a model (`text_rules`, from its config, casing tables and source vocabulary), and a
 batch's outputs given back as their lines were written (`given_back`).
 
-A line whose best output lost a number of its source is read again with its numbers taken out
-as spans (`TextRules.read(..., numbers=True)`) and searched again as the model reads it then,
-its numbers put back as written. (Searched again with the lost numbers as terms, the steered
+A line whose best output lost a number of its source (`lost_numbers`) is read again with its
+numbers taken out as spans (`read_again`) and searched again as the model reads it then, with
+the other such lines of the input after the rest (one batch, not one per batch), its numbers
+put back as written. (Searched again with the lost numbers as terms, the steered
 search of `--constraints`, a 1,500-update Multi30k model kept 70% of them, and the words around
 a number it had never seen suffered.) The lines whose spans or capitals go back by the word
 alignment get it (the alignment `--alignment` gives); then each entry is written back
@@ -83,36 +84,48 @@ def text_rules(
     return TextRules(recase, protect, tables, sources, known)
 
 
+def lost_numbers(forms: Sequence[LineForm], rows: list[int], found: Entries) -> list[int]:
+    """The lines of `rows` whose best entry in `found` lost a number of its source."""
+    return [
+        row
+        for row, entries in zip(rows, found, strict=True)
+        if entries and forms[row].numbers and missing(forms[row].numbers, entries[0].text)
+    ]
+
+
+def read_again(
+    translator: Searcher,
+    forms: list[LineForm],
+    lines: list[str],
+    ids: list[list[int]],
+    rows: list[int],
+    tgt_lang: str | None,
+) -> None:
+    """The lines `rows` read again with their numbers taken out as spans: their `forms`, the
+    model's text `lines` and source `ids` replaced (a line of numbers alone: no ids, kept)."""
+    rules = translator.text
+    assert rules is not None, "a translator with text rules"
+    read = rules.read([forms[row].line for row in rows], tgt_lang, numbers=True)
+    for row, form in zip(rows, read, strict=True):
+        forms[row], lines[row] = form, form.text
+    new_ids = translator.encode([form.text for form in read], tgt_lang, warn=False)
+    for row, seq in zip(rows, new_ids, strict=True):
+        ids[row] = seq
+
+
 def given_back(
     translator: Searcher,
     forms: Sequence[LineForm],
     lines: Sequence[str],
     ids: Sequence[list[int]],
     rows: list[int],
-    controls: Sequence[Controls | None],
     found: Entries,
     request: Request,
 ) -> Entries:
-    """The entries `found` of the lines `rows` (the model's text `lines`, its source `ids`,
-    each line's `controls`) written back as `forms` say, numbers kept."""
+    """The entries `found` of the lines `rows` (the model's text `lines`, its source `ids`)
+    written back as `forms` say."""
     rules = translator.text
     assert rules is not None, "a translator with text rules"
-    forms, lines, ids = list(forms), list(lines), list(ids)
-    lost = [k for k, row in enumerate(rows) if found[k] and _lost(forms[row], found[k][0].text)]
-    if lost:
-        again = [rows[k] for k in lost]
-        read = rules.read([forms[row].line for row in again], request.tgt_lang, numbers=True)
-        for row, form in zip(again, read, strict=True):
-            forms[row], lines[row] = form, form.text
-        new_ids = translator.encode([lines[row] for row in again], request.tgt_lang, warn=False)
-        for row, seq in zip(again, new_ids, strict=True):
-            ids[row] = seq
-        searched = [row for row in again if ids[row]]  # not a line of numbers alone (kept)
-        if searched:
-            steering = [controls[row] for row in searched]
-            again_found = translator._search(lines, ids, searched, steering, request)
-            for row, row_entries in zip(searched, again_found, strict=True):
-                found[rows.index(row)] = row_entries
     need = [k for k, row in enumerate(rows) if forms[row].aligned and not request.alignment]
     if need:
         lead = len(translator.language_prefix(request.tgt_lang))
@@ -127,8 +140,3 @@ def given_back(
             entry.text, alignment = rules.write(forms[row], entry.text, entry.alignment)
             entry.alignment = alignment if request.alignment else None
     return found
-
-
-def _lost(form: LineForm, text: str) -> bool:
-    """Whether the output `text` of `form` lost a number of its source."""
-    return bool(form.numbers) and bool(missing(form.numbers, text))

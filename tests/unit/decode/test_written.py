@@ -15,9 +15,8 @@ from helpers.toy import toy_pairs
 import attn_mt
 from attn_mt.config.file import apply_override, config_from_dict, parse_yaml
 from attn_mt.config.schema import DecodeConfig
-from attn_mt.decode.controls import Controls
 from attn_mt.decode.request import Request
-from attn_mt.decode.written import given_back
+from attn_mt.decode.written import given_back, lost_numbers, read_again
 from attn_mt.text.form import TextRules
 
 OFF = {"recase": "off", "protect": "off"}
@@ -131,18 +130,45 @@ class Entry:
 
 
 def test_a_line_that_lost_a_number_is_read_again_without_its_numbers() -> None:
-    stub = Stub({"qb qc": "Ba Ca"})
+    stub = Stub({})
     lines = ["qb 28 qc 7", "qb 28", "42"]
     forms = stub.text.read(lines)
     found = [[Entry("Ba Ca 7")], [Entry("Ca 28")], [Entry("")]]
-    steering = Controls(terms=[[5]])
-    controls = [steering, None, None]
+    lost = lost_numbers(forms, [0, 1, 2], found)
+    assert lost == [0, 2]  # the second kept its number
+    model_lines, ids = [form.text for form in forms], [[1], [1], [1]]
+    read_again(stub, forms, model_lines, ids, lost, None)
+    assert model_lines == ["qb qc", "qb 28", ""] and ids == [[1], [1], []]
+    assert forms[2].kept == "42"  # nothing but a number: given back as it is
     request = Request().resolved(DecodeConfig(), 100)
-    back = given_back(stub, forms, lines, [[1], [1], [1]], [0, 1, 2], controls, found, request)
-    assert [row[0].text for row in back] == ["Ba 28 Ca 7", "Ca 28", "42"]
-    # Only the first line searched again (its controls kept); the second kept its number,
-    # the third holds nothing but a number.
-    assert stub.calls == [(["qb qc"], [steering])]
+    back = given_back(stub, forms, model_lines, ids, [0], [[Entry("Ba Ca")]], request)
+    assert back[0][0].text == "Ba 28 Ca 7"
+
+
+def test_lines_that_lost_numbers_are_searched_again_together_last(ours, monkeypatch) -> None:
+    lines = [f"qb {n} qc qd" for n in range(10, 22)] + ["qb qc"] * 6 + ["42"]
+    searched: list[list[str]] = []
+    search = ours._search
+
+    def spy(texts, ids, rows, controls, request):
+        searched.append([texts[row] for row in rows])
+        return search(texts, ids, rows, controls, request)
+
+    monkeypatch.setattr(ours, "_search", spy)
+    done: list[int] = []
+    found = ours.translate_nbest(
+        lines, beam=2, nbest=2, batch_tokens=12, on_line=lambda row, entries: done.append(row)
+    )
+    assert sorted(done) == list(range(len(lines))) and [len(row) for row in found] == [2] * 19
+    for line, (best, _) in zip(lines, found, strict=True):
+        assert all(word in best.text for word in line.split() if word[0].isdigit())
+    # Each line that lost its number was read again as "qb qc qd", after every first search.
+    first = [k for k, texts in enumerate(searched) if any(c.isdigit() for t in texts for c in t)]
+    again = [k for k, texts in enumerate(searched) if "qb qc qd" in texts]
+    assert len(first) > 2 and again and min(again) > max(first)
+    searched.clear()
+    ours.translate(lines, beam=2)  # the batch holds them all: the lines read again, one more
+    assert len(searched) == 2 and "qb qc qd" in searched[1]
 
 
 def test_off_is_off_in_yaml_and_set(trained_run) -> None:
