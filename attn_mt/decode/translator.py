@@ -196,8 +196,11 @@ class Translator:
             search(batch, first=True)
             if request.on_batch is not None:
                 request.on_batch(len(batch))
-        if forms is not None and later:
-            read_again(self, forms, lines, ids, later, request.tgt_lang)
+        if self.text is not None and forms is not None and later:
+            read_again(self.text, forms, lines, later, request.tgt_lang)
+            again = self.encode([lines[row] for row in later], request.tgt_lang, warn=False)
+            for row, seq in zip(later, again, strict=True):
+                ids[row] = seq
             for row in later:
                 if not ids[row]:  # numbers alone: given back as they are
                     kept = forms[row].kept or ""

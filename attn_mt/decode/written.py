@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 from attn_mt.config.schema import Config
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decode.controls import Controls
 from attn_mt.decode.request import Request
 from attn_mt.errors import CheckpointError
 from attn_mt.model.vocab import UNK_ID
@@ -36,23 +35,6 @@ class Searcher(Protocol):
     text: TextRules | None
 
     def language_prefix(self, tgt_lang: str | None) -> list[int]: ...
-
-    def encode(
-        self,
-        lines: Sequence[str],
-        tgt_lang: str | None = None,
-        first_line: int = 1,
-        warn: bool = True,
-    ) -> list[list[int]]: ...
-
-    def _search(
-        self,
-        lines: list[str],
-        ids: list[list[int]],
-        rows: list[int],
-        controls: list[Controls | None],
-        request: Request,
-    ) -> Entries: ...
 
     def _align(
         self, lines: list[str], src: list[list[int]], entries: Entries, lead: int
@@ -94,23 +76,13 @@ def lost_numbers(forms: Sequence[LineForm], rows: list[int], found: Entries) -> 
 
 
 def read_again(
-    translator: Searcher,
-    forms: list[LineForm],
-    lines: list[str],
-    ids: list[list[int]],
-    rows: list[int],
-    tgt_lang: str | None,
+    rules: TextRules, forms: list[LineForm], lines: list[str], rows: list[int], tgt_lang: str | None
 ) -> None:
-    """The lines `rows` read again with their numbers taken out as spans: their `forms`, the
-    model's text `lines` and source `ids` replaced (a line of numbers alone: no ids, kept)."""
-    rules = translator.text
-    assert rules is not None, "a translator with text rules"
+    """The lines `rows` read again with their numbers taken out as spans: their `forms` and the
+    model's text `lines` replaced (a line of numbers alone: empty text, its form `kept`)."""
     read = rules.read([forms[row].line for row in rows], tgt_lang, numbers=True)
     for row, form in zip(rows, read, strict=True):
         forms[row], lines[row] = form, form.text
-    new_ids = translator.encode([form.text for form in read], tgt_lang, warn=False)
-    for row, seq in zip(rows, new_ids, strict=True):
-        ids[row] = seq
 
 
 def given_back(

@@ -100,22 +100,13 @@ def test_numbers_come_back_as_written(ours) -> None:
 
 
 class Stub:
-    """A translator whose search gives fixed outputs (by the text the model reads) and whose
-    alignment is word for word."""
+    """A translator's text rules and a word-for-word alignment."""
 
-    def __init__(self, outputs: dict[str, str]):
+    def __init__(self):
         self.text = TextRules(False, True, None, {}, lambda c: True)
-        self.outputs, self.calls = outputs, []
 
     def language_prefix(self, tgt_lang):
         return []
-
-    def encode(self, lines, tgt_lang=None, first_line=1, warn=True):
-        return [[1] if line.strip() else [] for line in lines]
-
-    def _search(self, lines, ids, rows, controls, request):
-        self.calls.append(([lines[row] for row in rows], controls))
-        return [[Entry(self.outputs[lines[row]])] for row in rows]
 
     def _align(self, lines, src, entries, lead):
         for line, row in zip(lines, entries, strict=True):
@@ -130,18 +121,18 @@ class Entry:
 
 
 def test_a_line_that_lost_a_number_is_read_again_without_its_numbers() -> None:
-    stub = Stub({})
+    stub = Stub()
     lines = ["qb 28 qc 7", "qb 28", "42"]
     forms = stub.text.read(lines)
     found = [[Entry("Ba Ca 7")], [Entry("Ca 28")], [Entry("")]]
     lost = lost_numbers(forms, [0, 1, 2], found)
     assert lost == [0, 2]  # the second kept its number
-    model_lines, ids = [form.text for form in forms], [[1], [1], [1]]
-    read_again(stub, forms, model_lines, ids, lost, None)
-    assert model_lines == ["qb qc", "qb 28", ""] and ids == [[1], [1], []]
+    model_lines = [form.text for form in forms]
+    read_again(stub.text, forms, model_lines, lost, None)
+    assert model_lines == ["qb qc", "qb 28", ""]
     assert forms[2].kept == "42"  # nothing but a number: given back as it is
     request = Request().resolved(DecodeConfig(), 100)
-    back = given_back(stub, forms, model_lines, ids, [0], [[Entry("Ba Ca")]], request)
+    back = given_back(stub, forms, model_lines, [[1]] * 3, [0], [[Entry("Ba Ca")]], request)
     assert back[0][0].text == "Ba 28 Ca 7"
 
 
