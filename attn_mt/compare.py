@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attn_mt.errors import DataError, UserError, named
 from attn_mt.paths import resolve_checkpoint
@@ -89,7 +89,10 @@ class Comparison:
             f"* p < {SIGNIFICANT}" + "".join(f"; {label}: lower is better" for label in lower),
         ]
         if any(f.identical for figures in self.figures for f in figures.values()):
-            lines[-1] += "; identical: the baseline's output, line for line"
+            lines[-1] += (
+                "; identical: the baseline's scores, sentence for sentence (its output, or one "
+                "the metric reads alike)"
+            )
         lines += [f"{METRICS[m].label} signature: {sig}" for m, sig in self.signatures.items()]
         return "\n".join(lines)
 
@@ -114,9 +117,10 @@ def compare(
 ) -> Comparison:
     """sacreBLEU's paired test (`paired`: "bs" or "ar") of (name, hypotheses) systems, the
     first the baseline, against one reference each. A system whose output is the baseline's,
-    line for line, is `identical`, with p 1: there is no difference to test (sacreBLEU's
-    tests count a resample whose difference is 0 as at least as large as none, and give
-    p 1/(N+1))."""
+    line for line, or whose every sentence the metric scores as the baseline's (an output that
+    differs in spaces the tokenizer drops), is `identical`, with p 1: there is no difference
+    to test (sacreBLEU's tests count a resample whose difference is 0 as at least as large as
+    none, and give p 1/(N+1))."""
     from sacrebleu.significance import PairedTest
 
     if paired not in PAIRED_TESTS:
@@ -130,16 +134,29 @@ def compare(
     signatures, results = test()
     columns = [column for name, column in results.items() if name != "System"]  # metric order
     figures: list[dict[str, Figure]] = [{} for _ in systems]
-    same = [row > 0 and hyps == named_systems[0][1] for row, (_, hyps) in enumerate(named_systems)]
+    base = named_systems[0][1]
     for metric, column in zip(built, columns, strict=True):
         for row, result in enumerate(column):
             assert not isinstance(result, str) and result.mean is not None and result.ci is not None
             low, high = float(result.mean - result.ci), float(result.mean + result.ci)
-            p = None if row == 0 else 1.0 if same[row] else result.p_value
-            figures[row][metric] = Figure(float(result.score), (low, high), p, same[row])
+            same = row > 0 and _scored_alike(built[metric], named_systems[row][1], base)
+            p = None if row == 0 else 1.0 if same else result.p_value
+            figures[row][metric] = Figure(float(result.score), (low, high), p, same)
     names = [name for name, _ in systems]
     by_metric = {m: str(sig) for m, sig in zip(built, signatures.values(), strict=True)}
     return Comparison(names, figures, by_metric, paired, len(references))
+
+
+def _scored_alike(metric: Any, hypotheses: Sequence[str], baseline: Sequence[str]) -> bool:
+    """Whether `metric` (its references cached) scores every sentence of `hypotheses` as the
+    baseline's: the same lines, or the same sufficient statistics line for line."""
+    if list(hypotheses) == list(baseline):
+        return True
+    extract = getattr(metric, "_extract_corpus_statistics", None)  # sacreBLEU's own metrics
+    if extract is None:
+        return False
+    ours, theirs = extract(list(hypotheses), None), extract(list(baseline), None)
+    return all(list(a) == list(b) for a, b in zip(ours, theirs, strict=True))
 
 
 def is_model(path: Path) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from attn_mt.decode.written import given_back, lost_numbers, read_again
 from attn_mt.errors import LINE_BREAKS, UserError
 from attn_mt.model.transformer import Transformer, parameter_count
 from attn_mt.precision import autocast_context
-from attn_mt.text.form import TextRules
+from attn_mt.text.form import LineForm, TextRules
 
 # A run of line breaks in an output, written as one space: a caller that splits the output
 # either way gets one line per input line.
@@ -159,58 +159,9 @@ class Translator:
             request.first_line,
         )
         ids = self.encode(lines, request.tgt_lang, request.first_line)
-        # Blank lines stay "": `nbest` empty entries, as many as any other line gets (with
-        # `alignment`, an empty one).
-        empty: Alignment | None = [] if request.alignment else None
-        results: list[list[Translation]] = [[] for _ in lines]
-        todo = [i for i, seq in enumerate(ids) if seq]
-        done = request.on_line or (lambda row, entries: None)
-        for row in sorted(set(range(len(lines))) - set(todo)):
-            kept = (forms[row].kept if forms is not None else None) or ""  # spans alone
-            results[row] = [Translation(kept, 0.0, [], empty) for _ in range(request.nbest)]
-            done(row, results[row])
-        if request.on_batch is not None and len(todo) < len(lines):
-            request.on_batch(len(lines) - len(todo))
-        later: list[int] = []  # lines whose output lost a number: read again, searched last
-
-        def search(batch: list[int], first: bool) -> None:
-            # Steered lines search apart, so plain lines get exactly the plain search.
-            plain = [row for row in batch if controls[row] is None]
-            steered = [row for row in batch if controls[row] is not None]
-            for rows in (plain, steered):
-                if not rows:
-                    continue
-                found = self._search(lines, ids, rows, [controls[r] for r in rows], request)
-                if forms is not None:
-                    lost = lost_numbers(forms, rows, found) if first else []
-                    later.extend(lost)
-                    keep = [k for k, row in enumerate(rows) if row not in lost]
-                    rows, found = [rows[k] for k in keep], [found[k] for k in keep]
-                    found = given_back(self, forms, lines, ids, rows, found, request)
-                for row, entries in zip(rows, found, strict=True):
-                    results[row] = entries
-                    done(row, entries)
-
-        lengths = [(len(seq) + 1,) for seq in ids]  # + <eos>
-        for batch in length_batches(lengths, request.line_budget(), order=todo):
-            search(batch, first=True)
-            if request.on_batch is not None:
-                request.on_batch(len(batch))
-        if self.text is not None and forms is not None and later:
-            read_again(self.text, forms, lines, later, request.tgt_lang)
-            again = self.encode([lines[row] for row in later], request.tgt_lang, warn=False)
-            for row, seq in zip(later, again, strict=True):
-                ids[row] = seq
-            for row in later:
-                if not ids[row]:  # numbers alone: given back as they are
-                    kept = forms[row].kept or ""
-                    results[row] = [Translation(kept, 0.0, [], empty) for _ in range(request.nbest)]
-                    done(row, results[row])
-            lengths = [(len(seq) + 1,) for seq in ids]
-            order = [row for row in later if ids[row]]
-            for batch in length_batches(lengths, request.line_budget(), order=order):
-                search(batch, first=False)
-        return results
+        job = _Job(self, lines, ids, controls, forms, request)
+        job.run()
+        return job.results
 
     def resolve(self, request: Request) -> Request:
         """`request` checked against this model (its target languages and vocabulary), with
@@ -299,6 +250,89 @@ class Translator:
         for (_, src_words, entry), weights in zip(flat, attention, strict=True):
             out_words = output_words(self.tgt_tokenizer, entry.tokens)
             entry.alignment = word_alignment(weights[:, lead:], src_words, out_words)
+
+
+@dataclass
+class _Job:
+    """One `translate_nbest` call: its lines as the model reads them (`lines`, source `ids`),
+    each line's steering (`controls`) and form (`forms`: None with the text rules off), and
+    the entries found, per line. Blank lines stay "": `nbest` empty entries, as many as any
+    other line gets (with `alignment`, an empty one); a line of spans alone is given back as
+    it is. The rest are searched in length batches; the lines whose output lost a number are
+    read again without their numbers and searched after the rest, together."""
+
+    translator: Translator
+    lines: list[str]
+    ids: list[list[int]]
+    controls: list[Controls | None]
+    forms: list[LineForm] | None
+    request: Request
+    results: list[list[Translation]] = field(default_factory=list)
+    later: list[int] = field(default_factory=list)  # lines that lost a number
+
+    def run(self) -> None:
+        request = self.request
+        self.results = [[] for _ in self.lines]
+        todo = [row for row, seq in enumerate(self.ids) if seq]
+        self._keep(sorted(set(range(len(self.lines))) - set(todo)))
+        if request.on_batch is not None and len(todo) < len(self.lines):
+            request.on_batch(len(self.lines) - len(todo))
+        for batch in self._batches(todo):
+            self._search(batch, first=True)
+            if request.on_batch is not None:
+                request.on_batch(len(batch))
+        if self.later:
+            self._numbers_again()
+
+    def _numbers_again(self) -> None:
+        """The lines that lost a number, read again without their numbers and searched."""
+        text, tgt_lang = self.translator.text, self.request.tgt_lang
+        assert text is not None and self.forms is not None, "lines read by the text rules"
+        read_again(text, self.forms, self.lines, self.later, tgt_lang)
+        again = self.translator.encode(
+            [self.lines[row] for row in self.later], tgt_lang, warn=False
+        )
+        for row, seq in zip(self.later, again, strict=True):
+            self.ids[row] = seq
+        self._keep([row for row in self.later if not self.ids[row]])  # numbers alone
+        for batch in self._batches([row for row in self.later if self.ids[row]]):
+            self._search(batch, first=False)
+
+    def _batches(self, rows: list[int]) -> list[list[int]]:
+        lengths = [(len(seq) + 1,) for seq in self.ids]  # + <eos>
+        return list(length_batches(lengths, self.request.line_budget(), order=rows))
+
+    def _keep(self, rows: list[int]) -> None:
+        """Blank lines, and lines of spans alone, given back as they are."""
+        empty: Alignment | None = [] if self.request.alignment else None
+        for row in rows:
+            kept = (self.forms[row].kept if self.forms is not None else None) or ""
+            self._done(row, [Translation(kept, 0.0, [], empty) for _ in range(self.request.nbest)])
+
+    def _search(self, batch: list[int], first: bool) -> None:
+        # Steered lines search apart, so plain lines get exactly the plain search.
+        plain = [row for row in batch if self.controls[row] is None]
+        steered = [row for row in batch if self.controls[row] is not None]
+        for rows in (plain, steered):
+            if not rows:
+                continue
+            steering = [self.controls[row] for row in rows]
+            found = self.translator._search(self.lines, self.ids, rows, steering, self.request)
+            if self.forms is not None:
+                lost = lost_numbers(self.forms, rows, found) if first else []
+                self.later += lost
+                keep = [k for k, row in enumerate(rows) if row not in lost]
+                rows, found = [rows[k] for k in keep], [found[k] for k in keep]
+                found = given_back(
+                    self.translator, self.forms, self.lines, self.ids, rows, found, self.request
+                )
+            for row, entries in zip(rows, found, strict=True):
+                self._done(row, entries)
+
+    def _done(self, row: int, entries: list[Translation]) -> None:
+        self.results[row] = entries
+        if self.request.on_line is not None:
+            self.request.on_line(row, entries)
 
 
 def _one_line(text: str) -> str:

@@ -63,7 +63,10 @@ def text_rules(
     def known(char: str) -> bool:
         return src_tokenizer.sp.piece_to_id(char) != UNK_ID
 
-    return TextRules(recase, protect, tables, sources, known)
+    def spelled(number: str) -> bool:  # more than one piece (a bare "▁" aside)
+        return len([p for p in src_tokenizer.sp.encode(number, out_type=str) if p != "▁"]) > 1
+
+    return TextRules(recase, protect, tables, sources, known, spelled)
 
 
 def lost_numbers(forms: Sequence[LineForm], rows: list[int], found: Entries) -> list[int]:

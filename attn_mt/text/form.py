@@ -2,8 +2,10 @@
 makes the text the model reads (the line normalised, its spans taken out, recased) and keeps
 what `write` needs to give the output back as the line was written (cased back, the spans put
 back by the alignment, the final punctuation as the source's). A line that none of it
-changes reaches the model as it is. A line whose output lost a number is read again with its
-numbers taken out as spans (`read(..., numbers=True)`), and its numbers go back as written.
+changes reaches the model as it is. A number the source vocabulary spells piece by piece
+(`1987`, `250`; not `3`, one piece) is taken out as a span at once: a captions model rarely saw
+one, and the words around it suffer. A line whose output lost a number it read is read again
+with every number taken out (`read(..., numbers=True)`); numbers go back as written.
 
 The order: normalised (`normalize.py`) first, so the spans and casing see the characters the
 model reads; spans out before recasing, so a URL in capitals stays as written; cased back
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 
 from attn_mt.text.casing import Casing, CasingTable, case_back, recase
 from attn_mt.text.normalize import invisible, typographic, without_final_punct
-from attn_mt.text.spans import Taken, numbers, put_back, take_out
+from attn_mt.text.spans import Picked, Taken, numbers, put_back, take_out
 
 Alignment = list[tuple[int, int]]  # (source word, target word) pairs
 
@@ -48,7 +50,8 @@ class LineForm:
 class TextRules:
     """`decode.recase` and `decode.protect` for one model: its casing tables (None: it has
     none), the source languages of each target language it translates into, and which
-    characters its source vocabulary holds (`known`)."""
+    characters its source vocabulary holds (`known`) and which numbers it spells piece by piece
+    (`spelled`: taken out at once; None: none)."""
 
     def __init__(
         self,
@@ -57,8 +60,9 @@ class TextRules:
         tables: dict[str, CasingTable] | None,
         sources: dict[str | None, list[str]],
         known: Callable[[str], bool],
+        spelled: Picked = None,
     ):
-        self.recase, self.protect = recase, protect
+        self.recase, self.protect, self.spelled = recase, protect, spelled
         self.tables, self.sources = tables, sources
         self.typographic = typographic(known) if protect else {}
         self.without_table = ""  # why recasing is off, once said
@@ -67,10 +71,11 @@ class TextRules:
         self, lines: Sequence[str], tgt_lang: str | None = None, numbers: bool = False
     ) -> list[LineForm]:
         """Each line's form, as translated into `tgt_lang` (whose source languages pick the
-        casing table); with `numbers`, its numbers taken out among its spans."""
-        return [self._read(line, tgt_lang, numbers) for line in lines]
+        casing table); with `numbers`, every number taken out among its spans."""
+        picked = (lambda number: True) if numbers else self.spelled
+        return [self._read(line, tgt_lang, picked) for line in lines]
 
-    def _read(self, line: str, tgt_lang: str | None, numbers_out: bool) -> LineForm:
+    def _read(self, line: str, tgt_lang: str | None, numbers_out: Picked) -> LineForm:
         final = without_final_punct(line) != line if self.recase else True
         form = LineForm(line, line, final=final)
         if not line.strip():

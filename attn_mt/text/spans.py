@@ -1,6 +1,7 @@
 """Spans kept verbatim: URLs, e-mail addresses, @handles, #tags, file paths, inline `code` and
 emoji are taken out of a line before the model reads it and put back into its output; so are
-its numbers where the model's output of the whole line lost one (`numbers=True`).
+the numbers that `numbers` picks (those the model's vocabulary spells piece by piece; every
+one, where the model's output of the whole line lost one).
 
 A span takes the punctuation written against it (`(https://x.de)`, `info@x.de,`), but for the
 line's final punctuation, which stays in the text the model reads (`Mehr unter https://x.de.`
@@ -18,7 +19,7 @@ thousands) without them: `1.000` as `1,000` or `1000`, `3,5` as `3.5`.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from attn_mt.text.normalize import final_punct
@@ -48,6 +49,7 @@ WITH_NUMBERS = re.compile(f"{SPANS.pattern}|(?P<number>{_NUMBER})")  # last: 1�
 NUMBER = re.compile(_NUMBER)
 # What every span holds one of: a line without any is searched no further (most lines).
 _CANDIDATE = re.compile(rf"[`@#/\\]|\b(?i:www)\.|\.(?i:{_EXTENSIONS})\b|{_PICTOGRAPH}|\u20e3")
+Picked = Callable[[str], bool] | None  # which numbers are spans (None: none)
 # Punctuation a URL or path does not end in (unless it closes a bracket it opened).
 _TRAILING = ".,;:!?'\"”’»)]}>"
 _OPENS = {")": "(", "]": "[", "}": "{"}
@@ -95,22 +97,24 @@ def _trimmed(text: str) -> str:
     return text
 
 
-def find(line: str, numbers: bool = False) -> list[tuple[int, int, str]]:
-    """The spans of `line` as (start, end, kind), in order; its numbers among them with
-    `numbers`."""
+def find(line: str, numbers: Picked = None) -> list[tuple[int, int, str]]:
+    """The spans of `line` as (start, end, kind), in order; the numbers that `numbers` picks
+    among them."""
     found: list[tuple[int, int, str]] = []
     if not (numbers and NUMBER.search(line)) and not _CANDIDATE.search(line):
         return found
     for match in (WITH_NUMBERS if numbers else SPANS).finditer(line):
         kind = str(match.lastgroup)
         text = _trimmed(match.group()) if kind in ("url", "path") else match.group()
+        if kind == "number" and numbers is not None and not numbers(text):
+            continue
         if text:
             found.append((match.start(), match.start() + len(text), kind))
     return found
 
 
-def take_out(line: str, numbers: bool = False) -> Taken | None:
-    """`line` without its spans (None: it has none), its numbers among them with `numbers`;
+def take_out(line: str, numbers: Picked = None) -> Taken | None:
+    """`line` without its spans (None: it has none), the numbers `numbers` picks among them;
     each span with the punctuation written against it up to a space, but the line's final
     punctuation."""
     found = find(line, numbers)

@@ -1,4 +1,5 @@
-"""Two systems with the same output, line for line, are identical: p 1, never `*` (sacreBLEU's
+"""Two systems with the same output, line for line (or outputs the metric scores alike, sentence
+for sentence), are identical: p 1, never `*` (sacreBLEU's
 paired tests count a resample whose difference is 0 as at least as large and give p 0.001 or
 0.0001); a system that differs keeps sacreBLEU's own p."""
 
@@ -26,4 +27,16 @@ def test_identical_outputs_are_said_to_be_identical(paired: str) -> None:
     assert [s["metrics"]["bleu"]["p"] for s in found.to_dict()["systems"]][:2] == [None, 1.0]
     rows = found.table().splitlines()
     assert "p 1 identical" in rows[2] and "*" not in rows[2] and "*" in rows[3]
-    assert "identical: the baseline's output, line for line" in found.table()
+    assert "identical: the baseline's scores, sentence for sentence" in found.table()
+
+
+def test_outputs_the_metric_reads_alike_are_identical() -> None:
+    """A space before the final full stop: BLEU's 13a tokenizer and chrF read it alike."""
+    refs = ["a dog runs .", "two men sit on a bench .", "a child plays ."]
+    base = ["a dog runs.", "two men sit on the bench.", "a kid plays."]
+    spaced = [line[:-1] + " ." for line in base]
+    found = compare([("base", base), ("spaced", spaced)], refs, metrics=["bleu", "chrf"])
+    assert all(f.identical and f.p == 1.0 for f in found.figures[1].values())
+    worded = [*base[:2], "a kid runs."]
+    found = compare([("base", base), ("worded", worded)], refs, metrics=["bleu", "chrf"])
+    assert not any(f.identical for f in found.figures[1].values())

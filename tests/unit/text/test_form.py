@@ -87,3 +87,11 @@ def test_a_multilingual_model_reads_each_line_by_its_languages_table() -> None:
     assert fr.text == "Un homme voit le chien de Paris"
     [none] = ours.read(["EIN MANN SIEHT DEN HUND"], "de")  # en -> de: no English table
     assert none.text == "EIN MANN SIEHT DEN HUND"
+
+
+def test_numbers_the_vocabulary_spells_are_taken_out_at_once() -> None:
+    rules = TextRules(False, True, None, {}, lambda c: True, spelled=lambda n: len(n) > 1)
+    [form] = rules.read(["Der Hund sieht 3 Hunde und 1987 Katzen"])
+    assert form.text == "Der Hund sieht 3 Hunde und Katzen" and form.numbers == ["3"]
+    [form] = rules.read(["Der Hund sieht 3 Hunde und 1987 Katzen"], numbers=True)
+    assert form.text == "Der Hund sieht Hunde und Katzen" and form.numbers == []

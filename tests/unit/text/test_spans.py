@@ -102,7 +102,8 @@ def test_numbers_in_their_forms() -> None:
 def test_numbers_are_taken_out_when_asked_with_what_is_written_against_them() -> None:
     line = "Nummer 28, 1.000 Leute, 3,5 kg um (10:30) am 1. Mai 1️⃣"
     assert take_out(line) is not None and take_out("Nummer 28 um 10:30") is None
-    taken = take_out(line, numbers=True)
+    assert take_out("Nummer 28 um 10:30", numbers=lambda n: ":" in n).text == "Nummer 28 um"
+    taken = take_out(line, numbers=lambda number: True)
     assert taken is not None and taken.text == "Nummer Leute, kg um am Mai"
     spans = [(s.text, s.kind) for s in taken.spans]
     assert spans == [
