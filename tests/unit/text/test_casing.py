@@ -55,6 +55,17 @@ def test_a_table_survives_plain_data(table: CasingTable) -> None:
         tables_from_dict({"format": "other", "languages": {}})
 
 
+def test_words_the_table_lacks_take_the_form_of_words_seen_once() -> None:
+    nouns = CasingTable.build(["Der Hund sieht Katzen", "Die Frau sieht Vögel und Bäume"])
+    assert nouns.rare_capital  # Hund, Katzen, Frau, Vögel, Bäume against und
+    assert recase("EIN ZEBRA SIEHT ALLES", nouns)[0] == "Ein Zebra sieht Alles"
+    plain = CasingTable.build(["The dog sees cats", "A woman sees Birds and trees"])
+    assert not plain.rare_capital
+    assert recase("A ZEBRA SEES ALL", plain)[0] == "A zebra sees all"
+    old = {"format": "attn-mt-casing/1", "languages": {"de": {"capital_start": True, "words": {}}}}
+    assert not tables_from_dict(old)["de"].rare_capital  # a table written before the key
+
+
 @pytest.mark.parametrize(
     ("line", "expected", "casing"),
     [
