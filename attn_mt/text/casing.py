@@ -47,6 +47,18 @@ def word_core(word: str) -> tuple[str, str, str]:
     return word[: found.start()], found.group(), word[found.end() :]
 
 
+def _sharp_s(low: str) -> list[str]:
+    """The forms of a lower-case word with some `ss` written `ß` (upper case writes ß as SS),
+    each `ss` either way, at most three of them."""
+    parts = low.split("ss")
+    if not 1 < len(parts) <= 4:
+        return []
+    forms = [parts[0]]
+    for part in parts[1:]:
+        forms = [form + joint + part for form in forms for joint in ("ss", "ß")]
+    return [form for form in forms if form != low]
+
+
 def _cased(core: str) -> bool:
     """Whether `core` holds a letter that has an upper and a lower case."""
     return core.lower() != core.upper()
@@ -112,7 +124,11 @@ class CasingTable:
         lead, core, trail = word_core(word)
         low = core.lower()
         guess = (low[:1].upper() + low[1:] if self.rare_capital else low) if unknown else core
-        return lead + self.words.get(low, guess) + trail
+        found = self.words.get(low)
+        for sharp in _sharp_s(low) if found is None else ():  # STRASSE: the table's Straße
+            if (found := self.words.get(sharp)) is not None:
+                break
+        return lead + (found or guess) + trail
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (checkpoint, casing.json)."""

@@ -55,6 +55,13 @@ def test_a_table_survives_plain_data(table: CasingTable) -> None:
         tables_from_dict({"format": "other", "languages": {}})
 
 
+def test_a_sharp_s_in_capitals_is_found_in_the_table() -> None:
+    """Upper case writes ß as SS: STRASSE is the table's Straße, not an unknown word."""
+    table = CasingTable.build(["Ein Hund auf der Straße mit weißen Pfoten und einer Tasse."])
+    line = "EIN HUND AUF DER STRASSE MIT WEISSEN PFOTEN UND EINER TASSE."
+    assert recase(line, table)[0] == "Ein Hund auf der Straße mit weißen Pfoten und einer Tasse."
+
+
 def test_words_the_table_lacks_take_the_form_of_words_seen_once() -> None:
     nouns = CasingTable.build(["Der Hund sieht Katzen", "Die Frau sieht Vögel und Bäume"])
     assert nouns.rare_capital  # Hund, Katzen, Frau, Vögel, Bäume against und
