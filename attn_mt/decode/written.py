@@ -5,11 +5,9 @@ batch's outputs given back as their lines were written (`given_back`).
 A line whose best output lost a number of its source (`lost_numbers`) is read again with its
 numbers taken out as spans (`read_again`) and searched again as the model reads it then, with
 the other such lines of the input after the rest (one batch, not one per batch), its numbers
-put back as written. (Searched again with the lost numbers as terms, the steered
-search of `--constraints`, a 1,500-update Multi30k model kept 70% of them, and the words around
-a number it had never seen suffered.) The lines whose spans or capitals go back by the word
-alignment get it (the alignment `--alignment` gives); then each entry is written back
-(`TextRules.write`).
+put back as written (docs/decoding.md says why not as constraints). The lines whose spans or
+capitals go back by the word alignment get it (the alignment `--alignment` gives); then each
+entry is written back (`TextRules.write`).
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ case, or one the table would write as it is, reaches the model untouched. In a T
 the words in capitals stay (acronyms, as `title_case` keeps them), and so do the words of a
 run the table does not know (`BBQ USA`); an ALL CAPS line's unknown words take the form most
 words seen once in the sources take (`rare_capital`): with a capital in German, where such words
-are mostly nouns (on the Multi30k test, 218 of the 320 words the table lacks), in lower case
-in English.
+are mostly nouns, in lower case in English.
 """
 
 from __future__ import annotations
