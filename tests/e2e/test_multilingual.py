@@ -387,6 +387,7 @@ def test_server_takes_each_target_language(multi_run: Path, tmp_path: Path):
 
         with open_page(server.url) as page:  # the try-it page offers each target language
             page.wait_for_selector("#into", state="visible")
+            page.wait_for_selector("#target option", state="attached")  # /languages answered
             offered = page.eval_on_selector_all("#target option", "os => os.map(o => o.value)")
             shown = {lang: translate_on(page, lines[0], lang) for lang in ("fr", "en")}
         assert offered == ["en", "fr"]
