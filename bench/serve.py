@@ -56,8 +56,10 @@ def main(argv: list[str] | None = None) -> None:
         with _server(args.model, ["--max-wait-ms", str(args.max_wait_ms)] + args.serve_arg) as url:
             _soak(url, sentences, args, _server.pid)
         return
-    if args.url:
-        passes["given"] = _measure(args.url, sentences, args)
+    if args.url:  # a server up already (e.g. one being profiled): its own settings
+        passes["batched"] = _measure(args.url, sentences, args)
+        if args.paragraph > 1:
+            passes["paragraphs"] = _measure(args.url, sentences, args, args.paragraph)
     else:
         batching = ["--max-wait-ms", str(args.max_wait_ms)]
         if args.max_batch_tokens:
