@@ -124,7 +124,7 @@ def serve(
     import attn_mt  # torch: once the arguments are good
     from attn_mt.serve.app import create_app
     from attn_mt.serve.routing import load_routes
-    from attn_mt.serve.service import Limits, Service
+    from attn_mt.serve.service import Limits, Service, new_worker
 
     def load(paths: list[Path]):
         return attn_mt.load(
@@ -136,13 +136,18 @@ def serve(
             decode=decode,
         )
 
-    routes = load_routes(model, load)
-    for route in routes:  # a multilingual model needs one of its languages
-        translator = route.translator
-        translator.translate_nbest(["a"], tgt_lang=translator.target_languages[0])  # beam; warm
+    def load_and_warm():
+        routes = load_routes(model, load)
+        for route in routes:  # a multilingual model needs one of its languages
+            translator = route.translator
+            translator.translate_nbest(["a"], tgt_lang=translator.target_languages[0])  # beam
+        return routes
+
+    worker = new_worker(max_wait_ms)
+    routes = worker.on_worker(load_and_warm)  # the worker alone computes (serve.batcher)
     limits = Limits(max_lines, max_chars, max_body_bytes, max_beam, max_terms, max_avoid)
     budget = max_batch_tokens or routes[0].translator.config.decode.batch_tokens
-    service = Service(routes, limits, budget, max_wait_ms)
+    service = Service(routes, limits, budget, max_wait_ms, worker)
     listener = _bind(host, port)
     _warn_exposed(host, api_key_file)
     _run(create_app(service, api_key), listener)

@@ -14,7 +14,12 @@ budget is decoded a budget at a time and goes to the back of the queue after eac
 long request does not hold short ones; a steered one (terms, a prefix, avoided words: a slower
 search) is decoded a line at a time.
 Anything else that uses the model (the attention map) runs on the same thread as a `Call`:
-attention recording hooks into the model, so two threads must never decode at once.
+attention recording hooks into the model, so two threads must never decode at once. So does
+loading and warming the models (`on_worker`): torch's CPU threads are an OpenMP pool of the
+thread that first computes, and a second thread that computes gets a pool of its own; once
+libgomp manages more threads than there are cores, every pool's threads sleep at each of a
+search's thousands of barriers instead of spinning, and a search on two cores ran at half its
+speed (docs/performance.md, "Paragraphs in the server"). One thread that computes keeps one pool.
 """
 
 from __future__ import annotations
@@ -106,15 +111,23 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="attn-mt-decode", daemon=True)
 
     def start(self) -> None:
-        """Start the worker thread."""
-        self._thread.start()
+        """Start the worker thread (if it is not started yet)."""
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def on_worker(self, function: Callable[[], Any]) -> Any:
+        """Run `function` on the worker thread (started if need be) and return its result, or
+        raise its exception: what loads or warms a model, so that only the worker computes."""
+        self.start()
+        return self.submit(Call(function)).result()
 
     def stop(self) -> None:
-        """Let the worker finish what is queued, then end it."""
+        """Let the worker finish what is queued, then end it (if it was started)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        self._thread.join()
+        if self._thread.ident is not None:
+            self._thread.join()
 
     def alive(self) -> bool:
         """Whether the worker thread runs, or is yet to start."""

@@ -104,12 +104,19 @@ class Service:
     """The loaded models behind one worker thread (`Batcher`), plus what /info reports."""
 
     def __init__(
-        self, routes: list[Route], limits: Limits, max_batch_tokens: int, max_wait_ms: float
+        self,
+        routes: list[Route],
+        limits: Limits,
+        max_batch_tokens: int,
+        max_wait_ms: float,
+        batcher: Batcher | None = None,
     ):
+        """`batcher`: the worker the routes' models were loaded on (`new_worker`; None: a new
+        one)."""
         self.router = Router(routes)
         self.limits = limits
         self.max_batch_tokens = max_batch_tokens  # a batch's source tokens, as decode.batch_tokens
-        self.batcher = Batcher(_decode, max_wait_ms)
+        self.batcher = batcher or new_worker(max_wait_ms)
 
     def find(self, src: str | None, tgt: str | None, names=("src_lang", "tgt_lang")) -> Asked:
         """Where `src` -> `tgt` goes (see `Router.find`)."""
@@ -275,6 +282,12 @@ def _steering_chars(request: Request) -> int:
     texts = [*terms, *(prefix or "" for prefix in request.prefixes or ()), *request.avoid]
     glossary = request.glossary.entries if request.glossary is not None else ()
     return sum(map(len, texts)) + sum(len(s) + len(t) for s, t in glossary)
+
+
+def new_worker(max_wait_ms: float) -> Batcher:
+    """The worker thread that decodes the service's batches, not started: load the models on
+    it (`Batcher.on_worker`), so that it is the only thread that computes."""
+    return Batcher(_decode, max_wait_ms)
 
 
 def _decode(translator: Any, lines: list[str], request: Request) -> list[list[Translation]]:

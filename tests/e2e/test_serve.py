@@ -387,6 +387,43 @@ def test_startup_errors(world: World, tmp_path: Path, monkeypatch) -> None:
     assert "pip install 'attn-mt[serve]'" in refused()
 
 
+def test_the_models_load_and_warm_on_the_decode_thread(world: World, monkeypatch) -> None:
+    """Torch's CPU threads are an OpenMP pool of each thread that computes: a model loaded and
+    warmed on the main thread and decoded on the worker made two pools, whose threads then
+    slept at every barrier, and a search ran at half its speed (serve.batcher). Everything that
+    computes runs on the worker."""
+    import attn_mt
+    from attn_mt.cli import app
+
+    seen: list[tuple[str, str]] = []
+    services: list = []
+    real_load = attn_mt.load
+
+    def load(*args, **kwargs):
+        seen.append(("load", threading.current_thread().name))
+        translator = real_load(*args, **kwargs)
+        real_nbest = translator.translate_nbest
+
+        def nbest(*a, **k):
+            seen.append(("translate", threading.current_thread().name))
+            return real_nbest(*a, **k)
+
+        translator.translate_nbest = nbest
+        return translator
+
+    monkeypatch.setattr(attn_mt, "load", load)
+    monkeypatch.setattr(
+        "attn_mt.serve.app.create_app", lambda service, key: services.append(service)
+    )
+    monkeypatch.setattr("attn_mt.cli.serve._run", lambda _app, listener: listener.close())
+    result = CliRunner().invoke(app, ["serve", "--model", str(world.run), "--port", "0"])
+    for service in services:
+        service.batcher.stop()
+    assert result.exit_code == 0, result.output
+    assert [what for what, _ in seen] == ["load", "translate"]  # the warm-up translation
+    assert {thread for _, thread in seen} == {"attn-mt-decode"}
+
+
 def test_exposure_is_warned_of(tmp_path: Path, capsys) -> None:
     from attn_mt.cli.serve import _warn_exposed
 

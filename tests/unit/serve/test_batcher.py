@@ -3,6 +3,7 @@ library's own rule): an unset beam counts as the decode.beam it becomes, not as 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -160,3 +161,22 @@ def test_a_batch_is_widened_no_further_than_a_few_budgets() -> None:
         batcher.stop()
     [asked] = seen  # one batch of the batcher's
     assert asked.batch_tokens == WIDEST * 300
+
+
+def test_on_worker_runs_on_the_decode_thread_and_hands_back_its_result_or_error() -> None:
+    """The server loads and warms its models with `on_worker`: on the thread that decodes (a
+    second thread that computes would get a thread pool of its own; module docstring)."""
+
+    def decode(_model, lines: list[str], _request) -> list[list[str]]:
+        return [[line] for line in lines]
+
+    batcher = Batcher(decode, max_wait_ms=0)
+    try:
+        assert batcher.on_worker(lambda: threading.current_thread().name) == "attn-mt-decode"
+        assert batcher.on_worker(lambda: 7) == 7  # started once, reused
+        with pytest.raises(ZeroDivisionError):
+            batcher.on_worker(lambda: 1 / 0)
+        batcher.start()  # as the server's start-up does again: no second thread
+        assert batcher.on_worker(threading.get_ident) == batcher.on_worker(threading.get_ident)
+    finally:
+        batcher.stop()
