@@ -47,6 +47,9 @@ ROOT = Path(__file__).resolve().parents[1]  # bench.common's, without its torch:
 def main(argv: list[str] | None = None) -> None:
     """Parse the options, run the passes, print the table and the JSON line."""
     args = _parser().parse_args(argv)
+    if args.search_alone_child:
+        _search_alone(args)
+        return
     sentences = _sentences(args.src)
     passes = {}
     if args.memory:
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         one_at_a_time = ["--max-wait-ms", "0", "--max-batch-tokens", "1"]
         with _server(args.model, one_at_a_time + args.serve_arg) as url:
             passes["one at a time"] = _measure(url, sentences, args)
-    _print(passes, args)
+    alone = _search_alone_rates(args) if args.search_alone and args.model else None
+    _print(passes, args, alone)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,7 +96,54 @@ def _parser() -> argparse.ArgumentParser:
         "--paragraph", type=int, default=5, help="Sentences a paragraph request (1: none)."
     )
     parser.add_argument("--memory", metavar="SECOND", help="Measure memory with a 2nd model.")
+    parser.add_argument(
+        "--search-alone",
+        action="store_true",
+        help="Also time the library's search alone on batches of the passes' sizes.",
+    )
+    parser.add_argument("--search-alone-child", action="store_true", help=argparse.SUPPRESS)
     return parser
+
+
+def _search_alone_rates(args: argparse.Namespace) -> dict[str, float]:
+    """--search-alone: what the passes could reach, timed in a process of its own (this one
+    stays a light client without torch): {lines a batch: sentences/s}."""
+    command = [sys.executable, str(ROOT / "scripts" / "bench_serve.py"), "--search-alone-child"]
+    command += ["--model", args.model, "--clients", str(args.clients)]
+    command += ["--paragraph", str(args.paragraph)] + (["--src", str(args.src)] if args.src else [])
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _search_alone(args: argparse.Namespace) -> None:
+    """The child of --search-alone: the model loaded as `attn-mt serve` loads it (the command's
+    CPU environment, its decode settings), then the test sentences in a fixed random order, cut
+    into batches of --clients lines (what a sentence a request can gather) and of --clients x
+    --paragraph lines (paragraphs), each batch searched as one as the server's worker searches
+    it, on this process's one computing thread; prints one JSON line of sentences/s."""
+    import random
+    from dataclasses import replace
+
+    from attn_mt.cpuenv import set_cpu_environment
+
+    set_cpu_environment()  # before torch loads, as the command does
+    import attn_mt
+    from attn_mt.decode.request import Request
+
+    translator = attn_mt.load(args.model)
+    request = translator.resolve(Request())
+    request = replace(request, batch_tokens=10**6)  # each batch searched as one
+    sentences = _sentences(args.src)
+    random.Random(1).shuffle(sentences)
+    translator.translate_nbest(sentences[:20], request)  # warm
+    rates = {}
+    for size in sorted({args.clients, args.clients * args.paragraph}):
+        lines = sentences[: max(size, len(sentences) // size * size)]
+        start = time.perf_counter()
+        for first in range(0, len(lines), size):
+            translator.translate_nbest(lines[first : first + size], request)
+        rates[str(size)] = round(len(lines) / (time.perf_counter() - start), 1)
+    print(json.dumps(rates))
 
 
 def _sentences(path: Path | None) -> list[str]:
@@ -238,7 +289,11 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def _print(passes: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+def _print(
+    passes: dict[str, dict[str, float]],
+    args: argparse.Namespace,
+    alone: dict[str, float] | None = None,
+) -> None:
     """The table, then one JSON line."""
     print(f"{args.clients} clients, {args.seconds:g} s measured a pass")
     header = f"{'serving':<15}{'sent/req':>9}{'req/s':>9}{'sent/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
@@ -257,6 +312,10 @@ def _print(passes: dict[str, dict[str, float]], args: argparse.Namespace) -> Non
         gain = passes["paragraphs"]["sentences_per_s"] / passes["batched"]["sentences_per_s"]
         print(f"paragraphs: {gain:.1f}x the sentences/s of a sentence a request")
         figures["paragraph_gain"] = round(gain, 2)
+    if alone:
+        said = ", ".join(f"{rate:.1f} sent/s in batches of {size}" for size, rate in alone.items())
+        print(f"the search alone (no server): {said}")
+        figures["search_alone"] = alone
     print(json.dumps(figures))
 
 
