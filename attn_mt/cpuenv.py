@@ -19,13 +19,17 @@ these before Python starts). A value the user set is kept.
   thread burns the CPU time its partner needs to reach the barrier. Passive waits on an idle
   machine, and a short spin, each lost one side (figures: docs/performance.md, "A busy
   machine"). Intel's OpenMP reads the same variable.
+
+A server runs for days: the machine that was idle when it started may be busy an hour later,
+when the spinning wait it kept costs a search several times its time. `ThreadSizer` sizes its
+threads to the cores other processes leave free, between batches: one thread has no barrier.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 
 KERNEL_CACHE = 128  # kernels per cache
 DEFAULTS = {
@@ -70,3 +74,76 @@ def machine_busy(read=None, samples: int = 3) -> bool:
         return least is not None and least > 1
     except (OSError, ValueError, IndexError):
         return False
+
+
+def others_running(read=None, own=None, samples: int = 3) -> int:
+    """Threads of other processes runnable now: /proc/loadavg's runnable count less this
+    process's own runnable threads, the least of `samples` reads 1 ms apart (a process of a
+    moment does not count). 0 where /proc cannot be read. `read` and `own` (tests): the
+    loadavg text and this process's runnable threads."""
+
+    def from_proc() -> str:
+        with open("/proc/loadavg", encoding="ascii") as handle:
+            return handle.read()
+
+    read, own = read or from_proc, own or _own_running
+    least = None
+    try:
+        for i in range(samples):
+            if i:
+                time.sleep(0.001)
+            others = int(read().split()[3].split("/")[0]) - own()
+            least = others if least is None else min(least, others)
+    except (OSError, ValueError, IndexError):
+        return 0
+    return max(least or 0, 0)
+
+
+def _own_running() -> int:
+    """This process's threads in state R (running or runnable)."""
+    running = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/stat", encoding="ascii") as handle:
+                stat = handle.read()
+        except OSError:  # the thread ended
+            continue
+        running += stat[stat.rindex(")") + 2] == "R"
+    return running
+
+
+class ThreadSizer:
+    """Torch's CPU threads sized to the free cores, for a long-running process (the server's
+    decode worker): `adjust()` before each batch, on the thread that computes, looks at the
+    machine at most every `every` seconds and sets `most` threads where no other process runs,
+    fewer (at least one) for each core another process takes. `get_threads`, `set_threads`:
+    torch's get_num_threads and set_num_threads (this module loads before torch); `others` and
+    `clock`: tests'."""
+
+    def __init__(
+        self,
+        get_threads: Callable[[], int],
+        set_threads: Callable[[int], None],
+        cores: int | None = None,
+        every: float = 0.5,
+        others: Callable[[], int] = others_running,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._get, self._set, self._others, self._clock = get_threads, set_threads, others, clock
+        self.cores = cores or len(os.sched_getaffinity(0))
+        self.every = every
+        self.most: int | None = None  # the threads asked for at the first adjust
+        self._checked = -float("inf")
+
+    def adjust(self) -> int:
+        """Set the threads the free cores allow (if it is time to look); the threads now."""
+        if self.most is None:
+            self.most = self._get()
+        now = self._clock()
+        if now - self._checked < self.every:
+            return self._get()
+        self._checked = now
+        want = max(1, min(self.most, self.cores - self._others()))
+        if want != self._get():
+            self._set(want)
+        return want

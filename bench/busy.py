@@ -19,9 +19,11 @@ CTranslate2       the `attn-mt export` folder, one `translate_batch` (bench_deco
 
 SentencePiece is inside the timing, the model's load and a warm-up outside. At each load the
 competitors start, run a second alone, then every row runs in turn (rounds interleave the
-loads, so a drift of the machine touches every row alike). With --serve, two servers (passive,
-and spinning: GOMP_SPINCOUNT=300000, libgomp's default count) each answer `bench_serve.py
---url` clients (a sentence a request) at every load. A table, then one JSON line.
+loads, so a drift of the machine touches every row alike). With --serve, two servers, started
+on the idle machine, each answer `bench_serve.py --url` clients (a sentence a request) at every
+load: "serve" as the command sets itself up (libgomp's spinning wait, since the machine was
+idle, and its threads sized to the free cores before each batch), "serve spin" with
+GOMP_SPINCOUNT=300000 (libgomp's default count, set explicitly). A table, then one JSON line.
 """
 
 from __future__ import annotations
@@ -185,9 +187,9 @@ def ct2_engine(spec: dict):
 
 
 def serve_rows(args: argparse.Namespace, loads: list[int]) -> dict[str, dict[int, float]]:
-    """Sentences/s of a passive and a spinning server at each load (bench_serve's clients)."""
+    """Sentences/s of the command's own server and a spinning one at each load."""
     served: dict[str, dict[int, float]] = {}
-    for name, extra in (("serve passive", {}), ("serve spin", {"GOMP_SPINCOUNT": SPIN_COUNT})):
+    for name, extra in (("serve", {}), ("serve spin", {"GOMP_SPINCOUNT": SPIN_COUNT})):
         with server(args.model, extra) as url:
             served[name] = {}
             for load in loads:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from attn_mt.cpuenv import ThreadSizer
 from attn_mt.decode.request import Request
 from attn_mt.documents.markup import Page
 from attn_mt.documents.paragraphs import ParagraphTranslation, Split, split_lines
@@ -286,13 +287,17 @@ def _steering_chars(request: Request) -> int:
 
 def new_worker(max_wait_ms: float) -> Batcher:
     """The worker thread that decodes the service's batches, not started: load the models on
-    it (`Batcher.on_worker`), so that it is the only thread that computes."""
-    return Batcher(_decode, max_wait_ms)
+    it (`Batcher.on_worker`), so that it is the only thread that computes. Before each batch it
+    sizes torch's threads to the cores other processes leave free (`cpuenv.ThreadSizer`)."""
+    import torch
 
+    sizer = ThreadSizer(torch.get_num_threads, torch.set_num_threads)
 
-def _decode(translator: Any, lines: list[str], request: Request) -> list[list[Translation]]:
-    """One library call (on the worker thread)."""
-    return translator.translate_nbest(lines, request)
+    def decode(translator: Any, lines: list[str], request: Request) -> list[list[Translation]]:
+        sizer.adjust()
+        return translator.translate_nbest(lines, request)
+
+    return Batcher(decode, max_wait_ms)
 
 
 def _page(document: Page, blocks: list[ParagraphTranslation]) -> ParagraphTranslation:

@@ -110,3 +110,42 @@ def test_the_kernel_caches_memory_stops_growing_with_new_shapes():
     bounded = growth_mib(env, warm, more)
     assert unbounded > 20  # each kernel kept holds memory: the bound has something to bound
     assert bounded < 0.2 * unbounded, (bounded, unbounded)
+
+
+def test_others_running_is_the_machines_runnable_less_this_process_least_of_the_reads():
+    reads = iter(["0.5 0.4 0.3 5/300 99", "0.5 0.4 0.3 3/300 99", "0.5 0.4 0.3 4/300 99"])
+    assert cpuenv.others_running(read=lambda: next(reads), own=lambda: 2) == 1  # 3 - 2, the least
+    assert cpuenv.others_running(read=lambda: "0 0 0 1/50 7", own=lambda: 2) == 0  # never below 0
+    assert cpuenv.others_running(read=lambda: "garbled", own=lambda: 1) == 0  # unreadable: idle
+    # This process alone on the real machine: its own runnable threads are not "others".
+    assert cpuenv._own_running() >= 1  # the thread reading
+
+
+def test_thread_sizer_gives_up_a_thread_for_each_core_taken_and_takes_it_back():
+    """The server's worker: two threads on an idle 2-core machine, one beside a competitor (no
+    barrier to spin at), two again once it ends; the machine looked at every `every` seconds."""
+    threads = [2]
+    others = [0]
+    now = [0.0]
+    sizer = cpuenv.ThreadSizer(
+        lambda: threads[0],
+        lambda n: threads.__setitem__(0, n),
+        cores=2,
+        every=0.5,
+        others=lambda: others[0],
+        clock=lambda: now[0],
+    )
+    assert sizer.adjust() == 2 and sizer.most == 2
+    others[0] = 1
+    now[0] = 0.2
+    assert sizer.adjust() == 2  # not yet time to look
+    now[0] = 0.6
+    assert sizer.adjust() == 1 and threads == [1]
+    others[0] = 3
+    now[0] = 1.2
+    assert sizer.adjust() == 1  # at least one
+    others[0] = 0
+    now[0] = 1.8
+    assert sizer.adjust() == 2 and threads == [2]  # never more than it started with
+    one = cpuenv.ThreadSizer(lambda: 1, lambda n: pytest.fail("set"), cores=8, others=lambda: 0)
+    assert one.adjust() == 1  # OMP_NUM_THREADS=1 stays one

@@ -180,3 +180,36 @@ def test_on_worker_runs_on_the_decode_thread_and_hands_back_its_result_or_error(
         assert batcher.on_worker(threading.get_ident) == batcher.on_worker(threading.get_ident)
     finally:
         batcher.stop()
+
+
+def test_the_service_worker_sizes_its_threads_before_each_batch(monkeypatch) -> None:
+    """`new_worker`'s decode asks its ThreadSizer before every batch, on the worker thread (the
+    thread whose OpenMP threads the count sets)."""
+    from attn_mt.serve import service
+
+    asked: list[str] = []
+
+    class Sizer:
+        def __init__(self, *_args) -> None:
+            pass
+
+        def adjust(self) -> int:
+            asked.append(threading.current_thread().name)
+            return 1
+
+    class Translator:
+        def translate_nbest(self, lines, _request):
+            return [[line] for line in lines]
+
+    monkeypatch.setattr(service, "ThreadSizer", Sizer)
+    request = Request(batch_tokens=1000).resolved(DecodeConfig(beam=2), vocab=100)
+    batcher = service.new_worker(max_wait_ms=0)
+    batcher.start()
+    model = Translator()
+    try:
+        for text in ("a", "b"):
+            job = Job([text], request, None, None, [2], model)
+            assert batcher.submit(job).result(timeout=60) == [[text]]
+    finally:
+        batcher.stop()
+    assert asked == ["attn-mt-decode"] * 2
