@@ -20,16 +20,19 @@ these before Python starts). A value the user set is kept.
   machine, and a short spin, each lost one side (figures: docs/performance.md, "A busy
   machine"). Intel's OpenMP reads the same variable.
 
-A server runs for days: the machine that was idle when it started may be busy an hour later,
-when the spinning wait it kept costs a search several times its time. `ThreadSizer` sizes its
-threads to the cores other processes leave free, between batches: one thread has no barrier.
+A server runs for days, a distillation's translation for hours: the machine that was idle
+when it started may be busy an hour later, when the spinning wait it kept costs a search several
+times its time. `ThreadSizer` sizes torch's threads to the cores other processes leave free,
+between batches (the server's worker, `sized_torch_threads` around a translation job's): one
+thread has no barrier. A search's outputs do not depend on its thread count (tested).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
+from contextlib import contextmanager
 
 KERNEL_CACHE = 128  # kernels per cache
 DEFAULTS = {
@@ -147,3 +150,17 @@ class ThreadSizer:
         if want != self._get():
             self._set(want)
         return want
+
+
+@contextmanager
+def sized_torch_threads(every: float = 0.5) -> Iterator[ThreadSizer]:
+    """A ThreadSizer of torch's threads for the block (call `adjust()` before each batch, on
+    the thread that computes); torch's thread count at the start is set again after it."""
+    import torch
+
+    start = torch.get_num_threads()
+    try:
+        yield ThreadSizer(torch.get_num_threads, torch.set_num_threads, every=every)
+    finally:
+        if torch.get_num_threads() != start:
+            torch.set_num_threads(start)

@@ -12,7 +12,8 @@ attn-mt passive   `attn_mt.translate_file` with a loaded translator (what `attn-
                   runs), in the environment the `attn-mt` command sets (`attn_mt/cpuenv.py`:
                   OpenMP threads that sleep at barriers where the machine is busy as the row
                   starts, libgomp's spinning wait where it is idle)
-attn-mt spin      the same with OMP_WAIT_POLICY unset: libgomp's own spinning wait, as before
+attn-mt spin      the same with OMP_WAIT_POLICY unset: libgomp's own spinning wait, as a
+                  run started on the idle machine keeps (its threads sized before each batch)
 attn-mt 1 thread  passive on one thread: no barrier at all (only where --threads > 1)
 CTranslate2       the `attn-mt export` folder, one `translate_batch` (bench_decode's engine),
                   as its users run it (no OpenMP setting of ours)

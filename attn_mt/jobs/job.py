@@ -6,7 +6,9 @@ place, or an --output file through its resumable partial (`jobs/partial.py`), wh
 the lines done ahead of the first one not yet written, so that an interruption loses none and a
 resume searches none of them again. Under torchrun
 each process writes its part and rank 0 joins them in order (`split.join_parts`). How far it
-is, the job tells the `Progress` it is given (`jobs/pace.py`).
+is, the job tells the `Progress` it is given (`jobs/pace.py`). Before each batch torch's threads
+are sized to the cores other processes leave free (`cpuenv.ThreadSizer`): a long translation
+started on an idle machine would otherwise spin at every barrier once other work comes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from itertools import count, islice, takewhile
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO
 
+from attn_mt.cpuenv import ThreadSizer, sized_torch_threads
 from attn_mt.errors import UserError, named
 from attn_mt.fileio import atomic_write, os_reason, sigterm_unwinds
 from attn_mt.jobs import io, split
@@ -134,6 +137,7 @@ class _Work:
     reader: Iterator[bytes]
     total: int | None  # the input's lines, if counted
     progress: Progress
+    sizer: ThreadSizer | None = None  # torch's threads sized to the free cores, each batch
 
     def translate(self, sink: Sink) -> None:
         """The process's lines not yet in `sink`, translated into it."""
@@ -143,7 +147,7 @@ class _Work:
         name = named(self.job.input) if self.job.input else "stdin"
         first = self.lines.start + sink.lines + 1
         shown = every if self.job.world.is_main else None
-        with self.progress(shown) as pace:
+        with self.progress(shown) as pace, sized_torch_threads() as self.sizer:
             pace.resumed(sink.lines)
             for chunk in io.line_chunks(source, name, first_line=first):
                 pace.read(chunk)
@@ -169,6 +173,8 @@ class _Work:
                     terms[row] = []
         earlier = set(done)
         written = 0
+        if self.sizer is not None:
+            self.sizer.adjust()
 
         def finished(row: int, entries: list[Translation]) -> None:
             if row in earlier:
@@ -180,6 +186,8 @@ class _Work:
 
         def write_ready(_: int = 0) -> None:
             nonlocal written
+            if self.sizer is not None:  # before the next batch
+                self.sizer.adjust()
             ready = list(takewhile(done.__contains__, count(written)))
             if ready:
                 text = "".join(done.pop(row) for row in ready)
