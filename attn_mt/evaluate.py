@@ -4,8 +4,8 @@ hypotheses file; the checks and files every evaluation shares (`test_set`; the v
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -204,12 +204,24 @@ def translated(
 ) -> list[str]:
     """`sources` translated as `translate` translates them (each line's sentences one by one
     unless `split_sentences` is False; a test set of a sentence a line is translated alike
-    either way), a bar shown where `progress` is given."""
+    either way), a bar shown where `progress` is given; torch's threads sized to the free cores
+    before each batch, as `translate` sizes them (`cpuenv.ThreadSizer`)."""
+    from attn_mt.cpuenv import sized_torch_threads
     from attn_mt.documents.paragraphs import ParagraphTranslator
 
     src_lang = pair.partition("-")[0] if pair else None
     translator = ParagraphTranslator.splitting(translator, src_lang, split_sentences)
-    if progress is None:
-        return translator.translate(sources, tgt_lang=tgt_lang)
-    with progress(len(sources)) as on_batch:
+    with sized_torch_threads() as sizer, (progress or _no_bar)(len(sources)) as bar:
+
+        def on_batch(lines: int) -> None:
+            bar(lines)
+            sizer.adjust()  # before the next batch
+
+        sizer.adjust()
         return translator.translate(sources, on_batch=on_batch, tgt_lang=tgt_lang)
+
+
+@contextmanager
+def _no_bar(total: int) -> Iterator[Callable[[int], None]]:
+    """No progress shown: `progress`'s form, doing nothing."""
+    yield lambda lines: None

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
+from helpers.busy import beside_competitors
 
 import attn_mt
 from attn_mt.checkpoint import save_checkpoint, tokenizers_from
@@ -148,6 +149,20 @@ def test_evaluate_split_is_what_the_command_prints(run_copy: Path, tmp_path: Pat
         evaluate_split(translator, src=tmp_path / "cli.txt")
     with pytest.raises(UserError, match="either --split or --src/--ref"):
         evaluate_split(translator, "test", src=tmp_path / "cli.txt", ref=tmp_path / "cli.txt")
+
+
+def test_evaluate_sizes_torchs_threads_to_the_free_cores(run_copy: Path) -> None:
+    """Beside a competitor on two cores each batch of `evaluate` searches on one thread, and the
+    hypotheses are those of two threads."""
+    from attn_mt.evaluate import evaluate_split
+
+    translator = attn_mt.load(run_copy, device="cpu", decode={"beam": 2, "batch_tokens": 300})
+    with beside_competitors(0) as idle:
+        alone = read_lines(evaluate_split(translator, "valid").hypotheses)
+    with beside_competitors(1) as busy:
+        beside = read_lines(evaluate_split(translator, "valid").hypotheses)
+    assert beside == alone
+    assert len(busy) >= 2 and set(busy) == {1} and set(idle) == {2}, (busy, idle)
 
 
 # ---------------------------------------------------------------------------------------------

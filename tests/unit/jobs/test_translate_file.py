@@ -11,6 +11,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from helpers.busy import beside_competitors
 from helpers.models import random_checkpoint
 from helpers.toy import toy_pairs, write_lines
 
@@ -153,37 +154,14 @@ def test_marian_nbest_reads_back_as_written(checkpoint: Path, source: Path, tmp_
 
 
 def test_a_translation_job_sizes_torchs_threads_to_the_free_cores(
-    checkpoint: Path, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    checkpoint: Path, source: Path, tmp_path: Path
 ) -> None:
     """Beside a competitor on two cores every batch searches on one thread (no barrier to spin
     at), the file is the one two threads write, and the thread count is given back after."""
-    import torch
-
-    from attn_mt import cpuenv
-
-    class Busy(cpuenv.ThreadSizer):  # one other process runnable, looked at every batch
-        def __init__(self, get: Any, set_: Any, every: float = 0.5) -> None:
-            super().__init__(get, set_, cores=2, every=0.0, others=lambda: 1)
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    chunks = functools.partial(io.line_chunks, max_lines=4)
+    with mock.patch.object(io, "line_chunks", chunks), beside_competitors(0) as idle:
         alone = translated(checkpoint, source, tmp_path / "alone.txt", beam=2)
-        search = Translator._search
-        threads: list[int] = []
-
-        def counted(self: Translator, *args: Any) -> Any:
-            threads.append(torch.get_num_threads())
-            return search(self, *args)
-
-        monkeypatch.setattr(cpuenv, "ThreadSizer", Busy)
-        with (
-            mock.patch.object(io, "line_chunks", functools.partial(io.line_chunks, max_lines=4)),
-            mock.patch.object(Translator, "_search", counted),
-        ):
-            busy = translated(checkpoint, source, tmp_path / "busy.txt", beam=2)
-        assert busy == alone
-        assert len(threads) >= 3 and set(threads) == {1}, threads  # every chunk's batches
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
+    with mock.patch.object(io, "line_chunks", chunks), beside_competitors(1) as busy:
+        beside = translated(checkpoint, source, tmp_path / "busy.txt", beam=2)
+    assert beside == alone
+    assert len(busy) >= 3 and set(busy) == {1} and set(idle) == {2}, (busy, idle)
