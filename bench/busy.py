@@ -5,6 +5,7 @@ explains.
 
     python scripts/bench_busy.py --model runs/multi30k_de_en [--loads 0,1,2] [--rounds 2]
     python scripts/bench_busy.py --model runs/multi30k_de_en --serve   # the server's rows too
+    python scripts/bench_busy.py --model runs/multi30k_de_en --train   # training's rows too
 
 Rows, each timed in a fresh process of its own (the OpenMP runtime reads its environment once):
 
@@ -17,6 +18,11 @@ attn-mt spin      the same with OMP_WAIT_POLICY unset: libgomp's own spinning wa
 attn-mt 1 thread  passive on one thread: no barrier at all (only where --threads > 1)
 CTranslate2       the `attn-mt export` folder, one `translate_batch` (bench_decode's engine),
                   as its users run it (no OpenMP setting of ours)
+
+With --train, two rows time the Trainer's update of the default config (`bench_train`'s turn:
+8 Multi30k batches of its train.batch_tokens, after 8 to warm up, its precision as a run takes
+it) instead of a translation: "train passive" with OMP_WAIT_POLICY=PASSIVE, "train spin" with
+libgomp's spinning wait, as a run started on the idle machine keeps it.
 
 SentencePiece is inside the timing, the model's load and a warm-up outside. At each load the
 competitors start, run a second alone, then every row runs in turn (rounds interleave the
@@ -60,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--loads", default="0,1,2", help="Competing processes, comma-separated.")
     parser.add_argument("--rounds", type=int, default=1, help="Passes over every load and row.")
     parser.add_argument("--serve", action="store_true", help="Also time `attn-mt serve`.")
+    parser.add_argument("--train", action="store_true", help="Also time training updates.")
     parser.add_argument("--clients", type=int, default=8, help="--serve: concurrent clients.")
     parser.add_argument("--seconds", type=float, default=10, help="--serve: measured time.")
     parser.add_argument("--row", help=argparse.SUPPRESS)  # internal: run one row (JSON)
@@ -84,6 +91,10 @@ def main(argv: list[str] | None = None) -> None:
         }
         if args.threads == 1:
             del rows["attn-mt 1 thread"]
+        if args.train:
+            for policy in ("passive", "spin"):
+                rows[f"train {policy}"] = {"engine": "train", "policy": policy}
+                rows[f"train {policy}"]["threads"] = args.threads
         times: dict[str, dict[int, list[float]]] = {name: {k: [] for k in loads} for name in rows}
         for _ in range(args.rounds):
             for load in loads:
@@ -142,15 +153,19 @@ def in_child(spec: dict) -> float:
 def child_main(spec: dict) -> None:
     """One row: the environment first (before torch loads), then the engine, a warm-up and the
     timed translation; prints {"seconds": S}."""
-    if spec["engine"] == "attn-mt":
+    if spec["engine"] in ("attn-mt", "train"):
         from attn_mt.cpuenv import set_cpu_environment
 
         set_cpu_environment()  # as the `attn-mt` command sets it, reading the machine's load
         if spec["policy"] == "spin":
             os.environ.pop("OMP_WAIT_POLICY", None)
+        if spec["policy"] == "passive":
+            os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     import torch
 
     torch.set_num_threads(spec["threads"])
+    if spec["engine"] == "train":
+        return train_row()
     lines = Path(spec["lines"])
     warm = lines.with_name(f"warm.{os.getpid()}.txt")
     warm.write_text("".join(lines.read_text(encoding="utf-8").splitlines(True)[:8]))
@@ -159,6 +174,32 @@ def child_main(spec: dict) -> None:
     start = time.perf_counter()
     translate(lines)
     print(json.dumps({"seconds": time.perf_counter() - start}))
+
+
+def train_row() -> None:
+    """The Trainer's update of the default config over 8 Multi30k batches, after 8 to warm up;
+    prints {"seconds": S, "tokens": N}."""
+    import functools
+
+    import torch
+
+    from attn_mt.config.file import load_config
+    from attn_mt.model.transformer import build_model
+    from attn_mt.precision import resolve_precision
+    from bench.common import timed_window
+    from bench.steps import trainer_step, trainer_updates
+    from bench.train import multi30k_batches
+
+    cfg = load_config(ROOT / "configs" / "multi30k_de_en.yaml")
+    device = torch.device("cpu")
+    warm, timed, _, (src_vocab, vocab) = multi30k_batches(cfg, 8, device)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg, src_vocab, vocab).train()
+    precision = resolve_precision(cfg.train.precision, device)
+    turn = functools.partial(trainer_updates, trainer_step(model, cfg.train, precision))
+    turn(warm)
+    seconds, tokens = timed_window(functools.partial(turn, timed), device)
+    print(json.dumps({"seconds": seconds, "tokens": tokens}))
 
 
 def attn_mt_engine(spec: dict):
