@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attn_mt.errors import UserError
 from attn_mt.scores import DEFAULT_METRICS, Scores, check_metrics, score
@@ -35,6 +35,35 @@ class Evaluation:
         rate): `evaluate --json`."""
         found = {**self.scores.to_dict(), "hypotheses": str(self.hypotheses), "beam": self.beam}
         return found | ({"off_target": self.off_target} if self.off_target is not None else {})
+
+
+@dataclass(frozen=True)
+class TestChoice:
+    """What an evaluation reads and how it scores it: a `split` of the translator's corpus
+    (default test) or the files `src` and `ref`; a multilingual model's direction (`pair`
+    "de-en", the direction of a split, or the `tgt_lang` translated into); the `metrics`
+    (`attn_mt.scores.METRICS`; COMET reads its model from `comet_model`); and whether a line
+    is split into its sentences as `translate` splits it (`split_sentences`)."""
+
+    split: str | None = None
+    src: str | Path | None = None
+    ref: str | Path | None = None
+    pair: str | None = None
+    tgt_lang: str | None = None
+    metrics: Sequence[str] = DEFAULT_METRICS
+    comet_model: Path | None = None
+    split_sentences: bool = True
+
+    @classmethod
+    def of(cls, choice: TestChoice | None, fields: dict[str, Any]) -> TestChoice:
+        """`choice`, or one made of `fields` (its fields by keyword); not both."""
+        if choice is not None and not isinstance(choice, TestChoice):
+            raise TypeError(
+                f"evaluate: give a TestChoice or its fields (split=...), not {choice!r}"
+            )
+        if choice is not None and fields:
+            raise TypeError("evaluate: give a TestChoice or its fields as keywords, not both")
+        return choice if choice is not None else cls(**fields)
 
 
 def check_evaluation_files(
@@ -67,39 +96,30 @@ def check_evaluation_files(
 
 def evaluate_split(
     translator: Translator,
-    split: str | None = None,
-    src: str | Path | None = None,
-    ref: str | Path | None = None,
+    choice: TestChoice | None = None,
     out: str | Path | None = None,
     progress: Progress | None = None,
-    pair: str | None = None,
-    tgt_lang: str | None = None,
-    metrics: Sequence[str] = DEFAULT_METRICS,
-    comet_model: Path | None = None,
-    split_sentences: bool = True,
+    **fields: Any,
 ) -> Evaluation:
-    """Translate a split of the translator's corpus (default test), or the files `src` and
-    `ref`, score the hypotheses and write them to `out`, atomically.
+    """Translate the test set `choice` names (or its fields by keyword: `split="valid"`,
+    `src=`, `ref=`, `metrics=`, ...), score the hypotheses and write them to `out`, atomically.
 
-    A multilingual model translates into `tgt_lang`, or the target of `pair` ("de-en"), the
-    direction of a split; its evaluation also measures the off-target rate. `metrics` names
-    the scores (`attn_mt.scores.METRICS`); COMET reads its model from `comet_model`.
-    `out` defaults to a file beside the (first) checkpoint named after the split (or source
-    file), the direction and the beam, e.g. `best.test.beam5.hyp.txt`. A line is split into
-    its sentences as `translate` splits it (`split_sentences`).
+    A multilingual model's evaluation also measures the off-target rate. `out` defaults to a
+    file beside the (first) checkpoint named after the split (or source file), the direction
+    and the beam, e.g. `best.test.beam5.hyp.txt`. `progress` shows a bar.
     """
     from attn_mt.fileio import write_output
     from attn_mt.paths import check_output_file
 
-    test = test_set(translator, split, src, ref, pair, tgt_lang, metrics, comet_model)
+    test = test_set(translator, TestChoice.of(choice, fields))
     data, tgt_lang, beam = translator.config.data, test.tgt_lang, test.beam
     named = f"{test.name}.beam{beam}.hyp.txt"
     out = Path(out) if out is not None else beside_checkpoint(translator, named)
     check_output_file(out, inputs=test.inputs(translator))
     sources, references = test.lines()
-    hypotheses = translated(translator, sources, tgt_lang, progress, split_sentences, pair)
+    hypotheses = translated(translator, sources, test, progress)
     write_output(out, "".join(h + "\n" for h in hypotheses))  # kept, whatever scoring does
-    scores = score(hypotheses, references, metrics, sources, comet_model)
+    scores = test.score(hypotheses, references, sources)
     off_target = None
     if len(data.directions()) > 1 and tgt_lang is not None:
         from attn_mt.langid import off_target_rate
@@ -112,13 +132,14 @@ def evaluate_split(
 @dataclass
 class TestSet:
     """The files an evaluation reads, checked: `src` and `ref`, the `name` outputs beside the
-    checkpoint take, the language translated into and the beam."""
+    checkpoint take, the language translated into and the beam; the `choice` they come of."""
 
     src: Path
     ref: Path
     name: str
     tgt_lang: str | None
     beam: int
+    choice: TestChoice
 
     def inputs(self, translator: Translator) -> list[tuple[str, Path | None]]:
         """The command's inputs, which no output may be."""
@@ -134,26 +155,23 @@ class TestSet:
             raise UserError(f"{self.src}: no lines; there is nothing to evaluate")
         return sources, references
 
+    def score(self, hypotheses: list[str], references: list[str], sources: list[str]) -> Scores:
+        """The choice's metrics of `hypotheses` against `references`."""
+        return score(hypotheses, references, self.choice.metrics, sources, self.choice.comet_model)
 
-def test_set(
-    translator: Translator,
-    split: str | None,
-    src: str | Path | None,
-    ref: str | Path | None,
-    pair: str | None,
-    tgt_lang: str | None,
-    metrics: Sequence[str],
-    comet_model: Path | None,
-) -> TestSet:
+
+def test_set(translator: Translator, choice: TestChoice) -> TestSet:
     """Every check an evaluation makes before it translates (the options, the metrics, the
     files, the target language), and the files it reads."""
+    src, ref, pair = choice.src, choice.ref, choice.pair
     src, ref = (None if src is None else Path(src)), (None if ref is None else Path(ref))
-    check_evaluation_files(split, src, ref, pair, tgt_lang)
-    check_metrics(metrics, comet_model)
-    tgt_lang = tgt_lang or (pair.partition("-")[2] if pair else None)
-    src_path, ref_path, name = _files(translator, split, src, ref, pair)
+    check_evaluation_files(choice.split, src, ref, pair, choice.tgt_lang)
+    check_metrics(choice.metrics, choice.comet_model)
+    tgt_lang = choice.tgt_lang or (pair.partition("-")[2] if pair else None)
+    src_path, ref_path, name = _files(translator, choice.split, src, ref, pair)
     translator.language_prefix(tgt_lang)  # checked before any translation
-    return TestSet(src_path, ref_path, name, tgt_lang, translator.config.decode.beam)
+    beam = translator.config.decode.beam
+    return TestSet(src_path, ref_path, name, tgt_lang, beam, choice)
 
 
 def _files(
@@ -195,22 +213,19 @@ def beside_checkpoint(translator: Translator, name: str) -> Path:
 
 
 def translated(
-    translator: Translator,
-    sources: list[str],
-    tgt_lang: str | None,
-    progress: Progress | None,
-    split_sentences: bool = True,
-    pair: str | None = None,
+    translator: Translator, sources: list[str], test: TestSet, progress: Progress | None
 ) -> list[str]:
-    """`sources` translated as `translate` translates them (each line's sentences one by one
-    unless `split_sentences` is False; a test set of a sentence a line is translated alike
-    either way), a bar shown where `progress` is given; torch's threads sized to the free cores
-    before each batch, as `translate` sizes them (`cpuenv.ThreadSizer`)."""
+    """`sources` of `test` translated as `translate` translates them (each line's sentences one
+    by one unless its choice's `split_sentences` is False; a test set of a sentence a line is
+    translated alike either way), a bar shown where `progress` is given; torch's threads sized
+    to the free cores before each batch, as `translate` sizes them (`cpuenv.ThreadSizer`)."""
     from attn_mt.cpuenv import sized_torch_threads
     from attn_mt.documents.paragraphs import ParagraphTranslator
 
+    pair, tgt_lang = test.choice.pair, test.tgt_lang
     src_lang = pair.partition("-")[0] if pair else None
-    translator = ParagraphTranslator.splitting(translator, src_lang, split_sentences)
+    splitting = test.choice.split_sentences
+    translator = ParagraphTranslator.splitting(translator, src_lang, splitting)
     with sized_torch_threads() as sizer, (progress or _no_bar)(len(sources)) as bar:
 
         def on_batch(lines: int) -> None:

@@ -8,12 +8,19 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attn_mt.data.augment import title_case, with_typos, without_final_punct
 from attn_mt.errors import UserError
-from attn_mt.evaluate import Progress, beside_checkpoint, test_set, translated
-from attn_mt.scores import DEFAULT_METRICS, METRICS, Scores, score
+from attn_mt.evaluate import (
+    Progress,
+    TestChoice,
+    TestSet,
+    beside_checkpoint,
+    test_set,
+    translated,
+)
+from attn_mt.scores import METRICS, Scores
 from attn_mt.text.normalize import final_punct
 
 if TYPE_CHECKING:
@@ -139,18 +146,13 @@ class VariantEvaluation:
 def evaluate_variants(
     translator: Translator,
     variants: Sequence[str],
-    split: str | None = None,
-    src: str | Path | None = None,
-    ref: str | Path | None = None,
+    choice: TestChoice | None = None,
     out: str | Path | None = None,
     progress: Progress | None = None,
-    pair: str | None = None,
-    tgt_lang: str | None = None,
-    metrics: Sequence[str] = DEFAULT_METRICS,
-    comet_model: Path | None = None,
-    split_sentences: bool = True,
+    **fields: Any,
 ) -> VariantEvaluation:
-    """Translate the test set (as `evaluate_split` picks it) as given and as each variant
+    """Translate the test set `choice` names (or its fields by keyword, as `evaluate_split`
+    takes them) as given and as each variant
     writes it (`changed`), and score each against its references changed alike. Into the
     folder `out` (default beside the checkpoint, e.g. `best.test.beam5.variants/`) go each
     variant's `V.src`, `V.ref`, `V.hyp` and `V.alike` (the plain output changed alike), and
@@ -160,8 +162,8 @@ def evaluate_variants(
     from attn_mt.paths import check_output_dir
 
     variants = parse_variants(",".join(variants))
-    test = test_set(translator, split, src, ref, pair, tgt_lang, metrics, comet_model)
-    tgt_lang, beam = test.tgt_lang, test.beam
+    test = test_set(translator, TestChoice.of(choice, fields))
+    beam = test.beam
     named = f"{test.name}.beam{beam}.variants"
     folder = Path(out) if out is not None else beside_checkpoint(translator, named)
     check_output_dir(folder, inputs=test.inputs(translator))
@@ -174,11 +176,9 @@ def evaluate_variants(
             "src": changed(variant, sources, "src"),
             "ref": changed(variant, references, "ref"),
         }
-        files["hyp"] = translated(
-            translator, files["src"], tgt_lang, progress, split_sentences, pair
-        )
+        files["hyp"] = translated(translator, files["src"], test, progress)
         plain = plain or files["hyp"]
-        row = _scored(variant, files, plain, references, metrics, comet_model)
+        row = _scored(variant, files, plain, references, test)
         for kind, lines in files.items():
             write_output(folder / f"{variant}.{kind}", "".join(x + "\n" for x in lines))
         rows.append(row)
@@ -190,14 +190,14 @@ def _scored(
     files: dict[str, list[str]],
     plain: list[str],
     references: list[str],
-    metrics: Sequence[str],
-    comet_model: Path | None,
+    test: TestSet,
 ) -> VariantScore:
     """A variant's row from its `files` (src, ref, hyp; `alike` and for spans `rest` are
-    added), `plain` the plain test's output and `references` its references."""
+    added), `plain` the plain test's output and `references` its references, scored by the
+    metrics of `test`."""
 
     def scored(hypotheses: list[str], refs: list[str]) -> Scores:
-        return score(hypotheses, refs, metrics, files["src"], comet_model)
+        return test.score(hypotheses, refs, files["src"])
 
     row = VariantScore(variant, scored(files["hyp"], files["ref"]))
     if variant != "plain":

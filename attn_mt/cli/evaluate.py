@@ -5,10 +5,11 @@ imported.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -131,25 +132,21 @@ def evaluate(
         prepack=prepack.value_for_load,
         decode=decode,
     )
-    files = (split and split.value, src, ref, out)
-    options: dict[str, Any] = dict(
-        progress=lambda total: progress.sentences(total, "evaluate"),
-        pair=pair,
-        tgt_lang=tgt_lang,
-        metrics=names,
-        comet_model=comet_model,
-        split_sentences=split_sentences,
-    )
+    from attn_mt.evaluate import TestChoice
+
+    choice = TestChoice(split and split.value, src, ref, pair, tgt_lang, names, comet_model,
+                        split_sentences)  # fmt: skip
+    shown = functools.partial(progress.sentences, label="evaluate")
     if chosen is not None:
         from attn_mt.evaluate_variants import evaluate_variants
 
-        table = evaluate_variants(translator, chosen, *files, **options)
+        table = evaluate_variants(translator, chosen, choice, out, shown)
         print(json.dumps(table.to_dict()) if as_json else table.table(names))
         print(f"variants' files: {table.folder}", file=sys.stderr)
         return
     from attn_mt.evaluate import evaluate_split
 
-    result = evaluate_split(translator, *files, **options)
+    result = evaluate_split(translator, choice, out, shown)
     if as_json:
         print(json.dumps(result.to_dict()))
     else:

@@ -126,7 +126,7 @@ def test_search_options_as_translate_and_one_file_per_beam(run_copy: Path) -> No
 def test_evaluate_split_is_what_the_command_prints(run_copy: Path, tmp_path: Path) -> None:
     """`evaluate_split` (the library) writes and scores what `attn-mt evaluate --json` does."""
     from attn_mt.errors import UserError
-    from attn_mt.evaluate import evaluate_split
+    from attn_mt.evaluate import TestChoice, evaluate_split
 
     translator = attn_mt.load(run_copy, device="cpu", decode={"beam": 2})
     done: list[int] = []
@@ -136,7 +136,7 @@ def test_evaluate_split_is_what_the_command_prints(run_copy: Path, tmp_path: Pat
         yield done.append
         assert sum(done) == total
 
-    result = evaluate_split(translator, "valid", progress=progress)
+    result = evaluate_split(translator, split="valid", progress=progress)
     assert result.hypotheses == run_copy / "checkpoints" / "best.valid.beam2.hyp.txt"
     assert result.beam == 2 and sum(done) == result.scores.sentences
     cli = run_cli("evaluate", "--model", run_copy, "--split", "valid", "--beam", "2", "--json",
@@ -147,8 +147,12 @@ def test_evaluate_split_is_what_the_command_prints(run_copy: Path, tmp_path: Pat
     assert printed == {**result.to_dict(), "hypotheses": str(tmp_path / "cli.txt")}
     with pytest.raises(UserError, match="give both --src and --ref"):
         evaluate_split(translator, src=tmp_path / "cli.txt")
+    with pytest.raises(TypeError, match="give a TestChoice or its fields"):
+        evaluate_split(translator, "valid")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not both"):
+        evaluate_split(translator, TestChoice(split="valid"), split="test")
     with pytest.raises(UserError, match="either --split or --src/--ref"):
-        evaluate_split(translator, "test", src=tmp_path / "cli.txt", ref=tmp_path / "cli.txt")
+        evaluate_split(translator, split="test", src=tmp_path / "cli.txt", ref=tmp_path / "cli.txt")
 
 
 def test_evaluate_sizes_torchs_threads_to_the_free_cores(run_copy: Path) -> None:
@@ -158,9 +162,9 @@ def test_evaluate_sizes_torchs_threads_to_the_free_cores(run_copy: Path) -> None
 
     translator = attn_mt.load(run_copy, device="cpu", decode={"beam": 2, "batch_tokens": 300})
     with beside_competitors(0) as idle:
-        alone = read_lines(evaluate_split(translator, "valid").hypotheses)
+        alone = read_lines(evaluate_split(translator, split="valid").hypotheses)
     with beside_competitors(1) as busy:
-        beside = read_lines(evaluate_split(translator, "valid").hypotheses)
+        beside = read_lines(evaluate_split(translator, split="valid").hypotheses)
     assert beside == alone
     assert len(busy) >= 2 and set(busy) == {1} and set(idle) == {2}, (busy, idle)
 
