@@ -26,8 +26,10 @@ times its time. `ThreadSizer` sizes torch's threads to the cores other processes
 between batches (the server's worker, `sized_torch_threads` around a translation job's): one
 thread has no barrier. A search's outputs were the same on one thread and on two (the 1,000
 test sentences at beam 5, and the toy runs of the tests), though a float sum split differently
-could in principle turn a tie. Training is not sized: its gradients' sums differ in their last
-bits between thread counts, and a resumed run must equal a straight one.
+could in principle turn a near-tie: `ATTN_MT_FIXED_THREADS=1` keeps the count fixed, for outputs
+that cannot depend on the machine's load (the tests set it, and the sizing tests turn it off).
+Training is not sized: its gradients' sums differ in their last bits between thread counts, and
+a resumed run must equal a straight one.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 
 KERNEL_CACHE = 128  # kernels per cache
+FIXED_THREADS = "ATTN_MT_FIXED_THREADS"  # "1": torch's thread count is never sized (ThreadSizer)
 DEFAULTS = {
     "THP_MEM_ALLOC_ENABLE": "1",
     "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(KERNEL_CACHE),
@@ -124,7 +127,8 @@ class ThreadSizer:
     machine at most every `every` seconds and sets `most` threads where no other process runs,
     fewer (at least one) for each core another process takes. `get_threads`, `set_threads`:
     torch's get_num_threads and set_num_threads (this module loads before torch); `others` and
-    `clock`: tests'."""
+    `clock`: tests'. `fixed` (default: $ATTN_MT_FIXED_THREADS is 1) keeps the count as it is,
+    for outputs that cannot depend on the machine's load."""
 
     def __init__(
         self,
@@ -134,10 +138,12 @@ class ThreadSizer:
         every: float = 0.5,
         others: Callable[[], int] = others_running,
         clock: Callable[[], float] = time.monotonic,
+        fixed: bool | None = None,
     ):
         self._get, self._set, self._others, self._clock = get_threads, set_threads, others, clock
         self.cores = cores or len(os.sched_getaffinity(0))
         self.every = every
+        self.fixed = os.environ.get(FIXED_THREADS) == "1" if fixed is None else fixed
         self.most: int | None = None  # the threads asked for at the first adjust
         self._checked = -float("inf")
 
@@ -145,6 +151,8 @@ class ThreadSizer:
         """Set the threads the free cores allow (if it is time to look); the threads now."""
         if self.most is None:
             self.most = self._get()
+        if self.fixed:
+            return self.most
         now = self._clock()
         if now - self._checked < self.every:
             return self._get()

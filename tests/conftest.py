@@ -40,6 +40,9 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     # float32 training multiplies through nn.Linear unless a test asks for oneDNN: a choice
     # timed in each process could differ between a run and its resumed half on a noisy machine.
     os.environ["ATTN_MT_FP32_PRODUCTS"] = "mkl"
+    # Searches keep their thread count whatever the other workers do (cpuenv.ThreadSizer): a
+    # straight translation and a resumed one must not meet different float sums at a near-tie.
+    os.environ["ATTN_MT_FIXED_THREADS"] = "1"
     threads = _threads_per_process()
     os.environ["OMP_NUM_THREADS"] = str(threads)  # the children this process starts, too
     torch.set_num_threads(threads)

@@ -22,7 +22,7 @@ def beside_competitors(count: int) -> Iterator[list[int]]:
 
     class Sizer(cpuenv.ThreadSizer):
         def __init__(self, get: Any, set_: Any, every: float = 0.5) -> None:
-            super().__init__(get, set_, cores=2, every=0.0, others=lambda: count)
+            super().__init__(get, set_, cores=2, every=0.0, others=lambda: count, fixed=False)
 
     before = torch.get_num_threads()
     search = Translator._search

@@ -134,6 +134,7 @@ def test_thread_sizer_gives_up_a_thread_for_each_core_taken_and_takes_it_back():
         every=0.5,
         others=lambda: others[0],
         clock=lambda: now[0],
+        fixed=False,
     )
     assert sizer.adjust() == 2 and sizer.most == 2
     others[0] = 1
@@ -147,5 +148,20 @@ def test_thread_sizer_gives_up_a_thread_for_each_core_taken_and_takes_it_back():
     others[0] = 0
     now[0] = 1.8
     assert sizer.adjust() == 2 and threads == [2]  # never more than it started with
-    one = cpuenv.ThreadSizer(lambda: 1, lambda n: pytest.fail("set"), cores=8, others=lambda: 0)
+    one = cpuenv.ThreadSizer(
+        lambda: 1, lambda n: pytest.fail("set"), cores=8, others=lambda: 0, fixed=False
+    )
     assert one.adjust() == 1  # OMP_NUM_THREADS=1 stays one
+
+
+def test_thread_sizer_keeps_the_count_where_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ATTN_MT_FIXED_THREADS=1 (the tests set it): the thread count never changes, whatever the
+    machine runs; unset, the sizer sizes."""
+    busy = {"get_threads": lambda: 2, "cores": 2, "every": 0.0, "others": lambda: 1}
+    monkeypatch.setenv(cpuenv.FIXED_THREADS, "1")
+    fixed = cpuenv.ThreadSizer(set_threads=lambda n: pytest.fail(f"set {n}"), **busy)
+    assert fixed.fixed and fixed.adjust() == 2 and fixed.adjust() == 2
+    monkeypatch.delenv(cpuenv.FIXED_THREADS)
+    asked: list[int] = []
+    sized = cpuenv.ThreadSizer(set_threads=asked.append, **busy)
+    assert not sized.fixed and sized.adjust() == 1 and asked == [1]
