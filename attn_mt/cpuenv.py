@@ -24,10 +24,10 @@ A server runs for days, a distillation's translation for hours: the machine that
 when it started may be busy an hour later, when the spinning wait it kept costs a search several
 times its time. `ThreadSizer` sizes torch's threads to the cores other processes leave free,
 between batches (the server's worker, `sized_torch_threads` around a translation job's): one
-thread has no barrier. A search's outputs were the same on one thread and on two (the 1,000
-test sentences at beam 5, and the toy runs of the tests), though a float sum split differently
-could in principle turn a near-tie: `ATTN_MT_FIXED_THREADS=1` keeps the count fixed, for outputs
-that cannot depend on the machine's load (the tests set it, and the sizing tests turn it off).
+thread has no barrier. A float sum split differently could in principle turn a search's
+near-tie (what was measured: docs/guarantees.md, "The same outputs"): `ATTN_MT_FIXED_THREADS=1`
+keeps the count fixed, for outputs that cannot depend on the machine's load (the tests set it,
+and the sizing tests turn it off).
 Training is not sized: its gradients' sums differ in their last bits between thread counts, and
 a resumed run must equal a straight one.
 """
