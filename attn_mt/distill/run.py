@@ -37,7 +37,8 @@ from attn_mt.fileio import atomic_write, os_reason
 from attn_mt.jobs.job import Job, LineFields, run_job
 from attn_mt.jobs.nbest import NbestFormat
 from attn_mt.jobs.pace import Progress, unseen
-from attn_mt.jobs.partial import PartialOutput, difference
+from attn_mt.jobs.partial import PartialOutput
+from attn_mt.jobs.record import difference
 from attn_mt.jobs.translate import record_settings
 from attn_mt.paths import check_output_dir, resolve_checkpoint
 from attn_mt.runfolder import RUN_ENTRIES, busy, check_run_start, holder, lock_run_folder

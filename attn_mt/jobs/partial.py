@@ -19,7 +19,8 @@ writes it, so a second writer is refused. Where FILE's name is too long for the 
 take `FILE.partial.json`, the two take a shortened name (`fileio.fitted`).
 
 Under torchrun each process writes a part of its own (`FILE.part2of4.partial`), which rank 0
-joins in order once all are done (`jobs/split.py`). No torch here.
+joins in order once all are done (`jobs/split.py`). The record's format and checks:
+`jobs/record.py`. No torch here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import stat
@@ -39,57 +39,18 @@ from typing import Any, BinaryIO
 
 from attn_mt.errors import UserError, named
 from attn_mt.fileio import atomic_write, fitted, name_max, os_reason, sync_folder
+from attn_mt.jobs.record import (
+    FORMAT,
+    add_lines,
+    damage,
+    difference,
+    line_digest,
+    line_sha,
+    lines_words,
+)
 from attn_mt.paths import Inputs, same_file
 
-FORMAT = "attn-mt partial translation 1"
 FLUSH_SECONDS = 1.0  # the most a SIGKILL loses of lines already finished, beside those in flight
-
-
-def line_digest() -> Any:
-    """The running digest of the input lines a part has translated (`add_lines`)."""
-    return hashlib.sha256()
-
-
-def add_lines(digest: Any, lines: Iterable[str]) -> None:
-    """Add input lines (as read: text without the line break) to `digest`."""
-    for line in lines:
-        digest.update(line.encode("utf-8", "surrogatepass") + b"\n")
-
-
-def _line_sha(line: str) -> str:
-    """The sha256 of one input line, as a line finished ahead keeps it."""
-    digest = line_digest()
-    add_lines(digest, [line])
-    return str(digest.hexdigest())
-
-
-def file_digest(path: Path) -> str:
-    """The sha256 of a file's bytes (a checkpoint: which model made a partial translation)."""
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
-def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"decode": {"beam": 5}} -> {"decode.beam": 5}: the settings as one level of names."""
-    flat: dict[str, Any] = {}
-    for name, value in settings.items():
-        if isinstance(value, dict) and value:
-            flat |= _flat(value, f"{prefix}{name}.")
-        else:
-            flat[f"{prefix}{name}"] = value
-    return flat
-
-
-def difference(made: dict[str, Any], wanted: dict[str, Any]) -> str | None:
-    """The first setting in which a partial translation's record differs from this run's,
-    as words (None: the same settings)."""
-    old, new = _flat(made), _flat(wanted)
-    for name in sorted(old.keys() | new.keys()):
-        if old.get(name) != new.get(name):
-            if name.startswith("models"):
-                return "other model checkpoints (their sha256 differ)"
-            return f"{name} {json.dumps(old.get(name))}, this run {json.dumps(new.get(name))}"
-    return None
 
 
 def partial_paths(target: Path, part_name: str = "") -> tuple[Path, Path]:
@@ -241,7 +202,7 @@ class PartialOutput:
         assert self.handle is not None
         what = difference(found["settings"], settings)
         if what is None and found["part"] != part:
-            what = f"input lines {_lines(found['part'])}, this run {_lines(part)}"
+            what = f"input lines {lines_words(found['part'])}, this run {lines_words(part)}"
         if what is not None:
             raise UserError(
                 f"--resume: {named(self.data)} was made with {what}; give the same settings "
@@ -277,7 +238,7 @@ class PartialOutput:
             raise self._damaged(f"unreadable: {getattr(err, 'strerror', None) or err}") from None
         if not isinstance(found, dict) or found.get("format") != FORMAT:
             raise self._damaged(f'not a record of attn-mt\'s (no "format": "{FORMAT}")')
-        if (why := _damage(found)) is not None:
+        if (why := damage(found)) is not None:
             raise self._damaged(f"damaged: {why}")
         return found
 
@@ -307,7 +268,7 @@ class PartialOutput:
         entry = self.earlier.pop(line, None)
         if entry is None:
             return None
-        if entry[0] != _line_sha(source):
+        if entry[0] != line_sha(source):
             self.checked = False  # the record stays as it was
             raise UserError(
                 f"--resume: the input's line {line + 1} of this part differs from the one "
@@ -320,7 +281,7 @@ class PartialOutput:
     def finished(self, line: int, source: str, text: str) -> None:
         """The part's line `line` (from 0), input `source`, is translated as `text` ahead of
         the lines written: kept in the record at its next sync."""
-        self.ahead[line] = (_line_sha(source), text)
+        self.ahead[line] = (line_sha(source), text)
         if time.monotonic() - self.synced_at >= FLUSH_SECONDS:
             self.sync()
 
@@ -410,45 +371,3 @@ def _lstat(path: Path) -> os.stat_result | None:
         return os.lstat(path)
     except FileNotFoundError:
         return None
-
-
-def _count(value: Any) -> bool:
-    """Whether `value` is a count: an int (not a bool) of at least 0."""
-    return type(value) is int and value >= 0
-
-
-def _damage(record: dict[str, Any]) -> str | None:
-    """What is wrong with a record of attn-mt's format, in words; None for a sound one."""
-    if not isinstance(record.get("settings"), dict):
-        return '"settings" is not a mapping'
-    part, done = record.get("part"), record.get("done")
-    if not isinstance(part, dict) or not _count(part.get("start")):
-        return '"part.start" is not a line number'
-    stop = part.get("stop")
-    if stop is not None and not (_count(stop) and stop >= part["start"]):
-        return '"part.stop" is not a line number after part.start'
-    if not isinstance(done, dict):
-        return '"done" is not a mapping'
-    for key in ("lines", "bytes"):
-        if not _count(done.get(key)):
-            return f'"done.{key}" is {json.dumps(done.get(key))}, not a count'
-    if not isinstance(done.get("input_sha256"), str | None):
-        return '"done.input_sha256" is not a digest'
-    ahead = record.get("ahead", [])
-    if not isinstance(ahead, list):
-        return '"ahead" is not a list'
-    for entry in ahead:
-        sound = isinstance(entry, dict) and _count(entry.get("line"))
-        sound = sound and entry["line"] >= done["lines"]
-        if not (sound and isinstance(entry.get("input_sha256"), str)) or not isinstance(
-            entry.get("text"), str
-        ):
-            return f'"ahead" holds {json.dumps(entry)[:60]}, not a line finished ahead'
-    return None
-
-
-def _lines(part: dict[str, Any]) -> str:
-    """`part` as words: `3-10 (shard 2/4)` for its 1-based first and last line."""
-    stop = part.get("stop")
-    span = f"{part['start'] + 1}-{'end' if stop is None else stop}"
-    return span + (f" (--shard {part['shard']})" if part.get("shard") else "")

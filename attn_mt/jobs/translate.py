@@ -26,7 +26,8 @@ from attn_mt.jobs import io, split
 from attn_mt.jobs.job import Job, LineFields, run_job
 from attn_mt.jobs.nbest import NbestFormat
 from attn_mt.jobs.pace import Progress, unseen
-from attn_mt.jobs.partial import PartialOutput, file_digest
+from attn_mt.jobs.partial import PartialOutput
+from attn_mt.jobs.record import file_digest
 from attn_mt.paths import Inputs, resolve_checkpoint
 from attn_mt.world import World, world_from_env
 

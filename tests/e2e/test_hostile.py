@@ -47,7 +47,7 @@ from helpers.clirun import (
 from helpers.workspace import Stdin, Workspace, World, run_cli
 
 from attn_mt.checkpoint import FORMAT
-from attn_mt.jobs.partial import FORMAT as PARTIAL_FORMAT
+from attn_mt.jobs.record import FORMAT as PARTIAL_FORMAT
 from attn_mt.runfolder import lock_run_folder
 
 # The private names this module patches, in one place to update when the package moves: the

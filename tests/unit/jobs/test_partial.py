@@ -22,7 +22,8 @@ import attn_mt
 from attn_mt.decode.translator import Translator
 from attn_mt.errors import UserError
 from attn_mt.fileio import name_max
-from attn_mt.jobs.partial import FORMAT, PartialOutput, partial_paths
+from attn_mt.jobs.partial import PartialOutput, partial_paths
+from attn_mt.jobs.record import FORMAT
 from attn_mt.jobs.translate import Interrupted
 
 PART = {"start": 0, "stop": None, "shard": None, "rank": 0, "ranks": 1}
