@@ -1,34 +1,28 @@
 """Config files: YAML -> a checked `Config`, `--set` overrides, and the resolved `config.yaml`.
 
-The schema (keys, defaults, meanings, ranges) is `attn_mt.config.schema`; this module reads
-plain data into it. An unknown key names its full path and the closest valid key; a value of
-the wrong type names the key, the value and the type expected; relative data paths resolve
-against the config file's folder.
+The schema (keys, defaults, meanings, ranges) is `attn_mt.config.schema`; `config/build.py`
+turns plain data into it, key by key (an unknown key named with its full path and the closest
+valid key; a value of the wrong type with the key, the value and the type expected). This
+module reads the YAML strictly, applies `--set`, and resolves relative data paths against the
+config file's folder (those given with `--set`, against the shell's).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 import os
-import re
-import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any
 
 import yaml
 
-from attn_mt.config.keys import base_type, mapping_shape, reject, shown, type_name
+from attn_mt.config.build import UnknownKey, build, kind, unknown, unknown_keys
+from attn_mt.config.keys import base_type, mapping_shape
 from attn_mt.config.schema import Config, TrainConfig
 from attn_mt.errors import ConfigError
 from attn_mt.fileio import os_reason
 
-# YAML 1.1 reads `5e-4` (no dot) as a string; float fields accept such numbers anyway.
-_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-# Every integer key is passed to C code somewhere (torch, SentencePiece): it must fit in 32 bits.
-INT_LIMIT = 2**31
 # A config is three levels deep; far deeper YAML is a mistake (and recursed without end).
 MAX_DEPTH = 20
 
@@ -108,13 +102,13 @@ def load_config(
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections, not {_kind(raw)}")
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, not {kind(raw)}")
     _resolve_data_paths(raw, path.parent)
-    unknown = _unknown_keys(Config, raw, "")  # every typo at once, the file's and --set's
+    unknown = unknown_keys(Config, raw, "")  # every typo at once, the file's and --set's
     for item in overrides:
         try:
             apply_override(raw, item)
-        except _UnknownKey as err:
+        except UnknownKey as err:
             unknown.append(str(err))
     if len(unknown) == 1:
         raise ConfigError(unknown[0])
@@ -132,7 +126,7 @@ def config_from_dict(raw: dict[str, Any], files: bool = True) -> Config:
     """Build and validate a Config from plain nested dicts (a YAML file or a checkpoint);
     `files` False: a model's config, whose data.* need not name training files. The config
     records the keys `raw` gives (`Config.given`)."""
-    config = _build(Config, raw, prefix="")
+    config = build(Config, raw, prefix="")
     config.validate(files)
     sections = [(name, keys) for name, keys in raw.items() if isinstance(keys, dict)]
     written = frozenset(f"{name}.{key}" for name, keys in sections for key in keys)
@@ -220,11 +214,6 @@ def _check_budget(train: TrainConfig) -> None:
         )
 
 
-def _kind(value: Any) -> str:
-    names: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string"}
-    return names.get(type(value), type(value).__name__)
-
-
 def _resolve_data_paths(raw: dict[str, Any], base: Path) -> None:
     """Make relative data file paths relative to the config file's folder."""
     data = raw.get("data")
@@ -255,21 +244,13 @@ def _expand_home(raw: dict[str, Any]) -> None:
             train[key] = os.path.expanduser(train[key])  # "" stays "" (and is refused)
 
 
-def _list_item(hint: Any) -> Any:
-    """`Files | list[Corpus]` -> Corpus; None when a list is not allowed."""
-    for arg in typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else ():
-        if typing.get_origin(arg) is list:
-            return typing.get_args(arg)[0]
-    return None
-
-
 def _field_type(parts: list[str]) -> Any:
     """The type hint of a dotted key, or a ConfigError naming the unknown part."""
     cls: Any = Config
     for i, part in enumerate(parts):
         hints = typing.get_type_hints(cls)
         if part not in hints:
-            _unknown(".".join(parts[:i]), part, list(hints))
+            unknown(".".join(parts[:i]), part, list(hints))
         cls = mapping_shape(hints[part])
         if i < len(parts) - 1 and not dataclasses.is_dataclass(cls):
             raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section")
@@ -288,123 +269,3 @@ def _section_value(key: str, text: str) -> Any:
             f"YAML mapping (--set '{key}={{KEY: VALUE, ...}}')"
         )
     return value
-
-
-class _UnknownKey(ConfigError):
-    """A key the schema does not have (`load_config` collects them all into one error)."""
-
-
-def _unknown_keys(cls: type, raw: Any, prefix: str) -> list[str]:
-    """The message of every unknown key in `raw`, a section of dataclass `cls`, and below."""
-    if not isinstance(raw, dict):
-        return []  # the wrong kind of value: `_build` says so
-    hints = typing.get_type_hints(cls)
-    found = []
-    for key, value in raw.items():
-        if key not in hints:
-            try:
-                _unknown(prefix.rstrip("."), key, list(hints))
-            except _UnknownKey as err:
-                found.append(str(err))
-            continue
-        item = _list_item(hints[key])
-        if item is not None and isinstance(value, list):
-            for i, entry in enumerate(value):
-                found += _unknown_keys(item, entry, f"{prefix}{key}[{i}].")
-        elif dataclasses.is_dataclass(mapping_shape(hints[key])):
-            found += _unknown_keys(mapping_shape(hints[key]), value, f"{prefix}{key}.")
-    return found
-
-
-def _unknown(prefix: str, key: str, valid: list[str]) -> typing.NoReturn:
-    path = f"{prefix}.{key}" if prefix else str(key)
-    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
-    hint = (
-        f"did you mean {prefix + '.' if prefix else ''}{close[0]}?"
-        if close
-        else (f"valid keys: {', '.join(valid)}")
-    )
-    raise _UnknownKey(f"{path}: unknown key; {hint}")
-
-
-def _build(cls: type, raw: Any, prefix: str) -> Any:
-    """Recursively turn a dict into dataclass `cls`, checking keys and types."""
-    where = prefix.rstrip(".") or "config"
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping of keys, got {_kind(raw)} {shown(raw)}")
-    hints = typing.get_type_hints(cls)
-    docs = {f.name: f.metadata.get("doc") for f in dataclasses.fields(cls)}
-    for key in raw:
-        if key not in hints:
-            _unknown(prefix.rstrip("."), key, list(hints))
-    values: dict[str, Any] = {}
-    for name, hint in hints.items():
-        if name not in raw:
-            continue
-        item = _list_item(hint)
-        if item is not None and isinstance(raw[name], list):
-            values[name] = [
-                _build(item, entry, f"{prefix}{name}[{i}].") for i, entry in enumerate(raw[name])
-            ]
-        elif raw[name] is None and base_type(hint) is not hint:
-            values[name] = None  # an optional group (a corpus's filters) left null
-        elif dataclasses.is_dataclass(mapping_shape(hint)):
-            values[name] = _build(mapping_shape(hint), raw[name], f"{prefix}{name}.")
-        else:
-            values[name] = _coerce(f"{prefix}{name}", raw[name], hint, docs[name])
-    return cls(**values)
-
-
-def _coerce(key: str, value: Any, hint: Any, doc: str | None = None) -> Any:
-    """Check `value` against the field's type hint; a float key holds a float, even from `2`.
-    A list's wrong item is named with the key's `doc`, which shows the form expected."""
-    base = base_type(hint)
-    if value is None:
-        if base is not hint:
-            return None
-        raise ConfigError(f"{key}: must not be null (expected {type_name(hint)})")
-    if typing.get_origin(base) is Literal:
-        choices = typing.get_args(base)
-        if isinstance(value, bool) and "true" in choices:  # YAML's true/false: train.compile
-            value = str(value).lower()
-        elif value is False and "off" in choices:  # YAML reads `off` as false: decode.recase
-            value = "off"
-        if value not in choices:
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-            extra = f"; did you mean {close[0]!r}?" if close else ""
-            reject(key, value, f"must be one of {list(choices)}{extra}")
-        return value
-    if base is bool:
-        if isinstance(value, bool):
-            return value
-    elif base is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            if not -INT_LIMIT <= value < INT_LIMIT:
-                reject(key, value, f"must be below {INT_LIMIT:,} in size")
-            return value
-    elif base is float:
-        number = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value) if abs(value) < 1e300 else math.inf
-        elif isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
-            number = float(value)
-        if number is not None:
-            if not math.isfinite(number):
-                reject(key, value, "must be a finite number")
-            return number
-    elif base is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-    elif typing.get_origin(base) is list and isinstance(value, list):  # plain values: data.pairs
-        [wanted] = typing.get_args(base)
-        for i, item in enumerate(value):
-            if not isinstance(item, wanted):
-                about = f" ({key}: {doc})" if doc else ""
-                kind, name = _kind(item), type_name(wanted)
-                raise ConfigError(f"{key}[{i}]: {shown(item)} is {kind}, expected {name}{about}")
-        return list(value)
-    raise ConfigError(f"{key}: {shown(value)} is {_kind(value)}, expected {type_name(hint)}")
