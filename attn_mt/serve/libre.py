@@ -80,22 +80,8 @@ def add_libre_routes(app: FastAPI, service: Service, key_required: bool) -> None
 
     @app.get("/frontend/settings")
     async def frontend_settings() -> dict[str, Any]:
-        """LibreTranslate's web front end: the character limit, whether a key is needed, the
-        pair it starts with (the first served); no suggestions, no files."""
-        source, target = service.router.pairs[0]
-        return {
-            "charLimit": service.limits.max_chars,
-            "frontendTimeout": FRONTEND_TIMEOUT_MS,
-            "apiKeys": False,  # no database of keys: one key, from --api-key-file
-            "keyRequired": key_required,
-            "suggestions": False,
-            "filesTranslation": False,
-            "supportedFilesFormat": [],
-            "language": {
-                "source": {"code": source, "name": language_name(source)},
-                "target": {"code": target, "name": language_name(target)},
-            },
-        }
+        """LibreTranslate's web front end: its settings (`_frontend_settings`)."""
+        return _frontend_settings(service, key_required)
 
     @app.post("/detect", openapi_extra={"requestBody": _body_schema(DetectRequest)})
     async def detect(request: Request) -> list[dict[str, Any]]:
@@ -107,37 +93,63 @@ def add_libre_routes(app: FastAPI, service: Service, key_required: bool) -> None
     @app.post("/translate", openapi_extra=schema)
     async def translate(request: Request) -> dict[str, Any]:
         """LibreTranslate: `q` (a str or a list), `source`, `target` -> `translatedText`."""
-        body = await parsed(request, LibreRequest)
-        entries = [body.q] if isinstance(body.q, str) else body.q
-        service.check_entries(entries)
-        widest = service.limits.max_beam
-        if body.alternatives + 1 > widest:
-            raise HTTPException(
-                413, f"alternatives {body.alternatives}: more than --max-beam {widest} - 1"
-            )
-        glossary = None if body.glossary is None else Glossary.of(body.glossary)
-        documents = await service.documents(entries, body.format == "html")
-        settings = DecodeRequest(nbest=body.alternatives + 1, glossary=glossary)
-        service.check_chars(documents.texts, settings)
-        detected = None
-        if body.source == "auto":
-            texts = [documents.text_of(row) for row in range(len(entries))]
-            try:
-                detected = [service.router.source_of(text) for text in texts]
-            except UserError as err:
-                raise HTTPException(400, str(err)) from None
-        sources = [d["language"] for d in detected] if detected else [body.source] * len(entries)
-        found = await _translate(
-            service, documents, sources, body.target, settings, request.is_disconnected
+        return await _libre_translate(service, request)
+
+
+def _frontend_settings(service: Service, key_required: bool) -> dict[str, Any]:
+    """What LibreTranslate's web front end asks for: the character limit, whether a key is
+    needed, the pair it starts with (the first served); no suggestions, no files."""
+    source, target = service.router.pairs[0]
+    return {
+        "charLimit": service.limits.max_chars,
+        "frontendTimeout": FRONTEND_TIMEOUT_MS,
+        "apiKeys": False,  # no database of keys: one key, from --api-key-file
+        "keyRequired": key_required,
+        "suggestions": False,
+        "filesTranslation": False,
+        "supportedFilesFormat": [],
+        "language": {
+            "source": {"code": source, "name": language_name(source)},
+            "target": {"code": target, "name": language_name(target)},
+        },
+    }
+
+
+async def _libre_translate(service: Service, request: Request) -> dict[str, Any]:
+    """One LibreTranslate `/translate` request answered: its entries checked, parsed as
+    documents, their source languages detected where `source` is `auto`, translated; a single
+    `q` gets single values back, a list gets lists."""
+    body = await parsed(request, LibreRequest)
+    entries = [body.q] if isinstance(body.q, str) else body.q
+    service.check_entries(entries)
+    widest = service.limits.max_beam
+    if body.alternatives + 1 > widest:
+        raise HTTPException(
+            413, f"alternatives {body.alternatives}: more than --max-beam {widest} - 1"
         )
-        reply: dict[str, Any] = {"translatedText": [nbest[0].text for nbest in found]}
-        if body.alternatives:
-            reply["alternatives"] = [[e.text for e in nbest[1:]] for nbest in found]
-        if detected is not None:
-            reply["detectedLanguage"] = detected
-        if isinstance(body.q, str):
-            reply = {key: value[0] for key, value in reply.items()}
-        return reply
+    glossary = None if body.glossary is None else Glossary.of(body.glossary)
+    documents = await service.documents(entries, body.format == "html")
+    settings = DecodeRequest(nbest=body.alternatives + 1, glossary=glossary)
+    service.check_chars(documents.texts, settings)
+    detected = None
+    if body.source == "auto":
+        texts = [documents.text_of(row) for row in range(len(entries))]
+        try:
+            detected = [service.router.source_of(text) for text in texts]
+        except UserError as err:
+            raise HTTPException(400, str(err)) from None
+    sources = [d["language"] for d in detected] if detected else [body.source] * len(entries)
+    found = await _translate(
+        service, documents, sources, body.target, settings, request.is_disconnected
+    )
+    reply: dict[str, Any] = {"translatedText": [nbest[0].text for nbest in found]}
+    if body.alternatives:
+        reply["alternatives"] = [[e.text for e in nbest[1:]] for nbest in found]
+    if detected is not None:
+        reply["detectedLanguage"] = detected
+    if isinstance(body.q, str):
+        reply = {key: value[0] for key, value in reply.items()}
+    return reply
 
 
 async def _translate(
