@@ -33,8 +33,16 @@ def log_start(
 ) -> None:
     """The start-up lines: the model and device, the data kept, the vocabulary and batching,
     where the weights come from; the hyper-parameters to TensorBoard."""
-    cfg, stats, (src_tok, tgt_tok) = state.cfg, corpus.stats, state.tokenizers
     params = parameter_count(state.model)
+    _log_model(state, precision, params)
+    _log_data(state, corpus)
+    _log_weights(state, params, resumed)
+    runlog.hparams(state.cfg, params)
+
+
+def _log_model(state: TrainState, precision: str, params: int) -> None:
+    """The language pair, the model's size, the device, threads, precision and processes."""
+    cfg = state.cfg
     threads = torch.get_num_threads() if state.device.type == "cpu" else None
     stream = cfg.train.bf16_stream
     notes = {  # said after the precision where they hold
@@ -51,6 +59,12 @@ def log_start(
         precision + "".join(note for note, holds in notes.items() if holds),
         state.world.size,
     )
+
+
+def _log_data(state: TrainState, corpus: Corpus) -> None:
+    """The pairs kept and dropped, each corpus's share, the augmentation, the vocabulary and
+    the batching."""
+    cfg, stats, (src_tok, tgt_tok) = state.cfg, corpus.stats, state.tokenizers
     general = corpus.general
     log.info(
         "data: %d training pairs kept, %s; %d validation pairs%s",
@@ -76,6 +90,12 @@ def log_start(
         tgt_tok.vocab_size,
         state.source.describe(),
     )
+
+
+def _log_weights(state: TrainState, params: int, resumed: bool) -> None:
+    """Where the weights come from (a checkpoint to start from, a resumed run), which train
+    (train.freeze) and whether an average of them is kept (EMA)."""
+    cfg = state.cfg
     if cfg.train.init_from and not resumed:
         log.info(
             "weights and SentencePiece models from %s; a new run (the model, tokenizer and "
@@ -100,7 +120,6 @@ def log_start(
             position["epoch"],
             position["index"],
         )
-    runlog.hparams(cfg, params)
 
 
 @dataclass
