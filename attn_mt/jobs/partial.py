@@ -42,11 +42,11 @@ from attn_mt.fileio import atomic_write, fitted, name_max, os_reason, sync_folde
 from attn_mt.jobs.record import (
     FORMAT,
     add_lines,
-    damage,
     difference,
     line_digest,
     line_sha,
     lines_words,
+    read_record,
 )
 from attn_mt.paths import Inputs, same_file
 
@@ -87,33 +87,9 @@ class PartialOutput:
         `inputs` ((option, path) pairs) or that is not attn-mt's: a link, not a regular file,
         a hard link, a FILE.partial with no record beside it, a record that is damaged or
         another program's. The record found (None: none there)."""
-        for name, source in inputs:
-            for path in (self.data, self.record_path):
-                if source is not None and same_file(path, source):
-                    raise UserError(
-                        f"--output {named(self.target)}: its partial translation "
-                        f"{named(path)} is the {name} file being read; give another --output"
-                    )
-        found = {path: _lstat(path) for path in (self.data, self.record_path)}
-        for path, info in found.items():
-            if info is not None and stat.S_ISLNK(info.st_mode):
-                raise self._foreign(path, "a symbolic link")
-            if info is not None and not stat.S_ISREG(info.st_mode):
-                raise self._foreign(path, "not a regular file")
-            if info is not None and info.st_nlink > 1:
-                raise self._foreign(path, "a hard link of another file")
-        if found[self.record_path] is None:
-            if found[self.data] is not None:
-                raise self._foreign(self.data, f"no record {named(self.record_path)} beside it")
+        if not _record_there(self.data, self.record_path, self.target, inputs):
             return None
-        return self._read_record()
-
-    def _foreign(self, path: Path, why: str) -> UserError:
-        """The refusal of a file in the place of attn-mt's own."""
-        return UserError(
-            f"{named(path)}: not attn-mt's partial translation of {named(self.target)} ({why}); "
-            "attn-mt leaves it as it is: move it away, or give another --output"
-        )
+        return read_record(self.record_path, self.data, self.target)
 
     def open(self, settings: dict[str, Any], part: dict[str, Any], resume: bool) -> None:
         """Take FILE.partial (refused if another process writes it, or if it is not attn-mt's:
@@ -157,17 +133,17 @@ class PartialOutput:
         try:
             fd = os.open(self.data, flags | (os.O_CREAT | os.O_EXCL if create else 0), 0o666)
         except FileExistsError:
-            raise self._busy() from None
+            raise _busy(self.target, self.data) from None
         except OSError as err:
             if err.errno == errno.ELOOP:
-                raise self._foreign(self.data, "a symbolic link") from None
+                raise _foreign(self.data, self.target, "a symbolic link") from None
             raise UserError(
                 f"--output {named(self.target)}: cannot write {named(self.data)} ({os_reason(err)})"
             ) from None
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
             os.close(fd)
-            raise self._foreign(self.data, "not a regular file of its own")
+            raise _foreign(self.data, self.target, "not a regular file of its own")
         self.handle = os.fdopen(fd, "r+b")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -175,13 +151,7 @@ class PartialOutput:
             self.close()
             if err.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
                 raise
-            raise self._busy() from None
-
-    def _busy(self) -> UserError:
-        return UserError(
-            f"--output {named(self.target)}: another attn-mt process is writing it "
-            f"({named(self.data)} is locked); wait for it to end, or give another --output"
-        )
+            raise _busy(self.target, self.data) from None
 
     def _guarded(self, step: Any, *args: Any) -> None:
         """`step(*args)` of `open`: FILE.partial let go if it fails, an OS error one line."""
@@ -227,28 +197,6 @@ class PartialOutput:
             f"attn-mt: continuing {named(self.data)}: {self.resumed} line(s) done{ahead} are "
             "kept; translating the others",
             file=sys.stderr,
-        )
-
-    def _read_record(self) -> dict[str, Any]:
-        """The record beside FILE.partial, checked whole: one that cannot be read, is another
-        program's or is damaged (a key missing, a count that is not one) is refused."""
-        try:
-            found = json.loads(self.record_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise self._damaged(f"unreadable: {getattr(err, 'strerror', None) or err}") from None
-        if not isinstance(found, dict) or found.get("format") != FORMAT:
-            raise self._damaged(f'not a record of attn-mt\'s (no "format": "{FORMAT}")')
-        if (why := damage(found)) is not None:
-            raise self._damaged(f"damaged: {why}")
-        return found
-
-    def _damaged(self, why: str) -> UserError:
-        """The refusal of a record attn-mt cannot go by, and the way out: delete it."""
-        there = os.path.lexists(self.data)
-        also = f" and {named(self.data)} (its lines are translated again)" if there else ""
-        return UserError(
-            f"{named(self.record_path)}: {why}; attn-mt cannot tell what was translated: "
-            f"delete it{also} to translate {named(self.target)} from the start"
         )
 
     def check_input(self, lines: Iterable[str]) -> None:
@@ -371,3 +319,42 @@ def _lstat(path: Path) -> os.stat_result | None:
         return os.lstat(path)
     except FileNotFoundError:
         return None
+
+
+def _foreign(path: Path, target: Path, why: str) -> UserError:
+    """The refusal of a file in the place of attn-mt's own partial translation of `target`."""
+    return UserError(
+        f"{named(path)}: not attn-mt's partial translation of {named(target)} ({why}); "
+        "attn-mt leaves it as it is: move it away, or give another --output"
+    )
+
+
+def _busy(target: Path, data: Path) -> UserError:
+    """The refusal of a partial translation another process holds the lock of."""
+    return UserError(
+        f"--output {named(target)}: another attn-mt process is writing it "
+        f"({named(data)} is locked); wait for it to end, or give another --output"
+    )
+
+
+def _record_there(data: Path, record: Path, target: Path, inputs: Inputs) -> bool:
+    """Whether the record of `target`'s partial translation `data` is there; a `data` or
+    `record` that is one of the command's `inputs`, or not attn-mt's, is refused."""
+    for name, source in inputs:
+        for path in (data, record):
+            if source is not None and same_file(path, source):
+                raise UserError(
+                    f"--output {named(target)}: its partial translation {named(path)} is the "
+                    f"{name} file being read; give another --output"
+                )
+    found = {path: _lstat(path) for path in (data, record)}
+    for path, info in found.items():
+        if info is not None and stat.S_ISLNK(info.st_mode):
+            raise _foreign(path, target, "a symbolic link")
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            raise _foreign(path, target, "not a regular file")
+        if info is not None and info.st_nlink > 1:
+            raise _foreign(path, target, "a hard link of another file")
+    if found[record] is None and found[data] is not None:
+        raise _foreign(data, target, f"no record {named(record)} beside it")
+    return found[record] is not None

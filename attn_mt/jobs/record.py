@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from attn_mt.errors import UserError, named
 
 FORMAT = "attn-mt partial translation 1"
 
@@ -59,6 +62,28 @@ def difference(made: dict[str, Any], wanted: dict[str, Any]) -> str | None:
                 return "other model checkpoints (their sha256 differ)"
             return f"{name} {json.dumps(old.get(name))}, this run {json.dumps(new.get(name))}"
     return None
+
+
+def read_record(path: Path, data: Path, target: Path) -> dict[str, Any]:
+    """The record `path` beside the partial translation `data` of `target`, checked whole: one
+    that cannot be read, is another program's or is damaged (a key missing, a count that is not
+    one) is refused, with the way out: delete it."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        why = f"unreadable: {getattr(err, 'strerror', None) or err}"
+    else:
+        if not isinstance(found, dict) or found.get("format") != FORMAT:
+            why = f'not a record of attn-mt\'s (no "format": "{FORMAT}")'
+        elif (wrong := damage(found)) is not None:
+            why = f"damaged: {wrong}"
+        else:
+            return found
+    also = f" and {named(data)} (its lines are translated again)" if os.path.lexists(data) else ""
+    raise UserError(
+        f"{named(path)}: {why}; attn-mt cannot tell what was translated: "
+        f"delete it{also} to translate {named(target)} from the start"
+    )
 
 
 def _count(value: Any) -> bool:
